@@ -1,0 +1,35 @@
+"""`python -m par <command> ...`: the course's command line.
+
+Each command lives in its own module; this file only maps names to them.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    # name: (module, one-line help). The module's main(argv) does the work.
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS), default=0)
+    rows = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, help_) in sorted(COMMANDS.items()))
+    return f"usage: python -m par <command> [options]\n\ncommands:\n{rows}\n"
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

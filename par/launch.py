@@ -1,0 +1,117 @@
+"""Run a real multi-process job from a notebook cell (or a test) and get its results back.
+
+`run("par.examples.collectives", nproc=4, args=[...])` starts
+
+    torchrun --nnodes=1 --nproc-per-node=4 --master-addr=127.0.0.1 --master-port=<free> -m par.examples.collectives ...
+
+in its own process group, streams every rank's output into the cell as it
+happens, and returns the JSON that rank 0 saved with `par.dist.save_result`.
+A non-zero exit raises `LaunchError` carrying the failing rank's traceback; a
+timeout kills the whole process tree and raises too. Never a hang, never a
+swallowed failure.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+class LaunchError(RuntimeError):
+    """A launched job failed or timed out; the message holds the failing rank's traceback."""
+
+
+def free_port() -> int:
+    """Ask the OS for a TCP port nobody is listening on (127.0.0.1)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_command(target: str, nproc: int, args=(), port: int | None = None) -> list[str]:
+    """The torchrun command line for `python -m target` (or a script, if `target` ends in .py) on `nproc` ranks."""
+    program = [target] if target.endswith(".py") else ["-m", target]
+    return [sys.executable, "-m", "torch.distributed.run",
+            "--nnodes=1", f"--nproc-per-node={nproc}",
+            "--master-addr=127.0.0.1", f"--master-port={port or free_port()}",
+            f"--local-ranks-filter={','.join(map(str, range(nproc)))}", "--tee=3",
+            "--max-restarts=0", "--monitor-interval=0.1",
+            *program, *map(str, args)]
+
+
+def _tracebacks(lines: list[str], max_lines: int = 60) -> str:
+    """The first traceback in a job's output, with the rank prefix torchrun put on it."""
+    for i, line in enumerate(lines):
+        if "Traceback (most recent call last)" in line:
+            prefix = line[:line.index("Traceback")]
+            block = [l for l in lines[i:] if l.startswith(prefix)][:max_lines]
+            return "".join(block)
+    return "".join(lines[-40:])
+
+
+def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: str = "auto",
+        env: dict | None = None, quiet: bool = False, threads_per_rank: int = 1):
+    """Launch `module` on `nproc` ranks; return rank 0's saved result (or None).
+
+    Output is streamed line by line (prefixed `[rankN]:` by torchrun). Raises
+    `LaunchError` on a non-zero exit or after `timeout` seconds.
+    """
+    with tempfile.TemporaryDirectory(prefix="par-") as tmp:
+        result_path = os.path.join(tmp, "result.json")
+        child_env = dict(os.environ)
+        child_env.update({
+            "PAR_RESULT": result_path,
+            "PAR_BACKEND": backend,
+            "OMP_NUM_THREADS": str(threads_per_rank),
+            "PYTHONUNBUFFERED": "1",
+            "TORCHELASTIC_ERROR_FILE": os.path.join(tmp, "error.json"),
+            "GLOO_SOCKET_IFNAME": child_env.get("GLOO_SOCKET_IFNAME", "lo"),
+            "LOGLEVEL": "WARNING",
+        })
+        child_env.update(env or {})
+        cmd = torchrun_command(module, nproc, args)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=child_env, start_new_session=True, bufsize=1)
+        lines: list[str] = []
+        q: queue.Queue = queue.Queue()
+        reader = threading.Thread(target=lambda: ([q.put(l) for l in proc.stdout], q.put(None)), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = q.get(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+            except queue.Empty:
+                line = ""
+            if line is None:
+                break
+            if line:
+                lines.append(line)
+                if not quiet:
+                    print(line, end="", flush=True)
+            if time.monotonic() > deadline:
+                _kill_tree(proc)
+                raise LaunchError(f"{module} on {nproc} ranks timed out after {timeout:.0f}s and was killed.\n"
+                                  f"Last output:\n{''.join(lines[-30:])}")
+        code = proc.wait()
+        if code != 0:
+            raise LaunchError(f"{module} on {nproc} ranks failed (exit code {code}).\n{_tracebacks(lines)}")
+        if os.path.exists(result_path):
+            with open(result_path) as f:
+                return json.load(f)
+        return None
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

@@ -1,0 +1,208 @@
+"""GPT-lite: a small decoder-only transformer, and a small MLP for tests.
+
+    tokens ─▶ Embedding (token + position) ─▶ Block × n_layer ─▶ Head (LayerNorm, LM head) ─▶ logits
+    Block(x) = x + Attention(LN(x));  then  x + MLP(LN(x))
+    Attention = softmax(Q Kᵀ / √d_head + causal mask) V, heads concatenated, projected
+    MLP = Linear(d, 4d) ─▶ GeLU ─▶ Linear(4d, d)
+
+`model.to_layers()` gives the forward as a plain list of modules whose
+composition is the model; pipeline parallelism cuts this list into stages.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 65
+    block_size: int = 32     # context length (tokens)
+    n_layer: int = 2
+    n_head: int = 4
+    d_model: int = 32
+    d_ff: int | None = None  # MLP hidden size; None means 4 * d_model
+    dropout: float = 0.0
+    tie_embeddings: bool = False
+
+    @property
+    def ffn(self) -> int:
+        return self.d_ff or 4 * self.d_model
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS = {
+    # trains on a laptop CPU in seconds; every test and CPU notebook uses it
+    "tiny": GPTConfig(vocab_size=65, block_size=32, n_layer=4, n_head=4, d_model=32),
+    # a little bigger, for CPU benchmarks where compute should dominate
+    "small": GPTConfig(vocab_size=65, block_size=64, n_layer=6, n_head=8, d_model=128),
+    # GPT-3 Small (Brown et al. 2020, Table 2.1): for accounting and GPU runs
+    "gpt3-small": GPTConfig(vocab_size=50257, block_size=2048, n_layer=12, n_head=12, d_model=768),
+}
+
+
+def preset(name: str, **overrides) -> GPTConfig:
+    """A named configuration, optionally with some fields changed."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}: use one of {', '.join(PRESETS)}")
+    return replace(PRESETS[name], **overrides)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(Q Kᵀ / √d + mask) V for (batch, heads, time, d_head) tensors."""
+    t = q.size(-2)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return F.softmax(scores, dim=-1) @ v
+
+
+def split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    """(B, T, H*D) -> (B, H, T, D)"""
+    b, t, c = x.shape
+    return x.view(b, t, n_head, c // n_head).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, D) -> (B, T, H*D)"""
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * d)
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with a fused QKV projection laid out as [Q | K | V]."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        if cfg.d_model % cfg.n_head:
+            raise ValueError(f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
+        self.n_head = cfg.n_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        y = causal_attention(split_heads(q, self.n_head), split_heads(k, self.n_head), split_heads(v, self.n_head))
+        return self.proj(merge_heads(y))
+
+
+class MLP(nn.Module):
+    """Linear(d, ffn) -> GeLU -> Linear(ffn, d)"""
+
+    def __init__(self, d_model: int, ffn: int):
+        super().__init__()
+        self.fc = nn.Linear(d_model, ffn)
+        self.proj = nn.Linear(ffn, d_model)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + Attn(LN(x)), then x + MLP(LN(x))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = Attention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg.d_model, cfg.ffn)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Embedding(nn.Module):
+    """Token embedding plus learned position embedding: (B, T) ints -> (B, T, d)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = nn.Embedding(cfg.block_size, cfg.d_model)
+
+    def forward(self, idx):
+        t = idx.size(1)
+        return self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+
+
+class Head(nn.Module):
+    """Final LayerNorm and the LM head: (B, T, d) -> (B, T, vocab) logits."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln = nn.LayerNorm(cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+    def forward(self, x):
+        return self.lm_head(self.ln(x))
+
+
+class GPTLite(nn.Module):
+    def __init__(self, cfg: GPTConfig = PRESETS["tiny"]):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embedding(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.head = Head(cfg)
+        if cfg.tie_embeddings:
+            self.head.lm_head.weight = self.embed.tok.weight
+        self.apply(_init_weights)
+
+    def to_layers(self) -> list[nn.Module]:
+        """The forward pass as a list of modules: [Embedding, Block, ..., Block, Head]."""
+        return [self.embed, *self.blocks, self.head]
+
+    def forward(self, idx):
+        x = idx
+        for layer in self.to_layers():
+            x = layer(x)
+        return x
+
+
+def _init_weights(m: nn.Module) -> None:
+    """GPT-2 style: normal(0, 0.02) weights, zero biases."""
+    if isinstance(m, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(m.weight, mean=0.0, std=0.02)
+    if isinstance(m, nn.Linear) and m.bias is not None:
+        nn.init.zeros_(m.bias)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of next-token prediction over every position."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def build(cfg: GPTConfig | str = "tiny", seed: int = 0) -> GPTLite:
+    """The same GPT-lite on every rank: weights depend only on the config and the seed."""
+    cfg = preset(cfg) if isinstance(cfg, str) else cfg
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GPTLite(cfg)
+
+
+class TinyMLP(nn.Module):
+    """A stack of Linear+Tanh layers (sizes[0] -> ... -> sizes[-1]); the small model of many tests."""
+
+    def __init__(self, sizes=(10, 33, 17, 5), seed: int = 0):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            layers = []
+            for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+                layers.append(nn.Linear(a, b))
+                if i < len(sizes) - 2:
+                    layers.append(nn.Tanh())
+            self.net = nn.Sequential(*layers)
+
+    def to_layers(self) -> list[nn.Module]:
+        return list(self.net)
+
+    def forward(self, x):
+        return self.net(x)

@@ -1,0 +1,80 @@
+"""Figures the lectures draw from measured data: timelines, predicted-vs-measured bars, curves.
+
+Every function takes plain data (lists, dicts) and an optional matplotlib
+axis, and returns the axis, so notebooks can put figures side by side.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868", "comm": "#8172B2", "idle": "#DDDDDD"}
+
+
+def _ax(ax, figsize=(8, 3)):
+    return ax if ax is not None else plt.subplots(figsize=figsize)[1]
+
+
+def color_for(name: str, lane: str) -> str:
+    """Forward blue, backward orange, communication purple, anything else grey-green."""
+    if lane != "compute":
+        return COLORS["comm"]
+    return COLORS.get(name[:1], COLORS["W"])
+
+
+def gantt(spans: list[dict], ax=None, title: str = "", label: bool = True):
+    """One row per (rank, lane); each span a bar from start to end, named inside when it fits.
+
+    `spans` are dicts with rank, lane, name, start, end (what `Recorder.gather()` returns, or a
+    simulated schedule).
+    """
+    ax = _ax(ax, (10, 0.5 + 0.45 * len({(s["rank"], s["lane"]) for s in spans})))
+    rows = sorted({(s["rank"], s["lane"]) for s in spans}, key=lambda r: (r[0], r[1] != "compute", r[1]))
+    index = {r: i for i, r in enumerate(rows)}
+    t_end = max((s["end"] for s in spans), default=1.0)
+    for s in spans:
+        y = index[(s["rank"], s["lane"])]
+        ax.barh(y, s["end"] - s["start"], left=s["start"], height=0.8,
+                color=color_for(s["name"], s["lane"]), edgecolor="white", linewidth=0.5)
+        if label and (s["end"] - s["start"]) > 0.025 * t_end:
+            ax.text((s["start"] + s["end"]) / 2, y, s["name"], ha="center", va="center", fontsize=7, color="white")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"rank {r}" if lane == "compute" else f"rank {r} {lane}" for r, lane in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("time")
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def compare_bars(labels, predicted, measured, ax=None, ylabel: str = "bytes", title: str = ""):
+    """Predicted and measured values side by side for each label."""
+    ax = _ax(ax, (max(5, 0.9 * len(labels) + 2), 3.2))
+    x = range(len(labels))
+    w = 0.4
+    ax.bar([i - w / 2 for i in x], predicted, w, label="formula", color="#4C72B0")
+    ax.bar([i + w / 2 for i in x], measured, w, label="measured", color="#DD8452")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels, rotation=20 if max(map(len, map(str, labels))) > 8 else 0)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def curves(series: dict, ax=None, xlabel: str = "step", ylabel: str = "loss", title: str = "", logy=False):
+    """Several named curves on one axis: {"1 rank": [...], "2 ranks": [...]}."""
+    ax = _ax(ax, (6, 3.2))
+    for name, ys in series.items():
+        if isinstance(ys, dict):  # {"x": [...], "y": [...]}
+            ax.plot(ys["x"], ys["y"], label=name, marker=".")
+        else:
+            ax.plot(range(len(ys)), ys, label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if logy:
+        ax.set_yscale("log")
+    ax.legend()
+    if title:
+        ax.set_title(title)
+    return ax

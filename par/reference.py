@@ -1,0 +1,56 @@
+"""The single-process reference every strategy is compared with.
+
+Plain training: one process, the whole global batch, the same model, the same
+optimizer. A parallel strategy is correct when its parameters after k steps
+equal the ones `train_single` produces (fp32: max abs diff <= 1e-5).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+def make_optimizer(params, name: str = "adam", lr: float = 1e-2, **kw) -> torch.optim.Optimizer:
+    """sgd, momentum (SGD with 0.9), adam or adamw, with course defaults."""
+    params = list(params)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, **kw)
+    if name == "momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, **kw)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, **kw)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, **kw)
+    raise ValueError(f"unknown optimizer {name!r}: use sgd, momentum, adam or adamw")
+
+
+def train_single(model: nn.Module, batches, loss_fn, optimizer: str = "adam", lr: float = 1e-2) -> list[float]:
+    """Train `model` in place on the (input, target) `batches`; return the loss of each step."""
+    opt = make_optimizer(model.parameters(), optimizer, lr)
+    losses = []
+    for x, y in batches:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def max_abs_diff(a: nn.Module | dict, b: nn.Module | dict) -> float:
+    """Largest |a - b| over all parameters (modules or state dicts with the same keys)."""
+    sa = a.state_dict() if isinstance(a, nn.Module) else a
+    sb = b.state_dict() if isinstance(b, nn.Module) else b
+    if sa.keys() != sb.keys():
+        raise ValueError(f"different parameter names: {sorted(set(sa) ^ set(sb))}")
+    return max((sa[k].float() - sb[k].float()).abs().max().item() for k in sa)
+
+
+def param_hash(model: nn.Module) -> str:
+    """A short fingerprint of all parameters, to check that replicas are identical."""
+    import hashlib
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
