@@ -47,13 +47,23 @@ def torchrun_command(target: str, nproc: int, args=(), port: int | None = None) 
             *program, *map(str, args)]
 
 
+def _root_cause_rank(lines: list[str]) -> int | None:
+    """The rank torchrun names under "Root Cause (first observed failure)", if any."""
+    text = "".join(lines)
+    m = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", text, re.S)
+    return int(m.group(1)) if m else None
+
+
 def _tracebacks(lines: list[str], max_lines: int = 60) -> str:
-    """The first traceback in a job's output, with the rank prefix torchrun put on it."""
-    for i, line in enumerate(lines):
-        if "Traceback (most recent call last)" in line:
-            prefix = line[:line.index("Traceback")]
-            block = [l for l in lines[i:] if l.startswith(prefix)][:max_lines]
-            return "".join(block)
+    """The failing rank's traceback (the root cause torchrun names, else the first one printed)."""
+    root = _root_cause_rank(lines)
+    starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
+    mine = [i for i in starts if f"[rank{root}]:" in lines[i] or f"[default{root}]:" in lines[i]]
+    for i in mine[:1] or starts[:1]:
+        prefix = lines[i][:lines[i].index("Traceback")]
+        block = [l for l in lines[i:] if l.startswith(prefix)][:max_lines]
+        head = f"rank {root} failed first:\n" if root is not None else ""
+        return head + "".join(block)
     return "".join(lines[-40:])
 
 
@@ -61,7 +71,7 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
         env: dict | None = None, quiet: bool = False, threads_per_rank: int = 1):
     """Launch `module` on `nproc` ranks; return rank 0's saved result (or None).
 
-    Output is streamed line by line (prefixed `[rankN]:` by torchrun). Raises
+    Output is streamed line by line (prefixed `[defaultN]:` by torchrun). Raises
     `LaunchError` on a non-zero exit or after `timeout` seconds.
     """
     with tempfile.TemporaryDirectory(prefix="par-") as tmp:
@@ -85,21 +95,24 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
         reader = threading.Thread(target=lambda: ([q.put(l) for l in proc.stdout], q.put(None)), daemon=True)
         reader.start()
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = q.get(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
-            except queue.Empty:
-                line = ""
-            if line is None:
-                break
-            if line:
-                lines.append(line)
-                if not quiet:
-                    print(line, end="", flush=True)
-            if time.monotonic() > deadline:
-                _kill_tree(proc)
-                raise LaunchError(f"{module} on {nproc} ranks timed out after {timeout:.0f}s and was killed.\n"
-                                  f"Last output:\n{''.join(lines[-30:])}")
+        try:
+            while True:
+                try:
+                    line = q.get(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
+                except queue.Empty:
+                    line = ""
+                if line is None:
+                    break
+                if line:
+                    lines.append(line)
+                    if not quiet:
+                        print(line, end="", flush=True)
+                if time.monotonic() > deadline:
+                    raise LaunchError(f"{module} on {nproc} ranks timed out after {timeout:.0f}s and was killed.\n"
+                                      f"Last output:\n{''.join(lines[-30:])}")
+        except BaseException:  # timeout, or the notebook's interrupt button: leave no rank behind
+            _kill_tree(proc)
+            raise
         code = proc.wait()
         if code != 0:
             raise LaunchError(f"{module} on {nproc} ranks failed (exit code {code}).\n{_tracebacks(lines)}")
@@ -109,9 +122,39 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
         return None
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, parents first (from /proc on Linux, `ps` elsewhere)."""
+    if os.path.isdir("/proc/self"):
+        pairs = []
+        for d in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    pairs.append((int(d), int(f.read().rsplit(")", 1)[1].split()[1])))
+            except (OSError, IndexError, ValueError):
+                pass
+    else:
+        out = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+        pairs = [tuple(map(int, line.split())) for line in out.splitlines() if line.strip()]
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [child for child, parent in pairs if parent in frontier]
+        found += frontier
+    return found
+
+
 def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL torchrun and every rank below it.
+
+    Killing torchrun's process group is not enough: torchrun starts each rank in
+    a session of its own, so the ranks are found by walking the process tree.
+    """
+    for pid in [proc.pid, *_descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
