@@ -9,6 +9,7 @@ import sys
 
 COMMANDS = {
     # name: (module, one-line help). The module's main(argv) does the work.
+    "memory": ("par.memory", "per-rank model-state memory per ZeRO stage (--params 7.5e9 --dp 64 | --model llama-7b)"),
 }
 
 
