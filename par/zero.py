@@ -1,0 +1,368 @@
+"""ZeRO: data parallelism without the redundant copies (Rajbhandari et al., 2020).
+
+Plain data parallelism keeps on every one of the N_d ranks the parameters (wΨ
+bytes), the gradients (gΨ) and the optimizer state (KΨ). ZeRO partitions them
+instead, with the flat layout of `par.flat` (one padded flat buffer per unit,
+rank i owning the i-th equal partition):
+
+    stage 0  plain DP   all-reduce gradients; every rank updates everything      wΨ + gΨ + KΨ
+    stage 1  P_os       optimizer state only for my partition                    wΨ + gΨ + KΨ/N_d
+    stage 2  P_os+g     + reduce-scatter gradients during backward, keep mine    wΨ + (g+K)Ψ/N_d
+    stage 3  P_os+g+p   + parameters sharded; gathered per unit just in time     (w+g+K)Ψ/N_d
+
+The step of stages 1 and 2 is reduce-scatter(grads) -> update my partition ->
+all-gather(params): (N-1)/N·Ψ + (N-1)/N·Ψ, exactly the 2(N-1)/N·Ψ of an
+all-reduce. Stage 3 gathers the parameters twice (before forward and again
+before backward, because they were freed in between) and reduce-scatters the
+gradients once: 3(N-1)/N·Ψ, 1.5x.
+
+A *unit* is the granularity of all of this: one module of `model.to_layers()`
+(or each module that owns parameters directly). In stage 2 a unit is a gradient
+bucket: it is reduce-scattered as soon as backward has produced all its
+gradients. In stage 3 it is what is gathered and freed (FSDP's "unit").
+
+    zero = Zero(model, stage=2, optimizer="adam", lr=1e-3)
+    for x, y in batches:
+        zero.backward(loss_fn(model(x), y))
+        zero.step()
+        zero.zero_grad()
+
+`offload=True` moves the fp32 master partition, the optimizer state and the
+update to the CPU (`par.offload`). All communication goes through the
+`par.collectives` front doors, so `par.commlog` counts every byte.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from par import collectives, commlog
+from par.flat import FlatParams
+from par.memory import cuda_peak_bytes, tensor_bytes
+from par.reference import make_optimizer
+
+STAGES = (0, 1, 2, 3)
+
+
+# ---------------------------------------------------------------- units
+def unit_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules ZeRO works unit by unit: `to_layers()` entries that hold parameters, or else every
+    module that owns parameters directly. Every parameter must belong to exactly one unit."""
+    if hasattr(model, "to_layers"):
+        mods = [m for m in model.to_layers() if isinstance(m, nn.Module) and any(True for _ in m.parameters())]
+    else:
+        mods = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+    owner: dict[int, int] = {}
+    for i, m in enumerate(mods):
+        for p in m.parameters():
+            if id(p) in owner and owner[id(p)] != i:
+                raise ValueError("a parameter is shared by two units (tied weights?); ZeRO here needs each "
+                                 "parameter in exactly one unit: untie it or put both users in one module")
+            owner[id(p)] = i
+    names = [n for n, p in model.named_parameters() if id(p) not in owner]
+    if names:
+        raise ValueError(f"parameters outside every unit: {names}; give the model a to_layers() that covers them")
+    return mods
+
+
+class Unit:
+    """One flat-partitioned group of parameters and everything ZeRO keeps for it on this rank."""
+
+    def __init__(self, index: int, name: str, module: nn.Module, n: int, rank: int):
+        self.index, self.name, self.module = index, name, module
+        self.flat = FlatParams(list(module.parameters()), n, rank)
+        self.params = self.flat.params
+        self.full = self.flat.flat          # the padded parameter buffer (stage 3: storage freed between uses)
+        self.shard: torch.Tensor | None = None       # stage 3: this rank's partition, kept for good
+        self.grad_full: torch.Tensor | None = None   # the unit's full gradient (stages 0-1: kept; 2-3: transient)
+        self.grad_shard: torch.Tensor | None = None  # this rank's reduced gradient partition (stages 2-3)
+        self.arrived = 0                    # how many of the unit's parameters have their gradient this backward
+        self.reduced = False
+        self.gathered = True
+
+    def is_full(self) -> bool:
+        return self.full.untyped_storage().nbytes() > 0
+
+
+def _free(t: torch.Tensor) -> None:
+    """Release a tensor's memory but keep the tensor (and the views of it) around."""
+    t.untyped_storage().resize_(0)
+
+
+def _alloc(t: torch.Tensor) -> None:
+    t.untyped_storage().resize_(t.numel() * t.element_size())
+
+
+# ---------------------------------------------------------------- the engine
+class Zero:
+    """ZeRO stages 0-3 (and offload) around a plain `nn.Module`; the module itself keeps its forward.
+
+    optimizer: "adam", "adamw", "sgd", "momentum" (par.reference.make_optimizer), built over this
+    rank's partitions only. group: the data-parallel process group (default: everyone).
+    impl: "ring" (par's hand-written ring) or "torch" for the collectives. recorder: a
+    par.timeline.Recorder to note gathers, reduce-scatters, forward and backward per unit.
+    """
+
+    def __init__(self, model: nn.Module, stage: int = 1, optimizer: str = "adam", lr: float = 1e-3,
+                 offload: bool = False, group=None, impl: str = "ring", recorder=None, **opt_kw):
+        if stage not in STAGES:
+            raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage}")
+        self.model, self.stage, self.group, self.impl, self.rec = model, stage, group, impl, recorder
+        self.offload = offload
+        self.n = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        if self.rank < 0:
+            raise ValueError("this process is not a member of the data-parallel group it was given")
+        self.device = next(model.parameters()).device
+        self._names = {id(p): name for name, p in model.named_parameters()}
+        for name, p in model.named_parameters():
+            if not p.requires_grad:
+                raise ValueError(f"parameter {name} does not require grad: freeze it outside ZeRO's units")
+        self.units = [Unit(i, self._unit_name(m, i), m, self.n, self.rank) for i, m in enumerate(unit_modules(model))]
+        self.numel = sum(u.flat.numel for u in self.units)          # Ψ
+        self.padded = sum(u.flat.padded for u in self.units)        # Ψ rounded up per unit
+        self._next = len(self.units) - 1   # next unit to reduce in backward (backward runs units in reverse)
+        self._hooks = []
+        if stage == 3:
+            for u in self.units:
+                u.shard = u.flat.partition(u.full).clone()
+                self._free_params(u)
+            self._install_param_hooks()
+        if stage >= 2:
+            for u in self.units:
+                u.grad_shard = torch.zeros(u.flat.part, dtype=u.flat.dtype, device=self.device)
+            self._install_grad_hooks()
+        self.updater = self._make_updater(optimizer, lr, **opt_kw)
+
+    def _unit_name(self, m: nn.Module, i: int) -> str:
+        p = next(m.parameters())
+        return self._names[id(p)].rsplit(".", 1)[0] if "." in self._names[id(p)] else f"unit{i}"
+
+    # ------------------------------------------------------------ which partition do I update?
+    def param_partitions(self) -> list[torch.Tensor]:
+        """The parameter elements this rank updates, per unit: everything (stage 0), my partition of
+        the full buffer (stages 1-2), or the shard that is all this rank keeps (stage 3)."""
+        if self.stage == 0:
+            return [u.full for u in self.units]
+        if self.stage == 3:
+            return [u.shard for u in self.units]
+        return [u.flat.partition(u.full) for u in self.units]
+
+    def grad_partitions(self) -> list[torch.Tensor]:
+        """The reduced gradient matching `param_partitions` (valid after `backward`)."""
+        if self.stage == 0:
+            return [u.grad_full for u in self.units]
+        if self.stage == 1:
+            return [u.flat.partition(u.grad_full) for u in self.units]
+        return [u.grad_shard for u in self.units]
+
+    def _make_updater(self, optimizer, lr, **kw):
+        if self.offload:
+            from par.offload import CPUOffload
+            return CPUOffload(self.param_partitions(), optimizer, lr, recorder=self.rec, **kw)
+        return DeviceUpdate(self.param_partitions(), optimizer, lr, **kw)
+
+    # ------------------------------------------------------------ collectives, logged and timed
+    def _comm(self, name: str, fn, *args, **kw):
+        with commlog.tag(name):
+            if self.rec is None:
+                return fn(*args, group=self.group, impl=self.impl, **kw)
+            with self.rec.span(name, lane="comm"):
+                return fn(*args, group=self.group, impl=self.impl, **kw)
+
+    def _reduce(self, u: Unit) -> None:
+        """Average the unit's gradient over the group: all-reduce (stage 0) or reduce-scatter (1-3)."""
+        if self.stage == 0:
+            self._comm(f"AR {u.name}", collectives.all_reduce, u.grad_full, op="avg")
+            return
+        mine = self._comm(f"RS {u.name}", collectives.reduce_scatter, u.grad_full, op="avg")
+        if self.stage >= 2:          # keep only my partition; the full gradient goes away
+            u.grad_shard.add_(mine)
+            u.grad_full = None
+            if self.stage == 3:
+                self._free_params(u)
+        u.reduced = True
+
+    def _all_gather_params(self, u: Unit) -> None:
+        """Stage 3: materialise the unit's full parameters from everyone's shard."""
+        if u.gathered:
+            return
+        _alloc(u.full)
+        u.flat.partition(u.full).copy_(u.shard)
+        self._comm(f"AG {u.name}", collectives.all_gather, u.full)
+        u.gathered = True
+
+    def _free_params(self, u: Unit) -> None:
+        _free(u.full)
+        u.gathered = False
+
+    # ------------------------------------------------------------ hooks
+    def _install_param_hooks(self) -> None:
+        """Stage 3: gather before forward, free after it; gather again when backward reaches the unit."""
+        for u in self.units:
+            self._hooks.append(u.module.register_forward_pre_hook(lambda m, a, u=u: self._before_forward(u)))
+            self._hooks.append(u.module.register_forward_hook(lambda m, a, out, u=u: self._after_forward(u, out)))
+
+    def _before_forward(self, u: Unit) -> None:
+        self._all_gather_params(u)
+        u.t_forward = self.rec.now() if self.rec else 0.0
+
+    def _after_forward(self, u: Unit, out) -> None:
+        if self.rec:
+            self.rec.add(f"F {u.name}", u.t_forward, self.rec.now())
+        self._free_params(u)
+        if torch.is_grad_enabled():
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            for t in outs:
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(lambda g, u=u: self._before_backward(u))
+
+    def _before_backward(self, u: Unit) -> None:
+        self._all_gather_params(u)
+        u.t_backward = self.rec.now() if self.rec else 0.0
+
+    def _install_grad_hooks(self) -> None:
+        """Stages 2-3: each parameter hands its gradient to its unit's bucket as soon as it is accumulated."""
+        for u in self.units:
+            for i, p in enumerate(u.params):
+                self._hooks.append(p.register_post_accumulate_grad_hook(
+                    lambda p, u=u, i=i: self._grad_ready(u, i, p)))
+
+    def _grad_ready(self, u: Unit, i: int, p: nn.Parameter) -> None:
+        if u.grad_full is None:
+            u.grad_full = torch.zeros(u.flat.padded, dtype=u.flat.dtype, device=self.device)
+        u.flat.views(u.grad_full)[i].copy_(p.grad)
+        p.grad = None
+        u.arrived += 1
+        if u.arrived == len(u.params):
+            if self.rec and self.stage == 3:
+                self.rec.add(f"B {u.name}", u.t_backward, self.rec.now())
+            self._reduce_in_order()
+
+    def _reduce_in_order(self, flush: bool = False) -> None:
+        """Reduce complete units in backward order (last unit first), so every rank issues the same
+        collectives in the same order; `flush` also reduces units some of whose params got no gradient."""
+        while self._next >= 0:
+            u = self.units[self._next]
+            if u.arrived < len(u.params) and not flush:
+                return
+            if u.grad_full is None:
+                u.grad_full = torch.zeros(u.flat.padded, dtype=u.flat.dtype, device=self.device)
+            self._reduce(u)
+            self._next -= 1
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    # ------------------------------------------------------------ the training step
+    def backward(self, loss: torch.Tensor) -> None:
+        """loss.backward(), then make sure every unit's gradient is reduced (stages 0-1 do all of it here)."""
+        loss.backward()
+        if self.stage <= 1:
+            for u in reversed(self.units):
+                self._collect_grads(u)
+                self._reduce(u)
+        else:
+            self._reduce_in_order(flush=True)
+            for u in self.units:
+                u.arrived = 0
+            self._next = len(self.units) - 1
+
+    def _collect_grads(self, u: Unit) -> None:
+        """Stages 0-1: the unit's gradients live in one flat buffer; .grad of each param is a view of it."""
+        if u.grad_full is None:
+            u.grad_full = torch.zeros(u.flat.padded, dtype=u.flat.dtype, device=self.device)
+        for p, view in zip(u.params, u.flat.views(u.grad_full)):
+            if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+            p.grad = view
+
+    def step(self) -> None:
+        """Update this rank's partition; stages 1-2 then all-gather the parameters."""
+        if self.rec:
+            with self.rec.span("update", lane="compute"):
+                self.updater.step(self.param_partitions(), self.grad_partitions())
+        else:
+            self.updater.step(self.param_partitions(), self.grad_partitions())
+        if self.stage in (1, 2):
+            for u in self.units:
+                self._comm(f"AG {u.name}", collectives.all_gather, u.full)
+
+    def zero_grad(self) -> None:
+        for u in self.units:
+            if u.grad_full is not None and self.stage <= 1:
+                u.grad_full.zero_()
+            if u.grad_shard is not None:
+                u.grad_shard.zero_()
+
+    # ------------------------------------------------------------ what is alive, in bytes
+    def memory(self) -> dict:
+        """Live bytes of model states on this rank, by kind, counted from the tensors themselves.
+
+        params: the parameter buffers (stage 3: shards, plus any unit gathered right now);
+        grads: full gradient buffers and reduced gradient partitions; optimizer: the updater's
+        per-element state and any master copy (on the host under offload). Also the CUDA peak.
+        """
+        params = tensor_bytes([u.full for u in self.units if u.is_full()] + [u.shard for u in self.units])
+        grads = tensor_bytes([u.grad_full for u in self.units] + [u.grad_shard for u in self.units])
+        opt = self.updater.state_bytes()
+        out = {"params": params, "grads": grads, "optimizer": opt["total"],
+               "model_states": params + grads + opt["total"],
+               "optimizer_device": opt["device"], "optimizer_host": opt["host"],
+               "numel": self.numel, "padded": self.padded, "world": self.n, "stage": self.stage,
+               "cuda_peak": cuda_peak_bytes(self.device)}
+        return out
+
+    def gathered_units(self) -> list[int]:
+        """Indices of units whose full parameters are materialised right now (stage 3: at most the current one)."""
+        return [u.index for u in self.units if u.is_full()]
+
+    # ------------------------------------------------------------ the whole model, for checks and checkpoints
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter at full size and in fp32 (the updater's master values), on every rank.
+        Costs one all-gather of Ψ (logged like everything else)."""
+        out = {}
+        masters = self.updater.masters()
+        for u, m in zip(self.units, masters):
+            if self.stage == 0:
+                full = m.detach().to(self.device, torch.float32).clone()
+            else:
+                full = torch.zeros(u.flat.padded, dtype=torch.float32, device=self.device)
+                u.flat.partition(full).copy_(m.detach())
+                self._comm(f"AG {u.name} state", collectives.all_gather, full)
+            for p, view in zip(u.params, u.flat.views(full)):
+                out[self._names[id(p)]] = view.clone()
+        return out
+
+
+class DeviceUpdate:
+    """The optimizer over this rank's partitions, on the training device.
+
+    fp32: the optimizer's parameters *are* the partitions (views, no copy), so its update writes
+    straight into the flat buffers.
+    """
+
+    def __init__(self, partitions: list[torch.Tensor], optimizer: str, lr: float, **kw):
+        self.params = [nn.Parameter(p, requires_grad=True) for p in partitions]   # share storage
+        self.opt = make_optimizer(self.params, optimizer, lr, **kw)
+
+    def step(self, partitions, grads) -> None:
+        for m, g in zip(self.params, grads):
+            m.grad = g
+        self.opt.step()
+        for m in self.params:
+            m.grad = None
+
+    def masters(self) -> list[torch.Tensor]:
+        return self.params
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [v for st in self.opt.state.values() for v in st.values()
+                if isinstance(v, torch.Tensor) and v.dim() > 0]
+
+    def state_bytes(self) -> dict:
+        b = tensor_bytes(self.state_tensors())
+        return {"total": b, "device": b, "host": 0}
