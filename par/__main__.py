@@ -9,6 +9,9 @@ import sys
 
 COMMANDS = {
     # name: (module, one-line help). The module's main(argv) does the work.
+    "exercises": ("par.exercises", "generate | check | record: exercises/ from solutions/ (answer regions -> stubs)"),
+    "grade": ("par.grade", "grade one exercise notebook: python -m par grade exercises/NN_topic.ipynb"),
+    "batch": ("par.batch", "run every lecture notebook with papermill into runs/<time>/ and summarise"),
     "memory": ("par.memory", "per-rank model-state memory per ZeRO stage (--params 7.5e9 --dp 64 | --model llama-7b)"),
 }
 
