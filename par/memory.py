@@ -27,7 +27,8 @@ et al. 2022): s·b·h·(34 + 5·a·s/h) bytes with 16-bit activations, or 2·s·
 (the layer input) with full recomputation.
 
 Measured counterparts: `live_model_state_bytes(model, optimizer)` (bytes of the
-tensors actually alive) and `cuda_peak_bytes()`.
+tensors actually alive), `saved_activation_bytes(fn, *inputs)` (what autograd keeps
+for backward) and `cuda_peak_bytes()`.
 
 Units: bytes everywhere; GB means 1e9 bytes, GiB 2**30 bytes.
 """
@@ -271,8 +272,12 @@ def activation_bytes_per_layer(seq: int, batch: int, d_model: int, n_heads: int,
     """Bytes of activations one transformer layer keeps for backward (Korthikanti et al. 2022,
     no tensor/sequence parallelism). s = seq, b = batch, h = d_model, a = n_heads, e = bytes_per_value.
 
-    recompute="none": e·(16·sbh + 2·as²b) + dropout masks (sbh + sbh + as²b bytes, 1 byte each);
-                      with e = 2 and dropout that is  s·b·h·(34 + 5·a·s/h).
+    recompute="none", dropout=True (the paper's layer):
+        e·(16·sbh + 2·as²b) + dropout masks of 1 byte (sbh + sbh + as²b);
+        with e = 2 that is  s·b·h·(34 + 5·a·s/h).
+        16·sbh values: 2 LayerNorm inputs, 2 LayerNorm outputs, Q, K, V, the attention output (1 each),
+        the MLP's GeLU input and output (4 each); 2·as²b: the softmax output and its dropout.
+    recompute="none", dropout=False (GPT-lite): e·(16·sbh + as²b), the softmax output once.
     recompute="full": only the layer input is kept, e·sbh (= 2·sbh for 16-bit); the rest is
                       recomputed during backward at the cost of one more forward.
     """
@@ -281,8 +286,9 @@ def activation_bytes_per_layer(seq: int, batch: int, d_model: int, n_heads: int,
         return bytes_per_value * s * b * h
     if recompute != "none":
         raise ValueError(f"recompute must be 'none' or 'full', got {recompute!r}")
-    masks = (2 * s * b * h + a * s * s * b) if dropout else 0
-    return bytes_per_value * (16 * s * b * h + 2 * a * s * s * b) + masks
+    if not dropout:
+        return bytes_per_value * (16 * s * b * h + a * s * s * b)
+    return bytes_per_value * (16 * s * b * h + 2 * a * s * s * b) + (2 * s * b * h + a * s * s * b)
 
 
 def activation_bytes(cfg, batch: int, seq: int | None = None, recompute: str = "none",
@@ -347,6 +353,25 @@ def live_model_state_bytes(model, optimizer=None, include_scalars: bool = False)
         params=tensor_bytes(model_params),
         grads=tensor_bytes([p.grad for p in model_params + extra]),
         optimizer=tensor_bytes(states + extra + (scalars if include_scalars else [])))
+
+
+def saved_activation_bytes(fn, *inputs, exclude=()):
+    """Run `fn(*inputs)` and measure what autograd keeps for backward: the bytes of every tensor
+    saved in the graph (each storage once), leaving out the storages of `exclude` (pass the
+    module's parameters: weights are model states, not activations). Returns (output, bytes);
+    keep the output alive as long as you want the graph."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*inputs)
+    return out, sum(seen.values())
 
 
 def cuda_peak_bytes(device=None) -> int | None:

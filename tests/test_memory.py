@@ -161,9 +161,31 @@ def test_activation_formula():
     g = lambda seq: f(seq=seq)                                  # αs + βs²: second difference 2βΔ² > 0
     assert g(3 * 512) - 2 * g(2 * 512) + g(512) == 2 * (5 * a * b) * 512 ** 2
     assert f(bytes_per_value=4, dropout=False) == 2 * f(dropout=False)
+    assert f(dropout=False) == 2 * (16 * s * b * h + a * s * s * b)
     assert memory.activation_bytes("gpt3-small", batch=b) == 12 * f()
     with pytest.raises(ValueError, match="recompute"):
         f(recompute="some")
+
+
+@pytest.mark.parametrize("seq", [8, 32])
+def test_saved_activations_of_a_gpt_block_match_formula(seq):
+    """fp32 GPT-lite block, no dropout: e·(16sbh + as²b) plus LayerNorm statistics and the causal mask."""
+    from torch.utils.checkpoint import checkpoint
+    cfg = preset("tiny")
+    block, batch = build(cfg).blocks[0], 4
+    x = torch.randn(batch, seq, cfg.d_model, requires_grad=True)
+    formula = memory.activation_bytes_per_layer(seq, batch, cfg.d_model, cfg.n_head, bytes_per_value=4,
+                                                dropout=False)
+    out, measured = memory.saved_activation_bytes(block, x, exclude=list(block.parameters()))
+    assert formula <= measured <= 1.02 * formula
+    _, with_params = memory.saved_activation_bytes(block, x)
+    assert with_params > measured  # weights are saved too, and excluded above
+    out, kept = memory.saved_activation_bytes(lambda t: checkpoint(block, t, use_reentrant=False), x,
+                                              exclude=list(block.parameters()))
+    assert kept == memory.activation_bytes_per_layer(seq, batch, cfg.d_model, cfg.n_head, "full",
+                                                     bytes_per_value=4)
+    out.sum().backward()  # the graph still works after measuring
+    assert x.grad is not None
 
 
 # ---------------------------------------------------------------- measurement
