@@ -1,0 +1,154 @@
+"""Tensor parallelism equals the dense layers it was cut from.
+
+In-process: shard arithmetic, the QKV re-layout, errors, formulas, and the size-1 group (every
+operator a no-op). Multi-process: one launch per world size (2, 3, 4 with the ring; 2 with torch's
+all-reduce) runs every case in tests/workers/tp_check.py and returns the numbers asserted here.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from par import launch, tensor_parallel as tp, tp_ops
+from par.collectives import all_reduce_formula_bytes
+from par.model import GPTConfig, build, preset
+
+WORKER = Path(__file__).parent / "workers" / "tp_check.py"
+TOL = 5e-6
+_CACHE: dict = {}
+
+
+def run_worker(n: int, impl: str = "ring") -> list[dict]:
+    if (n, impl) not in _CACHE:
+        out = launch.run(str(WORKER), nproc=n, args=[impl], timeout=240, quiet=True)
+        assert out["world_size"] == n and out["impl"] == impl
+        _CACHE[n, impl] = out["ranks"]
+    return _CACHE[n, impl]
+
+
+# ---------------------------------------------------------------- in-process
+def test_operators_are_no_ops_without_a_group():
+    x = torch.randn(3, 4, requires_grad=True)
+    for op in (tp_ops.copy_to_region, tp_ops.reduce_from_region, tp_ops.scatter_to_region, tp_ops.gather_from_region):
+        assert op(x) is x
+
+
+def test_size_one_model_is_the_dense_model():
+    dense = build("tiny", seed=0)
+    model = tp.TensorParallelGPT.from_dense(dense)
+    idx = torch.randint(0, 65, (2, 32))
+    assert torch.equal(model(idx), dense(idx))
+    assert tp.param_bytes(model) == tp.param_bytes(dense) == 4 * tp.tp_param_count(dense.cfg, 1)
+
+
+def test_qkv_relayout_hands_each_rank_whole_heads():
+    d, n = 12, 3
+    w = torch.arange(3 * d, dtype=torch.float32).unsqueeze(1)  # row i holds the number i
+    relaid = tp.qkv_for_column_split(w, n)
+    for r in range(n):
+        mine = tp.column_shard(relaid, n, r).flatten().tolist()
+        k = d // n
+        assert mine == [j * d + r * k + i for j in range(3) for i in range(k)]  # Q_r, then K_r, then V_r
+    # a plain split of the un-relaid weight would give rank 0 only queries: the re-layout matters
+    assert tp.column_shard(w, n, 0).flatten().tolist() == list(range(d))
+
+
+def test_shards_tile_the_dense_weight():
+    w = torch.randn(8, 6)
+    assert torch.equal(torch.cat([tp.column_shard(w, 2, r) for r in range(2)]), w)
+    assert torch.equal(torch.cat([tp.row_shard(w, 3, r) for r in range(3)], dim=1), w)
+
+
+def test_row_split_needs_the_sum_and_column_split_does_not():
+    x, w = torch.randn(5, 6), torch.randn(4, 6)
+    n = 3
+    partials = [x[:, r * 2:(r + 1) * 2] @ tp.row_shard(w, n, r).T for r in range(n)]
+    assert torch.allclose(sum(partials), x @ w.T, atol=1e-6)
+    assert not torch.allclose(partials[0], x @ w.T, atol=1e-3)
+    cols = [x @ tp.column_shard(w, 2, r).T for r in range(2)]
+    assert torch.allclose(torch.cat(cols, dim=1), x @ w.T, atol=1e-6)
+
+
+@pytest.mark.parametrize("cfg,n,words", [
+    (preset("tiny"), 3, ["n_head 4", "degree 3", "(1, 2, 4)"]),
+    (GPTConfig(n_head=6, d_model=48, d_ff=100), 4, ["n_head 6", "degree 4"]),
+    (GPTConfig(n_head=4, d_model=32, d_ff=130), 4, ["ffn size 130", "degree 4", "multiple of 4"]),
+])
+def test_indivisible_sizes_name_the_numbers(cfg, n, words):
+    with pytest.raises(ValueError) as e:
+        tp.check_tp_degree(cfg, n)
+    msg = str(e.value)
+    assert "\n" not in msg and all(w in msg for w in words), msg
+
+
+def test_formulas():
+    cfg = GPTConfig(n_layer=3, d_model=32, n_head=4)
+    assert tp.allreduces_per_step(3) == {"forward": 6, "backward": 6}
+    assert tp.tp_bytes_per_step(cfg, 2, 8, 4) == 12 * all_reduce_formula_bytes(2 * 8 * 32 * 4, 4)
+    assert tp.tp_bytes_per_step(cfg, 2, 8, 1) == 0
+    dense = sum(p.numel() for p in build(cfg).parameters())
+    assert tp.tp_param_count(cfg, 1) == dense
+    assert tp.tp_param_count(cfg, 2) < tp.tp_param_count(cfg, 1)
+    tied = GPTConfig(n_layer=1, tie_embeddings=True)
+    assert tp.tp_param_count(tied, 1) == sum(p.numel() for p in build(tied).parameters())
+
+
+# ---------------------------------------------------------------- multi-process
+CASES = ["column gather=False", "column gather=True", "row input_parallel=True", "row input_parallel=False",
+         "mlp", "attention", "block", "model"]
+
+
+@pytest.mark.parametrize("n,impl", [(2, "ring"), (3, "ring"), (4, "ring"), (2, "torch")])
+def test_tp_equals_dense(n, impl):
+    ranks = run_worker(n, impl)
+    assert len(ranks) == n
+    for r, res in enumerate(ranks):
+        for case in CASES:
+            c = res[case]
+            assert c["shard"] == 0.0, (r, case)                      # exact slices of the dense weights
+            for key in ("forward", "input_grad", "weight_grad"):
+                if key in c:
+                    assert c[key] <= TOL, (r, case, key, c[key])
+        assert res["column shard is W[r]"] == 0.0 and res["row shard is W[:, r]"] == 0.0
+        assert res["attention"]["qkv shard is whole heads"] == 0.0
+        assert res["attention"]["local heads"] == 12 // n
+        assert res["adam"]["params"] <= TOL and res["adam"]["loss"] <= TOL, res["adam"]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_four_all_reduces_per_layer_and_bytes_match_the_formula(n):
+    ranks = run_worker(n)
+    for res in ranks:
+        m = res["model"]
+        assert m["kinds"] == ["all_reduce"]
+        assert m["fwd_all_reduces"] == 2 * 2 and m["bwd_all_reduces"] == 2 * 2   # 2 layers
+        assert m["events_fwd"] == 4 and m["events_bwd"] == 4
+        assert m["per_layer"] == [4, 4]
+        assert m["bytes"] == m["bytes_exact"] == m["bytes_formula"] == m["bytes_function"]
+        assert m["param_bytes"] == m["param_bytes_formula"]
+        # the MLP and attention each: one all-reduce forward, one backward
+        for case in ("mlp", "attention"):
+            assert res[case]["events_fwd"] == 1 and res[case]["events_bwd"] == 1 and res[case]["all_reduces"] == 2
+        assert res["block"]["all_reduces"] == 4
+        # column without gather: nothing forward, the f all-reduce backward; with gather: + an all-gather
+        assert (res["column gather=False"]["events_fwd"], res["column gather=False"]["events_bwd"]) == (0, 1)
+        assert (res["column gather=True"]["events_fwd"], res["column gather=True"]["events_bwd"]) == (1, 1)
+        assert (res["row input_parallel=True"]["events_fwd"], res["row input_parallel=True"]["events_bwd"]) == (1, 0)
+    m0 = ranks[0]["model"]
+    assert m0["replicated_grads_spread"] == 0.0 and m0["replicated_numel"] > 0   # identical without communication
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_indivisible_model_fails_with_one_line(n):
+    errors = run_worker(n)[0]["errors"]
+    assert errors["n_head"].startswith("n_head ") and f"degree {n}" in errors["n_head"], errors
+    assert errors["ffn size"].startswith("ffn size 193") and f"degree {n}" in errors["ffn size"], errors
+
+
+def test_tp_group_inside_a_larger_world():
+    for r, res in enumerate(run_worker(4)):
+        c = res["subgroup mlp"]
+        assert c["shard"] == 0.0 and max(c["forward"], c["input_grad"], c["weight_grad"]) <= TOL, (r, c)
+        assert c["group_sizes"] == [2]
