@@ -78,3 +78,26 @@ def curves(series: dict, ax=None, xlabel: str = "step", ylabel: str = "loss", ti
     if title:
         ax.set_title(title)
     return ax
+
+
+def memory_bars(rows: list[dict], ax=None, unit: float = 1e9, ylabel: str = "GB per rank", title: str = "",
+                parts=("params", "grads", "optimizer")):
+    """Stacked bars of model states, one bar per row ({"name", "params", "grads", "optimizer", ...}),
+    e.g. `par.memory.zero_table(...)`; the total is written on top of each bar."""
+    ax = _ax(ax, (max(5, 1.3 * len(rows) + 2), 3.4))
+    colors = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"}
+    x = range(len(rows))
+    bottom = [0.0] * len(rows)
+    for part in parts:
+        vals = [r[part] / unit for r in rows]
+        ax.bar(x, vals, 0.6, bottom=bottom, label=part, color=colors.get(part))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for i, top in enumerate(bottom):
+        ax.text(i, top, f"{top:.3g}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([r.get("name", str(i)) for i, r in enumerate(rows)], fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    if title:
+        ax.set_title(title)
+    return ax

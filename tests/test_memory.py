@@ -255,3 +255,14 @@ def test_job_on_two_ranks_predicted_equals_measured():
         assert all(m == run["predicted"] for m in run["measured"]), (name, run)
         assert run["phases"][1]["backward"]["grads"] == 4 * r["numel"]
         assert run["phases"][0]["built"]["grads"] == 0
+
+
+def test_memory_bars_draws_one_stack_per_stage():
+    import matplotlib
+    matplotlib.use("Agg")
+    from par.plots import memory_bars
+    rows = memory.zero_table(7.5e9, 64)
+    ax = memory_bars(rows)
+    assert len(ax.patches) == 3 * len(rows)
+    tops = sorted(float(t.get_text()) for t in ax.texts)
+    assert tops == sorted(float(f"{r['total'] / 1e9:.3g}") for r in rows)
