@@ -245,8 +245,8 @@ def test_cuda_peak_is_none_on_cpu():
 
 # ---------------------------------------------------------------- the launched job
 def test_job_on_two_ranks_predicted_equals_measured():
-    r = par.launch.run("par.jobs.memory", nproc=2, args=["--optimizers", "adam,momentum,sgd"], timeout=180,
-                       quiet=True)
+    r = par.launch.run("par.jobs.memory", nproc=2, args=["--optimizers", "adam,momentum,sgd", "--steps", "3"],
+                       timeout=180, quiet=True)
     assert r["world_size"] == 2 and r["numel"] == memory.param_count("tiny")
     for name, bpp in (("adam", 16), ("momentum", 12), ("sgd", 8)):
         run = r["runs"][name]
@@ -255,6 +255,7 @@ def test_job_on_two_ranks_predicted_equals_measured():
         assert all(m == run["predicted"] for m in run["measured"]), (name, run)
         assert run["phases"][1]["backward"]["grads"] == 4 * r["numel"]
         assert run["phases"][0]["built"]["grads"] == 0
+        assert run["totals_per_step"] == [[bpp * r["numel"]] * 3] * 2  # constant from the first step on
 
 
 def test_memory_bars_draws_one_stack_per_stage():

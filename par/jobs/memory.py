@@ -2,12 +2,12 @@
 
     torchrun --nproc-per-node=2 -m par.jobs.memory --preset tiny --optimizers adam,momentum,sgd
 
-Each rank builds the same GPT-lite on its device, and for each optimizer takes one
-real fp32 step on a batch of its own. It measures the live bytes of parameters,
-gradients and optimizer state after building, after backward and after the step
-(`par.memory.live_model_state_bytes`), beside the formula `model_state_bytes`
-(fp32: 4 + 4 + K bytes per parameter; Adam K = 8, momentum 4, SGD 0), and the CUDA
-peak on a GPU. Rank 0 saves every rank's numbers.
+Each rank builds the same GPT-lite on its device, and for each optimizer takes
+`--steps` real fp32 steps on batches of its own. It measures the live bytes of
+parameters, gradients and optimizer state after building, after the first backward
+and after every step (`par.memory.live_model_state_bytes`), beside the formula
+`model_state_bytes` (fp32: 4 + 4 + K bytes per parameter; Adam K = 8, momentum 4,
+SGD 0), and the CUDA peak on a GPU. Rank 0 saves every rank's numbers.
 """
 from __future__ import annotations
 
@@ -27,23 +27,29 @@ def parse(argv=None):
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--optimizers", default="adam,momentum,sgd", help="comma-separated: sgd, momentum, adam")
     ap.add_argument("--batch", type=int, default=8, help="sequences per rank")
+    ap.add_argument("--steps", type=int, default=1, help="optimizer steps (model states stay constant)")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
 
 
-def measure_one(cfg, optimizer: str, batch: int, seed: int, env) -> dict:
-    """One fp32 step; live model-state bytes after build, backward and step, and the formula."""
+def measure_one(cfg, optimizer: str, batch: int, steps: int, seed: int, env) -> dict:
+    """`steps` fp32 steps; live model-state bytes after build, the first backward and each step."""
     memory.reset_cuda_peak(env.device)
     model = build(cfg, seed=seed).to(env.device)
     opt = make_optimizer(model.parameters(), optimizer, lr=1e-3)
     data = CharDataset(block_size=cfg.block_size)
     g = torch.Generator().manual_seed(seed * 1000 + env.rank)
-    rows = torch.randint(len(data), (batch,), generator=g).tolist()
-    x, y = (torch.stack(t).to(env.device) for t in zip(*(data[i] for i in rows)))
     phases = {"built": memory.live_model_state_bytes(model, opt).to_dict()}
-    lm_loss(model(x), y).backward()
-    phases["backward"] = memory.live_model_state_bytes(model, opt).to_dict()
-    opt.step()
+    totals = []
+    for step in range(max(1, steps)):
+        rows = torch.randint(len(data), (batch,), generator=g).tolist()
+        x, y = (torch.stack(t).to(env.device) for t in zip(*(data[i] for i in rows)))
+        opt.zero_grad(set_to_none=True)
+        lm_loss(model(x), y).backward()
+        if step == 0:
+            phases["backward"] = memory.live_model_state_bytes(model, opt).to_dict()
+        opt.step()
+        totals.append(memory.live_model_state_bytes(model, opt).total)
     measured = memory.live_model_state_bytes(model, opt)
     phases["step"] = measured.to_dict()
     numel = sum(p.numel() for p in model.parameters())
@@ -52,6 +58,7 @@ def measure_one(cfg, optimizer: str, batch: int, seed: int, env) -> dict:
         "predicted": memory.model_state_bytes(numel, precision="fp32", optimizer=optimizer).to_dict(),
         "measured": measured.to_dict(),
         "phases": phases,
+        "totals_per_step": totals,
         "scalar_bytes": memory.live_model_state_bytes(model, opt, include_scalars=True).optimizer - measured.optimizer,
         "cuda_peak": memory.cuda_peak_bytes(env.device),
     }
@@ -62,7 +69,7 @@ def main(argv=None):
     env = par.dist.init()
     cfg = preset(args.preset)
     names = [o.strip() for o in args.optimizers.split(",") if o.strip()]
-    mine = {o: measure_one(cfg, o, args.batch, args.seed, env) for o in names}
+    mine = {o: measure_one(cfg, o, args.batch, args.steps, args.seed, env) for o in names}
     for o, r in mine.items():
         ok = "equal" if r["predicted"] == r["measured"] else "DIFFERENT"
         print(f"rank {env.rank} {o:>8}: predicted {r['predicted']['total']:,.0f} B, "
@@ -71,11 +78,12 @@ def main(argv=None):
     ranks = par.dist.gather_object(mine)
     if env.is_rank0:
         par.dist.save_result({
-            "preset": args.preset, "world_size": env.world_size, "backend": env.backend,
+            "preset": args.preset, "steps": args.steps, "batch": args.batch, "world_size": env.world_size, "backend": env.backend,
             "device": str(env.device), "numel": mine[names[0]]["numel"] if names else 0,
             "runs": {o: {"predicted": mine[o]["predicted"],
                          "measured": [r[o]["measured"] for r in ranks],
                          "phases": [r[o]["phases"] for r in ranks],
+                         "totals_per_step": [r[o]["totals_per_step"] for r in ranks],
                          "scalar_bytes": [r[o]["scalar_bytes"] for r in ranks],
                          "cuda_peak": [r[o]["cuda_peak"] for r in ranks]} for o in names},
         })
