@@ -338,6 +338,29 @@ class Zero:
         return out
 
 
+    def load_partitions(self, masters: list[torch.Tensor], states: list[dict]) -> None:
+        """Set this rank's master partitions and their optimizer state (from `par.checkpoint`), then
+        rebuild the parameters from them (stages 1-2 all-gather; stage 3 keeps the shard)."""
+        own = self.updater.masters()
+        if len(masters) != len(own) or any(a.numel() != b.numel() for a, b in zip(masters, own)):
+            raise ValueError("checkpoint partitions do not match this engine's layout: "
+                             f"{[m.numel() for m in masters]} vs {[m.numel() for m in own]}")
+        with torch.no_grad():
+            for m, new, st in zip(own, masters, states):
+                m.copy_(new)
+                self.updater.opt.state[m] = {k: (v.to(m.device) if isinstance(v, torch.Tensor) and v.dim() > 0
+                                                 else v.clone() if isinstance(v, torch.Tensor) else v)
+                                             for k, v in st.items()}
+                if not st:
+                    self.updater.opt.state.pop(m)
+            for part, m in zip(self.param_partitions(), own):
+                if part.data_ptr() != m.data_ptr():
+                    part.copy_(m)
+        if self.stage in (1, 2):
+            for u in self.units:
+                self._comm(f"AG {u.name} load", collectives.all_gather, u.full)
+
+
 class DeviceUpdate:
     """The optimizer over this rank's partitions, on the training device.
 

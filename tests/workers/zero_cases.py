@@ -1,0 +1,191 @@
+"""Every ZeRO check for one world size, in one launch (tests/test_zero.py asserts on the JSON).
+
+    python -m torch.distributed.run --nproc-per-node=N tests/workers/zero_cases.py CHECKPOINT_DIR
+
+Cases: stages 0-3 with and without offload, Adam and AdamW, two models whose parameter
+counts no world size divides, against the single-process reference; bytes per step;
+measured model-state bytes against par.memory; stage 3 frees between units; sharded
+checkpoint resume (bit-identical) and re-sharding to another data-parallel degree.
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import par.dist
+from par import checkpoint, commlog, memory
+from par.model import GPTLite, TinyMLP, lm_loss, preset
+from par.reference import max_abs_diff, train_single
+from par.zero import Zero
+
+STEPS, BATCH, LR = 5, 12, 1e-3
+
+
+def gpt():
+    torch.manual_seed(3)
+    return GPTLite(preset("tiny", n_layer=2, d_model=9, n_head=3, d_ff=25, block_size=9))
+
+
+def mlp():
+    return TinyMLP((10, 33, 17, 5), seed=1)
+
+
+def data(name):
+    g = torch.Generator().manual_seed(7)
+    if name == "gpt":
+        x = torch.randint(0, 65, (STEPS, BATCH, 9), generator=g)
+        return list(zip(x, torch.randint(0, 65, (STEPS, BATCH, 9), generator=g))), lm_loss
+    return list(zip(torch.randn(STEPS, BATCH, 10, generator=g), torch.randn(STEPS, BATCH, 5, generator=g))), F.mse_loss
+
+
+MODELS = {"mlp": mlp, "gpt": gpt}
+
+
+def train(zero, model, batches, loss_fn, rank, n, on_step=None):
+    losses = []
+    for s, (x, y) in enumerate(batches):
+        loss = loss_fn(model(x[rank::n]), y[rank::n])
+        zero.backward(loss)
+        if on_step:
+            on_step(s)
+        zero.step()
+        zero.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def equivalence(rank, n, out):
+    for mname, make in MODELS.items():
+        batches, loss_fn = data(mname)
+        for opt in ("adam", "adamw"):
+            ref = make()
+            train_single(ref, batches, loss_fn, opt, LR)
+            for stage in (0, 1, 2, 3):
+                for offload in (False, True):
+                    model = make()
+                    zero = Zero(model, stage=stage, optimizer=opt, lr=LR, offload=offload)
+                    train(zero, model, batches, loss_fn, rank, n)
+                    diff = max_abs_diff(zero.full_state_dict(), ref.state_dict())
+                    out["equivalence"].append({"model": mname, "opt": opt, "stage": stage, "offload": offload,
+                                               "numel": zero.numel, "diff": diff})
+
+
+def bytes_and_memory(rank, n, out):
+    for mname, make in MODELS.items():
+        batches, loss_fn = data(mname)
+        for stage in (0, 1, 2, 3):
+            for offload in (False, True):
+                model = make()
+                zero = Zero(model, stage=stage, optimizer="adam", lr=LR, offload=offload)
+                seen = {}
+
+                def measure(s):
+                    if s == 2:
+                        seen.update(zero.memory())
+                for s, (x, y) in enumerate(batches[:3]):
+                    with commlog.capture() as log:
+                        zero.backward(loss_fn(model(x[rank::n]), y[rank::n]))
+                        measure(s)
+                        zero.step()
+                        zero.zero_grad()
+                formula = memory.model_state_bytes(zero.numel, n, stage, "fp32", "adam")
+                out["bytes"].append({"model": mname, "stage": stage, "offload": offload, "numel": zero.numel,
+                                     "padded": zero.padded, "units": len(zero.units), "by_kind": log.by_kind()})
+                out["memory"].append({"model": mname, "stage": stage, "offload": offload, **seen,
+                                      "formula": formula.to_dict(),
+                                      "placement": zero.updater.placement() if offload else None})
+
+
+def stage3_frees(rank, n, out):
+    model = gpt()
+    batches, loss_fn = data("gpt")
+    zero = Zero(model, stage=3, optimizer="adam", lr=LR)
+    shard_bytes = sum(u.shard.numel() * u.shard.element_size() for u in zero.units)
+    full_bytes = [u.flat.padded * 4 for u in zero.units]
+    checks = []
+    for u in zero.units:   # registered after the engine's hooks: they see the state right after its gather
+        u.module.register_forward_pre_hook(
+            lambda m, a, u=u: checks.append(("forward", u.index, zero.gathered_units(), zero.memory()["params"])))
+        for p in u.params:
+            p.register_post_accumulate_grad_hook(
+                lambda p, u=u: checks.append(("backward", u.index, zero.gathered_units(), zero.memory()["params"])))
+    before = zero.gathered_units()
+    train(zero, model, batches[:2], loss_fn, rank, n)
+    out["stage3"] = {"before": before, "after": zero.gathered_units(), "checks": checks,
+                     "shard_bytes": shard_bytes, "full_bytes": full_bytes,
+                     "params_after": zero.memory()["params"]}
+
+
+def checkpoint_cases(rank, n, root, out):
+    batches, loss_fn = data("gpt")
+    # resume: 2 steps, save, a fresh model and engine, load, 3 more steps == 5 steps straight
+    for stage, offload in ((1, False), (2, False), (3, False), (2, True)):
+        model = gpt()
+        zero = Zero(model, stage=stage, optimizer="adam", lr=LR, offload=offload)
+        straight = train(zero, model, batches, loss_fn, rank, n)
+        full_straight = zero.full_state_dict()
+        model = gpt()
+        zero = Zero(model, stage=stage, optimizer="adam", lr=LR, offload=offload)
+        first = train(zero, model, batches[:2], loss_fn, rank, n)
+        d = os.path.join(root, f"resume_s{stage}_o{int(offload)}")
+        checkpoint.save(zero, d, step=2)
+        model = gpt()
+        zero = Zero(model, stage=stage, optimizer="adam", lr=LR, offload=offload)
+        meta = checkpoint.load(zero, d)
+        rest = train(zero, model, batches[meta["step"]:], loss_fn, rank, n)
+        full = zero.full_state_dict()
+        out["resume"].append({"stage": stage, "offload": offload,
+                              "identical": all(torch.equal(full[k], full_straight[k]) for k in full),
+                              "losses_identical": first + rest == straight})
+    # re-shard: save at one data-parallel degree, load at another (and another stage)
+    m = n - 1
+    sub = dist.new_group(list(range(m)))
+    for save_world, load_world in ((n, m), (m, n)):
+        d = os.path.join(root, f"reshard_{save_world}_to_{load_world}")
+        groups = {n: None, m: sub}
+        model = gpt()
+        saved = None
+        if rank < save_world:
+            zero = Zero(model, stage=2, optimizer="adam", lr=LR, group=groups[save_world])
+            train(zero, model, batches[:2], loss_fn, rank, save_world)
+            saved = zero.full_state_dict()
+            checkpoint.save(zero, d, step=2)
+        dist.barrier()
+        consolidated = checkpoint.load_full(d)
+        case = {"from": save_world, "to": load_world}
+        if saved is not None:
+            case["load_full_equal"] = all(torch.equal(saved[k], consolidated[k]) for k in saved)
+        if rank < load_world:
+            model = gpt()
+            zero = Zero(model, stage=3, optimizer="adam", lr=LR, group=groups[load_world])
+            checkpoint.load(zero, d)
+            loaded = zero.full_state_dict()
+            case["same_full_model"] = all(torch.equal(loaded[k], consolidated[k]) for k in loaded)
+            train(zero, model, batches[2:], loss_fn, rank, load_world)
+            ref = gpt()
+            batches_ref, _ = data("gpt")
+            train_single(ref, batches_ref, loss_fn, "adam", LR)
+            case["continued_diff"] = max_abs_diff(zero.full_state_dict(), ref.state_dict())
+        dist.barrier()
+        gathered = par.dist.gather_object(case)
+        if rank == 0:
+            out["reshard"].append(gathered)
+
+
+def main():
+    root = sys.argv[1]
+    env = par.dist.init()
+    rank, n = env.rank, env.world_size
+    out = {"world": n, "equivalence": [], "bytes": [], "memory": [], "resume": [], "reshard": []}
+    equivalence(rank, n, out)
+    bytes_and_memory(rank, n, out)
+    stage3_frees(rank, n, out)
+    checkpoint_cases(rank, n, root, out)
+    par.dist.save_result(out)
+    par.dist.teardown()
+
+
+if __name__ == "__main__":
+    main()
