@@ -72,12 +72,39 @@ def _ring(group):
     return ranks.index(dist.get_rank()), len(ranks), ranks
 
 
-def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group) -> None:
-    """Send to one neighbour while receiving from the other; wait for both."""
-    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, dst, group),
-                                   dist.P2POp(dist.irecv, recv, src, group)])
-    for req in reqs:
-        req.wait()
+def reduce_scatter_chunks(rank: int, n: int, step: int) -> tuple[int, int]:
+    """(chunk sent to the right, chunk received from the left and added) at reduce-scatter step `step`."""
+    return (rank - step - 1) % n, (rank - step - 2) % n
+
+
+def all_gather_chunks(rank: int, n: int, step: int) -> tuple[int, int]:
+    """(chunk sent to the right, chunk received from the left) at all-gather step `step`."""
+    return (rank - step) % n, (rank - step - 1) % n
+
+
+PIECE = 1 << 18  # elements: a chunk travels in pieces, so adding piece i overlaps sending piece i+1
+
+
+def _pieces(numel: int) -> list[tuple[int, int]]:
+    return [(a, min(a + PIECE, numel)) for a in range(0, numel, PIECE)] or [(0, 0)]
+
+
+def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group):
+    """Send `send` to one neighbour while receiving `recv` from the other, piece by piece.
+
+    Yields the [start, end) of each received piece once it (and the matching
+    send) is done, so the caller can reduce it while later pieces are on the wire.
+    """
+    out, into = _pieces(send.numel()), _pieces(recv.numel())
+    batches = []
+    for i in range(max(len(out), len(into))):
+        ops = [dist.P2POp(dist.isend, send[a:b], dst, group) for a, b in out[i:i + 1]]
+        ops += [dist.P2POp(dist.irecv, recv[a:b], src, group) for a, b in into[i:i + 1]]
+        batches.append(dist.batch_isend_irecv(ops))
+    for i, reqs in enumerate(batches):
+        for req in reqs:
+            req.wait()
+        yield from into[i:i + 1]
 
 
 def _reduce_(acc: torch.Tensor, incoming: torch.Tensor, op: str) -> None:
@@ -87,7 +114,7 @@ def _reduce_(acc: torch.Tensor, incoming: torch.Tensor, op: str) -> None:
         acc.add_(incoming)
 
 
-def _ring_reduce_scatter(flat: torch.Tensor, group, op: str) -> int:
+def _ring_reduce_scatter(flat: torch.Tensor, group, op: str, on_step=None) -> int:
     """The N-1 reduce steps on a flat tensor, in place; returns the bytes this rank sent."""
     me, n, ranks = _ring(group)
     bounds = chunk_bounds(flat.numel(), n)
@@ -95,29 +122,33 @@ def _ring_reduce_scatter(flat: torch.Tensor, group, op: str) -> int:
     buf = torch.empty(max(e - s for s, e in bounds), dtype=flat.dtype, device=flat.device)
     sent = 0
     for k in range(n - 1):
-        s0, s1 = bounds[(me - k - 1) % n]
-        r0, r1 = bounds[(me - k - 2) % n]
-        incoming = buf[: r1 - r0]
-        _exchange(flat[s0:s1], right, incoming, left, group)
-        _reduce_(flat[r0:r1], incoming, op)
+        out, into = reduce_scatter_chunks(me, n, k)
+        (s0, s1), (r0, r1) = bounds[out], bounds[into]
+        for a, b in _exchange(flat[s0:s1], right, buf[: r1 - r0], left, group):
+            _reduce_(flat[r0 + a:r0 + b], buf[a:b], op)
         sent += (s1 - s0) * flat.element_size()
+        if on_step:
+            on_step("reduce_scatter", k, out, into, flat)
     if op == "avg":
         a, b = bounds[me]
         flat[a:b].div_(n)
     return sent
 
 
-def _ring_all_gather(flat: torch.Tensor, group) -> int:
+def _ring_all_gather(flat: torch.Tensor, group, on_step=None) -> int:
     """The N-1 pass-it-on steps on a flat tensor, in place; returns the bytes this rank sent."""
     me, n, ranks = _ring(group)
     bounds = chunk_bounds(flat.numel(), n)
     right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
     sent = 0
     for k in range(n - 1):
-        s0, s1 = bounds[(me - k) % n]
-        r0, r1 = bounds[(me - k - 1) % n]
-        _exchange(flat[s0:s1], right, flat[r0:r1], left, group)
+        out, into = all_gather_chunks(me, n, k)
+        (s0, s1), (r0, r1) = bounds[out], bounds[into]
+        for _ in _exchange(flat[s0:s1], right, flat[r0:r1], left, group):
+            pass  # the pieces land in place
         sent += (s1 - s0) * flat.element_size()
+        if on_step:
+            on_step("all_gather", k, out, into, flat)
     return sent
 
 
@@ -151,11 +182,15 @@ def ring_all_gather(tensor: torch.Tensor, group=None) -> torch.Tensor:
     return tensor
 
 
-def ring_all_reduce(tensor: torch.Tensor, group=None, op: str = "sum") -> torch.Tensor:
-    """All-reduce = reduce-scatter + all-gather, in place on a contiguous tensor."""
+def ring_all_reduce(tensor: torch.Tensor, group=None, op: str = "sum", on_step=None) -> torch.Tensor:
+    """All-reduce = reduce-scatter + all-gather, in place on a contiguous tensor.
+
+    `on_step(phase, step, chunk_sent, chunk_received, flat)`, if given, is called
+    after every step (lecture 00 draws the ring from it).
+    """
     flat = _flat(tensor, op)
     n = _ring(group)[1]
-    sent = _ring_reduce_scatter(flat, group, op) + _ring_all_gather(flat, group) if n > 1 else 0
+    sent = _ring_reduce_scatter(flat, group, op, on_step) + _ring_all_gather(flat, group, on_step) if n > 1 else 0
     commlog.record("all_reduce", flat.numel(), sent, n)
     return tensor
 
@@ -262,3 +297,112 @@ def recv(tensor: torch.Tensor, src: int, group=None):
     req = dist.irecv(tensor, src, group=group)
     commlog.record("recv", tensor.numel(), 0, 2, "torch")
     return req
+
+
+# ---------------------------------------------------------------- asynchronous: a communication thread
+import queue  # noqa: E402  (this section was appended; its imports stay with it)
+import threading  # noqa: E402
+import time  # noqa: E402
+
+
+class Pending:
+    """A collective in flight. `wait()` blocks until it is done and re-raises its error.
+
+    `submitted`, `start`, `end` are `time.perf_counter()` readings (the clock of `par.timeline`).
+    """
+
+    def __init__(self, timeout: float = 300.0):
+        self.submitted, self.start, self.end = time.perf_counter(), None, None
+        self.timeout, self.error, self._done = timeout, None, threading.Event()
+        self._finish = None  # work the caller's thread does in wait() (e.g. divide for "avg")
+
+    def _run(self, fn) -> None:
+        self.start = time.perf_counter()
+        try:
+            fn()
+        except BaseException as e:  # handed to the waiting thread
+            self.error = e
+        self.end = time.perf_counter()
+        self._done.set()
+
+    def wait(self):
+        if not self._done.wait(self.timeout):
+            raise TimeoutError(f"asynchronous collective not done after {self.timeout:.0f}s "
+                               "(a rank stopped communicating, or ranks launched collectives in different orders)")
+        if self.error is not None:
+            raise self.error
+        if self._finish is not None:
+            self._finish, finish = None, self._finish
+            finish()
+        return self
+
+
+_COMM_QUEUE = None
+
+
+def _comm_thread_loop(q) -> None:
+    while True:
+        pending, fn = q.get()
+        pending._run(fn)
+
+
+def run_async(fn) -> Pending:
+    """Run `fn()` on this process's communication thread; jobs run one at a time, in submission order.
+
+    While jobs are in flight the calling thread must not communicate itself (one talker per process),
+    and every rank must submit the same collectives in the same order.
+    """
+    global _COMM_QUEUE
+    if _COMM_QUEUE is None:
+        _COMM_QUEUE = queue.Queue()
+        threading.Thread(target=_comm_thread_loop, args=(_COMM_QUEUE,), name="par-comm", daemon=True).start()
+    pending = Pending()
+    _COMM_QUEUE.put((pending, fn))
+    return pending
+
+
+def all_reduce_async(tensor: torch.Tensor, op: str = "sum", group=None, impl: str = "ring") -> Pending:
+    """Start an all-reduce in place and return at once; `.wait()` on the result before using `tensor`.
+
+    impl="ring": par's ring runs on the communication thread. impl="torch": `dist.all_reduce(async_op=True)`.
+    Logged like `all_reduce` (the ring when it runs, the torch one when it is started).
+    """
+    if impl == "ring" or _size(group) == 1:
+        return run_async(lambda: all_reduce(tensor, op, group, "ring"))
+    if impl != "torch":
+        raise ValueError(f"unknown impl {impl!r}: use 'ring' or 'torch'")
+    n = _size(group)
+    pending = Pending()
+    pending.start = pending.submitted
+    work = dist.all_reduce(tensor, _TORCH_OPS[op], group=group, async_op=True)
+    commlog.record("all_reduce", tensor.numel(),
+                   ring_all_reduce_bytes(tensor.numel(), n, _rank(group), tensor.element_size()), n, "torch")
+
+    def done(_fut):  # runs on the backend's thread when the work completes (an error shows in work.wait())
+        pending.end = time.perf_counter()
+        pending._done.set()
+
+    work.get_future().then(done)
+
+    def finish():
+        work.wait()
+        if op == "avg":
+            tensor.div_(n)
+    pending._finish = finish
+    return pending
+
+
+def send_recv(sends=(), recvs=(), group=None) -> list:
+    """Post point-to-point sends [(tensor, dst)] and receives [(tensor, src)] together; return their requests.
+
+    Non-blocking; wait on every request. Under NCCL the operations start as one group
+    (`batch_isend_irecv`), so two ranks that each send to the other before receiving cannot
+    block each other. Ranks are global. Logged as `send` / `recv` events.
+    """
+    ops = [dist.P2POp(dist.isend, t.contiguous(), dst, group) for t, dst in sends]
+    ops += [dist.P2POp(dist.irecv, t, src, group) for t, src in recvs]
+    for t, _ in sends:
+        commlog.record("send", t.numel(), t.numel() * t.element_size(), 2, "torch")
+    for t, _ in recvs:
+        commlog.record("recv", t.numel(), 0, 2, "torch")
+    return dist.batch_isend_irecv(ops) if ops else []
