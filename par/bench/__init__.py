@@ -1,0 +1,1 @@
+"""Benchmarks: each module times a par strategy against the torch built-in doing the same job."""
