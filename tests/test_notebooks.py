@@ -1,0 +1,54 @@
+"""Every lecture notebook runs top to bottom with papermill, and notebooks are committed clean.
+
+- each notebooks/*.ipynb executes with its own default parameters (world_size = 2, backend "auto", preset
+  "tiny", steps = 20) through the same code path as `python -m par batch`; a cell may run at most CELL_TIMEOUT s;
+- its parameters cell follows the course convention (the batch overrides exactly those four names);
+- notebooks/ and exercises/ hold no outputs (solutions/ keep theirs: they are strict nbval's reference, see
+  tests/test_exercises.py).
+"""
+import ast
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from par.batch import run_one
+
+ROOT = Path(__file__).resolve().parents[1]
+LECTURES = sorted((ROOT / "notebooks").glob("*.ipynb"))
+CLEAN = LECTURES + sorted((ROOT / "exercises").glob("*.ipynb"))
+PARAMETERS = {"world_size": 2, "backend": "auto", "preset": "tiny", "steps": 20}
+CELL_TIMEOUT = 300
+
+
+def name(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("path", LECTURES, ids=name)
+def test_lecture_executes_with_papermill(path, tmp_path):
+    row = run_one(path, tmp_path / path.name, parameters={}, timeout=CELL_TIMEOUT)
+    assert row["status"] == "ok", f"{path.name}: {row['error']} (executed copy: {row['output']})"
+
+
+@pytest.mark.parametrize("path", LECTURES, ids=name)
+def test_lecture_has_the_parameters_cell(path):
+    nb = nbformat.read(path, as_version=4)
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert code and "parameters" in code[0].metadata.get("tags", []), \
+        "the first code cell must be tagged `parameters`"
+    values = {}
+    for statement in ast.parse(code[0].source).body:
+        assert isinstance(statement, ast.Assign), f"only assignments in the parameters cell: {ast.unparse(statement)}"
+        values[statement.targets[0].id] = ast.literal_eval(statement.value)
+    assert values == PARAMETERS
+
+
+@pytest.mark.parametrize("path", CLEAN, ids=name)
+def test_committed_without_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    dirty = [i for i, cell in enumerate(nb.cells)
+             if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)]
+    assert not dirty, f"{name(path)}: cells {dirty} have outputs; clear them (Edit > Clear Outputs of All Cells)"
