@@ -136,8 +136,8 @@ class Zero:
         self.updater = self._make_updater(optimizer, lr, **opt_kw)
 
     def _unit_name(self, m: nn.Module, i: int) -> str:
-        p = next(m.parameters())
-        return self._names[id(p)].rsplit(".", 1)[0] if "." in self._names[id(p)] else f"unit{i}"
+        name = {id(mod): n for n, mod in self.model.named_modules()}.get(id(m), "")
+        return name or f"unit{i}"
 
     # ------------------------------------------------------------ which partition do I update?
     def param_partitions(self) -> list[torch.Tensor]:
