@@ -58,7 +58,7 @@ def peak_in_flight_formula(name: str, p: int, m: int, stage: int) -> int:
 
 
 # ---------------------------------------------------------------- messages
-def _receive(schedule: Schedule, rank: int, a: Action):
+def message_in(schedule: Schedule, rank: int, a: Action):
     """(what, source rank) this action must receive before it runs, or None."""
     s, last = schedule.stage(rank, a), schedule.num_stages - 1
     if a.kind == "F" and s > 0:
@@ -68,7 +68,7 @@ def _receive(schedule: Schedule, rank: int, a: Action):
     return None
 
 
-def _send(schedule: Schedule, rank: int, a: Action):
+def message_out(schedule: Schedule, rank: int, a: Action):
     """(what, destination rank) this action sends when it is done, or None."""
     s, last = schedule.stage(rank, a), schedule.num_stages - 1
     if a.kind == "F" and s < last:
@@ -190,7 +190,7 @@ def simulate(schedule: Schedule, forward=1.0, backward=2.0, latency: float = 0.0
             while pos[r] < len(acts):
                 a = acts[pos[r]]
                 start = clock[r]
-                need = _receive(schedule, r, a)
+                need = message_in(schedule, r, a)
                 if need is not None:
                     arrival = _take(sent, need, r)
                     if arrival is None:
@@ -201,7 +201,7 @@ def simulate(schedule: Schedule, forward=1.0, backward=2.0, latency: float = 0.0
                 spans.append({"rank": r, "name": str(a), "lane": "compute", "start": start, "end": end,
                               "stage": s, "microbatch": a.microbatch})
                 clock[r], pos[r], moved = end, pos[r] + 1, True
-                out = _send(schedule, r, a)
+                out = message_out(schedule, r, a)
                 if out is not None:
                     sent[(r, out[1])][out[0]] = end + latency
         if all(pos[r] == len(acts) for r, acts in enumerate(schedule.ranks)):
@@ -221,7 +221,7 @@ def _waiting(schedule: Schedule, pos) -> list[str]:
     for r, acts in enumerate(schedule.ranks):
         if pos[r] < len(acts):
             a = acts[pos[r]]
-            message, src = _receive(schedule, r, a)
+            message, src = message_in(schedule, r, a)
             out.append(f"rank {r} waits at action {pos[r]} ({a}) for {_describe(message)} (rank {src})")
     return out
 

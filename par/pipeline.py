@@ -1,0 +1,289 @@
+"""The pipeline runtime: every rank executes its action list of a `Schedule`.
+
+Setup. The layer list (`model.to_layers()`) is cut into p·v stages (`par.partition`);
+rank r keeps stages r, r+p, ... (its chunks). Before the first step the ranks agree on
+the shape of every activation that crosses a stage boundary: the owner of stage k runs
+it once on a dummy input and broadcasts the output's shape.
+
+One step = the rank's actions, in order:
+
+    F(i) on stage k:  x = receive activation i from stage k-1   (stage 0: micro-batch i of the batch)
+                      y = stage(x)                                keep x, y for the backward
+                      send y to stage k+1                        (last stage: loss_i = loss(y, t_i) / m)
+    B(i) on stage k:  g = receive d loss / d y from stage k+1    (last stage: backward of loss_i)
+                      y.backward(g)                              parameter .grad accumulates
+                      send x.grad to stage k-1
+
+Because loss_i is divided by m and .grad accumulates over the micro-batches, the
+gradients equal those of one process training on the whole batch: ∇(1/m Σ loss_i).
+
+Sends never block: a send is posted together with the next receive (one group, which is
+what NCCL needs to avoid two ranks waiting on each other) and waited for at the end of
+the step. Messages from one rank are read in the order it sent them; one that arrives
+before its action is kept until then. `par.pipeline_sim.check` proves the schedule
+terminates under exactly these rules, and runs before anything else.
+
+A `par.timeline.Recorder` passed to `step` gets one span per action ("F3", "B3@1") on
+every rank; its `gather()` brings the timeline to rank 0.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from contextlib import contextmanager, nullcontext
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from par import collectives, commlog, partition, pipeline_sim
+from par.schedules import Schedule
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32]
+MAX_DIMS = 8
+
+
+class PipelineError(ValueError):
+    """Bad pipeline input: one line that names the numbers and the fix."""
+
+
+def split_microbatches(batch: torch.Tensor, m: int) -> list[torch.Tensor]:
+    """The batch cut along dimension 0 into m equal micro-batches."""
+    if batch.size(0) % m:
+        lower, upper = (batch.size(0) // m) * m, (batch.size(0) // m + 1) * m
+        raise PipelineError(f"a batch of {batch.size(0)} rows does not split into {m} equal micro-batches: "
+                            f"use a batch divisible by {m} (e.g. {lower or upper} or {upper}) "
+                            f"or a number of micro-batches that divides {batch.size(0)}")
+    return list(batch.split(batch.size(0) // m))
+
+
+class Pipeline:
+    """This rank's part of a pipeline-parallel model and the schedule it runs.
+
+    layers    the whole model as a list of modules (every rank passes the same list)
+    schedule  a `par.schedules.Schedule` for p ranks (p = size of `ranks`, default the world)
+    loss_fn   loss_fn(output, target) -> mean loss of a micro-batch, applied on the last stage
+    method    'parameters' (balanced parameter counts) or 'uniform' layer counts
+    ranks     global ranks of the p pipeline ranks (default 0..p-1), for DP x PP layouts
+    """
+
+    def __init__(self, layers, schedule: Schedule, loss_fn, method: str = "parameters",
+                 ranks=None, device=None, track_memory: bool = False):
+        layers = list(layers)
+        self.schedule = pipeline_sim.check(schedule)
+        self.p, self.v, self.m = schedule.num_ranks, schedule.virtual, schedule.microbatches
+        self.ranks = list(ranks) if ranks is not None else list(range(self.p))
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if len(self.ranks) != self.p:
+            raise PipelineError(f"the schedule is for {self.p} ranks but {len(self.ranks)} were given")
+        if ranks is None and world != self.p:
+            raise PipelineError(f"the schedule is for {self.p} ranks but the job has {world}: "
+                                f"launch {self.p} ranks or build the schedule for {world}")
+        me = dist.get_rank() if dist.is_initialized() else 0
+        if me not in self.ranks:
+            raise PipelineError(f"rank {me} is not one of the pipeline's ranks {self.ranks}")
+        self.rank = self.ranks.index(me)  # this rank's place in the pipeline
+        self.bounds = partition.bounds_for(layers, self.p * self.v, method)
+        self.device = torch.device(device) if device is not None else _default_device(layers)
+        self.chunks = [nn.Sequential(*layers[slice(*self.bounds[self.stage_of(c)])]).to(self.device)
+                       for c in range(self.v)]
+        self.loss_fn = loss_fn
+        self.track_memory = track_memory
+        self._shapes = {}
+        self.memory = {}
+        # in the order they are sent: the messages each rank sends to this one
+        self._incoming = defaultdict(list)
+        for src, acts in enumerate(schedule.ranks):
+            for a in acts:
+                out = pipeline_sim.message_out(schedule, src, a)
+                if out is not None and out[1] == self.rank:
+                    self._incoming[src].append(out[0])
+
+    # ------------------------------------------------------------ bookkeeping
+    @property
+    def last_rank(self) -> int:
+        """Pipeline rank that holds the last stage (and so knows the loss)."""
+        return self.schedule.owner(self.p * self.v - 1)[0]
+
+    def stage_of(self, chunk: int) -> int:
+        """Global stage of this rank's chunk `chunk`: chunk·p + rank."""
+        return chunk * self.p + self.rank
+
+    def parameters(self):
+        return itertools.chain.from_iterable(c.parameters() for c in self.chunks)
+
+    def named_parameters(self):
+        """(name, parameter) with names of the whole layer list: '<layer index>.<name in the layer>'."""
+        for c, chunk in enumerate(self.chunks):
+            first = self.bounds[self.stage_of(c)][0]
+            for name, param in chunk.named_parameters():
+                i, rest = name.split(".", 1)
+                yield f"{first + int(i)}.{rest}", param
+
+    # ------------------------------------------------------------ shapes
+    def _boundary_shapes(self, x0: torch.Tensor) -> list[tuple]:
+        """(shape, dtype) of the output of every stage but the last, for micro-batch input x0.
+
+        Stage k's owner runs it on a dummy input of stage k's shape and broadcasts the result.
+        """
+        key = (tuple(x0.shape), x0.dtype)
+        if key in self._shapes:
+            return self._shapes[key]
+        shapes, inp = [], (tuple(x0.shape), x0.dtype)
+        with commlog.tag("pipeline shapes"):
+            for k in range(self.p * self.v - 1):
+                owner, chunk = self.schedule.owner(k)
+                code = torch.zeros(2 + MAX_DIMS, dtype=torch.int64, device=self.device)
+                if owner == self.rank:
+                    dummy = x0 if k == 0 else torch.zeros(inp[0], dtype=inp[1], device=self.device)
+                    with torch.no_grad():
+                        out = self.chunks[chunk](dummy.to(self.device))
+                    code[0], code[1] = out.dim(), DTYPES.index(out.dtype)
+                    code[2:2 + out.dim()] = torch.tensor(out.shape)
+                if self.p > 1:
+                    collectives.broadcast(code, src=self.ranks[owner])
+                n = int(code[0])
+                inp = (tuple(int(d) for d in code[2:2 + n]), DTYPES[int(code[1])])
+                shapes.append(inp)
+        self._shapes[key] = shapes
+        return shapes
+
+    def _buffer(self, message, shapes) -> torch.Tensor:
+        """An empty tensor for `message`: an activation (output of stage k) or a gradient (input of stage k)."""
+        what, _, stage = message
+        shape, dtype = shapes[stage] if what == "activation" else shapes[stage - 1]
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    # ------------------------------------------------------------ one step
+    def step(self, x: torch.Tensor, y: torch.Tensor, recorder=None, record_comm: bool = False):
+        """Forward and backward of the batch (x, y) by the schedule; gradients accumulate in .grad.
+
+        Returns the batch's mean loss on the rank holding the last stage, None elsewhere.
+        """
+        xs, ys = split_microbatches(x, self.m), split_microbatches(y, self.m)
+        shapes = self._boundary_shapes(xs[0].to(self.device))
+        last = self.p * self.v - 1
+        saved = {}                       # (micro-batch, stage) -> (input, output or loss)
+        inbox = {}                       # message -> tensor that arrived
+        cursor = defaultdict(int)        # src -> how many of its messages were received
+        outbox, send_reqs = [], []       # sends not yet posted; posted, not yet waited
+        loss_sum = None
+        mem = _MemoryMeter(self.parameters()) if self.track_memory else None
+        span = recorder.span if recorder is not None else (lambda *a, **k: nullcontext())
+        with commlog.tag("pipeline"):
+            for a in self.schedule.ranks[self.rank]:
+                k = self.stage_of(a.chunk)
+                need = pipeline_sim.message_in(self.schedule, self.rank, a)
+                recvs = []
+                if need is not None and need[0] not in inbox:
+                    message, src = need
+                    while True:  # read src's messages in its order up to the one we need
+                        early = self._incoming[src][cursor[src]]
+                        cursor[src] += 1
+                        inbox[early] = self._buffer(early, shapes)
+                        recvs.append((inbox[early], self.ranks[src]))
+                        if early == message:
+                            break
+                with span("recv", lane="comm") if (record_comm and recvs) else nullcontext():
+                    reqs = collectives.send_recv(outbox, recvs) if (outbox or recvs) else []
+                    send_reqs += reqs[:len(outbox)]
+                    for req in reqs[len(outbox):]:
+                        req.wait()
+                outbox = []
+                with span(str(a)):
+                    if a.kind == "F":
+                        inp = xs[a.microbatch].to(self.device) if k == 0 else inbox.pop(need[0])
+                        if k > 0 and inp.is_floating_point():
+                            inp.requires_grad_(True)
+                        with mem.forward(a.microbatch, k) if mem else nullcontext():
+                            out = self.chunks[a.chunk](inp)
+                            if k == last:
+                                out = self.loss_fn(out, ys[a.microbatch].to(self.device)) / self.m
+                        saved[(a.microbatch, k)] = (inp, out)
+                        if k == last:
+                            loss_sum = out.detach() if loss_sum is None else loss_sum + out.detach()
+                        else:
+                            self._post(outbox, inbox, ("activation", a.microbatch, k), out.detach(), k + 1)
+                    else:
+                        inp, out = saved.pop((a.microbatch, k))
+                        if k == last:
+                            out.backward()
+                        else:
+                            out.backward(inbox.pop(need[0]))
+                        if mem:
+                            mem.backward(a.microbatch, k)
+                        if k > 0:
+                            self._post(outbox, inbox, ("gradient", a.microbatch, k), inp.grad, k - 1)
+            if outbox:
+                send_reqs += collectives.send_recv(outbox, [])
+            for req in send_reqs:
+                req.wait()
+        if saved or inbox:
+            raise RuntimeError(f"rank {self.rank}: step ended with work left: saved {sorted(saved)}, "
+                               f"unread messages {sorted(inbox)}")
+        if mem:
+            self.memory = mem.summary()
+        return float(loss_sum) if loss_sum is not None else None
+
+    def _post(self, outbox, inbox, message, tensor, stage) -> None:
+        """Queue `tensor` for the owner of `stage` (kept locally if that is this rank)."""
+        dst = self.schedule.owner(stage)[0]
+        if dst == self.rank:
+            inbox[message] = tensor.detach()
+        else:
+            outbox.append((tensor.contiguous(), self.ranks[dst]))
+
+
+def _default_device(layers) -> torch.device:
+    try:
+        from par import dist as pdist
+        return pdist.env().device
+    except RuntimeError:
+        for layer in layers:
+            for p in getattr(layer, "parameters", lambda: [])():
+                return p.device
+    return torch.empty(0).device
+
+
+class _MemoryMeter:
+    """Bytes of activations autograd keeps for backward, per micro-batch in flight (parameters excluded).
+
+    Counted with saved-tensor hooks, so it works on any device: a tensor saved by several
+    operations is counted once. `summary()` gives the peak over the step.
+    """
+
+    def __init__(self, params):
+        self.params = {p.untyped_storage().data_ptr() for p in params}
+        self.live = {}      # (micro-batch, stage) -> {storage: bytes}
+        self.held = self.peak = 0
+        self.in_flight = self.peak_in_flight = 0
+        self.per_microbatch = []
+
+    @contextmanager
+    def forward(self, mb: int, stage: int):
+        """Count what autograd saves inside the block as micro-batch `mb`'s activations on `stage`."""
+        storages = {}
+
+        def pack(t):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in self.params and ptr not in storages:
+                storages[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+        self.live[(mb, stage)] = storages
+        got = sum(storages.values())
+        self.per_microbatch.append(got)
+        self.held += got
+        self.in_flight += 1
+        self.peak = max(self.peak, self.held)
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+
+    def backward(self, mb: int, stage: int) -> None:
+        self.held -= sum(self.live.pop((mb, stage)).values())
+        self.in_flight -= 1
+
+    def summary(self) -> dict:
+        return {"peak_bytes": self.peak, "peak_in_flight": self.peak_in_flight,
+                "bytes_per_microbatch": max(self.per_microbatch, default=0)}

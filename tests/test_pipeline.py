@@ -1,0 +1,131 @@
+"""The pipeline runtime equals single-process training; naive model parallel too; errors are one clear line.
+
+One launch per p = 2, 3, 4 (tests/workers/pp_equivalence.py) runs every schedule for
+m in {1, p-1, p, 2p+1}: gradients, losses and parameters after 3 Adam steps against the
+reference, plus the executed timeline and the measured activation memory.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import par.launch
+from par import pipeline_sim as sim, schedules
+from par.data import CharDataset, global_batches
+from par.model import TinyMLP, build, lm_loss, preset
+from par.naive_mp import NaiveModelParallel
+from par.pipeline import Pipeline, PipelineError, split_microbatches
+
+WORKER = Path(__file__).parent / "workers" / "pp_equivalence.py"
+_RESULTS: dict = {}
+
+
+@pytest.fixture(params=(2, 3, 4), ids=lambda p: f"p{p}")
+def run(request):
+    p = request.param
+    if p not in _RESULTS:
+        _RESULTS[p] = par.launch.run(str(WORKER), nproc=p, timeout=500, quiet=True)
+    return p, _RESULTS[p]
+
+
+def expected_cases(p):
+    ms = sorted({1, p - 1, p, 2 * p + 1} - {0})
+    names = [f"{k} m={m}" for m in ms for k in ("gpipe", "1f1b", "interleaved")]
+    names += [f"naive m={m}" for m in ms if m <= p]
+    return set(names) | {"1f1b mlp"}
+
+
+def test_pipeline_equals_single_process(run):
+    p, res = run
+    assert set(res) == expected_cases(p)
+    for name, r in res.items():
+        assert r["grad"] <= 1e-5, (name, r["grad"])
+        assert r["loss"] <= 1e-5, (name, r["loss"])
+        assert r["param"] <= 1e-5, (name, r["param"])
+        assert len(r["losses"]) == 3, name              # the last stage reported every step's loss
+        if name != "1f1b mlp":
+            assert 2.0 < r["losses"][0] < 6.0, name     # a real cross-entropy, not a zero
+            m = int(name.split("=")[1])
+            v = 2 if name.startswith("interleaved") else 1
+            n_layer = max(4, p * v - 2)
+            assert r["n_params"] == sum(x.numel() for x in build(preset("tiny", n_layer=n_layer)).parameters())
+    assert res["1f1b mlp"]["n_params"] == sum(x.numel() for x in TinyMLP((10, 33, 17, 29, 5)).parameters())
+
+
+def test_executed_timeline_follows_the_schedule(run):
+    p, res = run
+    for name, r in res.items():
+        if name == "1f1b mlp":
+            continue
+        kind, m = name.split(" m=")
+        sched = schedules.make(kind, p, int(m), 2 if kind == "interleaved" else 1)
+        for rank in range(p):
+            mine = sorted((s for s in r["spans"] if s["rank"] == rank and s["lane"] == "compute"),
+                          key=lambda s: s["start"])
+            assert [s["name"] for s in mine] == [str(a) for a in sched.ranks[rank]], (name, rank)
+            assert all(a["end"] <= b["start"] for a, b in zip(mine, mine[1:]))
+        # (no cross-rank start/end comparisons: each rank's clock starts at its own exit from a barrier)
+
+
+def test_measured_in_flight_and_activation_memory(run):
+    p, res = run
+    m = 2 * p + 1
+    gpipe, ofob = res[f"gpipe m={m}"]["memory"], res[f"1f1b m={m}"]["memory"]
+    for s in range(p):
+        assert gpipe[s]["peak_in_flight"] == m
+        assert ofob[s]["peak_in_flight"] == min(p - s, m)
+        per_mb = gpipe[s]["bytes_per_microbatch"]
+        assert per_mb > 0
+        assert gpipe[s]["peak_bytes"] == pytest.approx(m * per_mb, rel=0.02)
+        assert ofob[s]["peak_bytes"] == pytest.approx(min(p - s, m) * per_mb, rel=0.02)
+
+
+# ---------------------------------------------------------------- in-process: errors, naive MP
+def test_errors_are_one_clear_line():
+    layers = build("tiny").to_layers()
+    with pytest.raises(ValueError, match="cannot cut 6 layers into 8 stages"):
+        Pipeline(layers, schedules.interleaved(1, 2, 8), lm_loss)
+    with pytest.raises(PipelineError, match=r"a batch of 10 rows does not split into 3 equal micro-batches: "
+                                            r"use a batch divisible by 3 \(e\.g\. 9 or 12\)"):
+        split_microbatches(torch.zeros(10, 4), 3)
+    with pytest.raises(ValueError, match="unknown schedule 'gpip'"):
+        schedules.make("gpip", 1, 2)
+    with pytest.raises(PipelineError, match="the schedule is for 2 ranks but the job has 1"):
+        Pipeline(layers, schedules.gpipe(2, 2), lm_loss)
+    with pytest.raises(sim.ScheduleError, match="backward B0 comes before its forward"):
+        Pipeline(layers, schedules.from_lists(["B0 F0"]), lm_loss)
+    pipe = Pipeline(layers, schedules.gpipe(1, 3), lm_loss)
+    with pytest.raises(PipelineError, match="a batch of 4 rows does not split into 3"):
+        pipe.step(torch.zeros(4, 32, dtype=torch.long), torch.zeros(4, 32, dtype=torch.long))
+
+
+def test_one_rank_with_chunks_equals_the_model():
+    """p = 1 and v = 3: every hand-off stays on the rank; gradients still equal the whole-batch ones."""
+    cfg = preset("tiny")
+    x, y = next(global_batches(CharDataset(block_size=cfg.block_size), 6, 1, seed=4))
+    ref, model = build(cfg, seed=3), build(cfg, seed=3)
+    pipe = Pipeline(model.to_layers(), schedules.interleaved(1, 3, 3), lm_loss, method="uniform")
+    loss = pipe.step(x, y)
+    ref_loss = lm_loss(ref(x), y)
+    ref_loss.backward()
+    assert loss == pytest.approx(ref_loss.item(), abs=1e-6)
+    assert max((a.grad - b.grad).abs().max().item() for a, b in zip(model.parameters(), ref.parameters())) < 1e-6
+
+
+def test_naive_model_parallel_on_cpu_equals_one_device():
+    cfg = preset("tiny")
+    x, y = next(global_batches(CharDataset(block_size=cfg.block_size), 4, 1, seed=2))
+    ref = build(cfg, seed=5)
+    nmp = NaiveModelParallel(build(cfg, seed=5).to_layers(), ["cpu", "cpu", "cpu"])
+    assert [len(s) for s in nmp.stages] == [2, 2, 2]
+    assert torch.equal(nmp(x), ref(x))
+    loss, spans = nmp.timed_step(x, y, lm_loss)
+    ref_loss = lm_loss(ref(x), y)
+    ref_loss.backward()
+    assert loss == pytest.approx(ref_loss.item(), abs=1e-6)
+    assert max((a.grad - b.grad).abs().max().item() for a, b in zip(nmp.parameters(), ref.parameters())) < 1e-6
+    # one device at a time: F0 F1 F2 B2 B1 B0, each starting after the previous one ended
+    assert [(s["rank"], s["name"]) for s in spans] == [(0, "F"), (1, "F"), (2, "F"), (2, "B"), (1, "B"), (0, "B")]
+    assert all(a["end"] <= b["start"] for a, b in zip(spans, spans[1:]))

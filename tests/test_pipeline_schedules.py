@@ -1,0 +1,216 @@
+"""Schedules as data: text form, generators, the checker, the simulator, partitioning. All in-process."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from par import partition, pipeline_sim as sim, schedules
+from par.model import build
+from par.schedules import Action, from_lists, parse_actions
+
+SIZES = [(p, m) for p in (1, 2, 3, 4, 5) for m in (1, 2, max(1, p - 1), p, p + 1, 2 * p + 1, 3 * p)]
+
+
+# ---------------------------------------------------------------- text form
+def test_text_round_trip():
+    acts = parse_actions("F0 F1 B0 F2@1 B12@3")
+    assert acts == [Action("F", 0), Action("F", 1), Action("B", 0), Action("F", 2, 1), Action("B", 12, 3)]
+    assert schedules.format_actions(acts) == "F0 F1 B0 F2@1 B12@3"
+    s = schedules.one_f_one_b(3, 5)
+    again = from_lists([line.split(":", 1)[1] for line in s.text().splitlines()])
+    assert again.ranks == s.ranks and again.microbatches == 5
+    with pytest.raises(ValueError, match="cannot read action 'X3'"):
+        parse_actions("F0 X3")
+
+
+def test_generators_write_the_lecture_schedules():
+    assert schedules.gpipe(2, 3).text() == "rank 0: F0 F1 F2 B0 B1 B2\nrank 1: F0 F1 F2 B0 B1 B2"
+    assert schedules.naive(2, 2).text() == "rank 0: F0 B0 F1 B1\nrank 1: F0 B0 F1 B1"
+    assert [schedules.format_actions(a) for a in schedules.one_f_one_b(4, 5).ranks] == [
+        "F0 F1 F2 F3 B0 F4 B1 B2 B3 B4",
+        "F0 F1 F2 B0 F3 B1 F4 B2 B3 B4",
+        "F0 F1 B0 F2 B1 F3 B2 F4 B3 B4",
+        "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4"]
+    # fewer micro-batches than stages: warm-up stops at m
+    assert schedules.format_actions(schedules.one_f_one_b(4, 2).ranks[0]) == "F0 F1 B0 B1"
+    il = schedules.interleaved(2, 4, 2)
+    assert il.virtual == 2 and il.num_stages == 4
+    assert schedules.format_actions(il.ranks[0]) == "F0 F1 F0@1 F1@1 F2 B0@1 F3 B1@1 F2@1 B0 F3@1 B1 B2@1 B3@1 B2 B3"
+
+
+def test_make_names_and_errors():
+    assert schedules.make("1F1B", 2, 3).ranks == schedules.one_f_one_b(2, 3).ranks
+    assert schedules.make("interleaved", 2, 4, 1).name == "1f1b"   # v = 1 is plain 1F1B
+    with pytest.raises(ValueError, match="unknown schedule 'zigzag': use one of naive, gpipe, 1f1b, interleaved"):
+        schedules.make("zigzag", 2, 2)
+    with pytest.raises(ValueError, match="micro-batches m must be a positive integer, got 0"):
+        schedules.gpipe(2, 0)
+    with pytest.raises(ValueError, match="use 'interleaved' for v > 1"):
+        schedules.make("gpipe", 2, 2, v=2)
+
+
+def test_microbatch_groups_are_at_least_p():
+    assert [list(g) for g in schedules.microbatch_groups(2, 7)] == [[0, 1, 2], [3, 4], [5, 6]]
+    assert [list(g) for g in schedules.microbatch_groups(4, 3)] == [[0, 1, 2]]
+    for p, m in SIZES:
+        groups = schedules.microbatch_groups(p, m)
+        assert [i for g in groups for i in g] == list(range(m))
+        assert all(len(g) >= min(p, m) for g in groups)
+
+
+# ---------------------------------------------------------------- the checker rejects broken schedules
+def test_backward_before_forward_is_rejected():
+    bad = from_lists(["B0 F0 F1 B1", "F0 B0 F1 B1"])
+    with pytest.raises(sim.ScheduleError, match=r"rank 0, action 0: backward B0 comes before its forward F0 \(action 1\)"):
+        sim.check(bad)
+
+
+def test_missing_microbatch_is_rejected():
+    bad = from_lists(["F0 F1 B0 B1", "F0 B0 F1"], microbatches=2)
+    with pytest.raises(sim.ScheduleError, match=r"incomplete: rank 1 never runs B1 \(stage 1, micro-batch 1\)"):
+        sim.check(bad)
+    everywhere = from_lists(["F0 B0", "F0 B0"], microbatches=2)  # micro-batch 1 missing on every rank
+    with pytest.raises(sim.ScheduleError, match="never runs F1"):
+        sim.check(everywhere)
+
+
+def test_duplicates_and_out_of_range_are_rejected():
+    with pytest.raises(sim.ScheduleError, match="rank 0 runs F0 twice"):
+        sim.check(from_lists(["F0 F0 B0", "F0 B0"], microbatches=1))
+    with pytest.raises(sim.ScheduleError, match=r"micro-batch 3 is not in 0\.\.1"):
+        sim.check(from_lists(["F0 F1 F3 B0 B1", "F0 F1 B0 B1"], microbatches=2))
+
+
+def test_deadlock_is_found_and_named():
+    # rank 0 waits for the gradient of micro-batch 0 before it sends micro-batch 1's activation,
+    # rank 1 wants micro-batch 1's activation before it runs B0: each waits for the other
+    bad = from_lists(["F0 B0 F1 B1", "F0 F1 B0 B1"])
+    with pytest.raises(sim.ScheduleError) as err:
+        sim.check(bad)
+    msg = str(err.value)
+    assert msg.startswith("deadlock: ")
+    assert "rank 0 waits at action 1 (B0) for the gradient of micro-batch 0 from stage 1 (rank 1)" in msg
+    assert "rank 1 waits at action 1 (F1) for the activation of micro-batch 1 from stage 0 (rank 0)" in msg
+    assert "\n" not in msg
+
+
+def test_receive_order_differs_from_send_order_without_deadlock():
+    # stage 1 runs micro-batch 1 before 0: it reads micro-batch 0's activation first and keeps it
+    ok = from_lists(["F0 F1 B0 B1", "F1 F0 B1 B0"])
+    t = sim.simulate(ok)
+    start = {(x["rank"], x["name"]): x["start"] for x in t.spans}
+    assert start[(1, "F1")] == 2.0 and start[(1, "F0")] == 3.0   # F1 waits for rank 0's second forward
+    assert start[(0, "B0")] == 8.0 and t.makespan == 12.0         # B0 on rank 1 runs last there (6..8)
+
+
+@pytest.mark.parametrize("p,m", SIZES)
+def test_every_generated_schedule_passes(p, m):
+    for name in ("naive", "gpipe", "1f1b"):
+        sim.check(schedules.make(name, p, m))
+    for v in (2, 3):
+        sim.check(schedules.interleaved(p, m, v))
+
+
+def test_random_orders_are_checked_not_trusted():
+    """Shuffle a valid schedule's rank lists; whatever the checker accepts must replay to the end."""
+    rng = random.Random(0)
+    accepted = rejected = 0
+    for _ in range(300):
+        p, m = rng.randint(2, 4), rng.randint(1, 4)
+        lists = [list(a) for a in schedules.gpipe(p, m).ranks]
+        for acts in lists:
+            rng.shuffle(acts)
+        s = schedules.Schedule("random", tuple(map(tuple, lists)), m)
+        try:
+            t = sim.simulate(s)
+        except sim.ScheduleError:
+            rejected += 1
+            continue
+        accepted += 1
+        assert len(t.spans) == 2 * p * m
+    assert accepted > 0 and rejected > 0
+
+
+# ---------------------------------------------------------------- the simulator
+@pytest.mark.parametrize("p,m", SIZES)
+def test_bubble_equals_formula(p, m):
+    for name in ("gpipe", "1f1b"):
+        t = sim.simulate(schedules.make(name, p, m), forward=1.0, backward=2.0)
+        assert t.bubble_fraction == pytest.approx(sim.bubble_formula(p, m), abs=1e-12)
+        assert t.makespan == pytest.approx((m + p - 1) * 3.0)
+    naive = sim.simulate(schedules.naive(p, m), forward=1.0, backward=2.0)
+    assert naive.bubble_fraction == pytest.approx((p - 1) / p)
+
+
+@pytest.mark.parametrize("p,m", SIZES)
+def test_in_flight_peaks(p, m):
+    for s in range(p):
+        assert sim.peak_in_flight(schedules.gpipe(p, m))[s] == m
+        assert sim.peak_in_flight(schedules.one_f_one_b(p, m))[s] == min(p - s, m)
+        assert sim.peak_in_flight(schedules.naive(p, m))[s] == 1
+        for name in ("gpipe", "1f1b", "naive"):
+            assert sim.peak_in_flight(schedules.make(name, p, m))[s] == sim.peak_in_flight_formula(name, p, m, s)
+
+
+@pytest.mark.parametrize("p,m,v", [(p, k * p, v) for p in (2, 3, 4) for k in (1, 2, 3) for v in (2, 3, 4)])
+def test_interleaved_bubble_formula(p, m, v):
+    """Each chunk does 1/v of a stage's work: idle time = (p-1)/(v·m) of the ideal time m(f+b)."""
+    t = sim.simulate(schedules.interleaved(p, m, v), forward=1.0 / v, backward=2.0 / v)
+    assert t.bubble_ratio == pytest.approx(sim.interleaved_bubble_ratio(p, m, v), abs=1e-9)
+    plain = sim.simulate(schedules.one_f_one_b(p, m))
+    assert plain.bubble_ratio == pytest.approx((p - 1) / m)
+    if p > 1:
+        assert t.makespan < plain.makespan
+
+
+def test_unequal_costs_and_latency():
+    s = schedules.one_f_one_b(2, 2)
+    t = sim.simulate(s, forward=[1.0, 3.0], backward=[2.0, 6.0], latency=0.5)
+    spans = {(x["rank"], x["name"]): (x["start"], x["end"]) for x in t.spans}
+    assert spans[(0, "F0")] == (0.0, 1.0)
+    assert spans[(1, "F0")] == (1.5, 4.5)            # waits for F0 plus the wire
+    assert spans[(1, "B0")] == (4.5, 10.5)
+    assert spans[(0, "F1")] == (1.0, 2.0)
+    assert spans[(0, "B0")] == (11.0, 13.0)          # gradient leaves rank 1 at 10.5, arrives at 11
+    with pytest.raises(ValueError, match="need one per stage"):
+        sim.simulate(s, forward=[1.0])
+
+
+def test_bubble_of_spans_matches_the_definition():
+    spans = [{"rank": 0, "lane": "compute", "start": 0.0, "end": 1.0, "name": "F0"},
+             {"rank": 1, "lane": "compute", "start": 1.0, "end": 4.0, "name": "F0"}]
+    assert sim.step_time(spans) == 4.0
+    assert sim.bubble_fraction(spans) == pytest.approx(((1 - 1 / 4) + (1 - 3 / 4)) / 2)
+    assert sim.bubble_ratio(spans) == pytest.approx((2 * 4 - 4) / 4)
+
+
+# ---------------------------------------------------------------- partitioning
+def test_partition_uniform_and_by_parameters():
+    layers = build("tiny").to_layers()             # embedding, 4 blocks, head
+    counts = partition.param_counts(layers)
+    assert counts[1] == counts[2] and counts[0] < counts[1] and counts[-1] < counts[1]
+    assert partition.uniform(6, 4) == [(0, 2), (2, 4), (4, 5), (5, 6)]
+    by_params = partition.bounds_for(layers, 4, "parameters")
+    heaviest = max(sum(counts[a:b]) for a, b in by_params)
+    assert heaviest == counts[0] + counts[1]      # a block can never share, so best = block + the embedding
+    assert max(sum(counts[a:b]) for a, b in partition.uniform(6, 4)) > heaviest
+    with pytest.raises(ValueError, match="cannot cut 6 layers into 8 stages: .* use at most 6 stages"):
+        partition.split(layers, 8)
+    with pytest.raises(ValueError, match="unknown partition method 'flops'"):
+        partition.split(layers, 2, "flops")
+
+
+def test_balanced_partition_is_optimal():
+    rng = random.Random(1)
+    for _ in range(200):
+        n = rng.randint(1, 8)
+        k = rng.randint(1, n)
+        w = [rng.randint(0, 30) for _ in range(n)]
+        bounds = partition.balanced(w, k)
+        assert bounds[0][0] == 0 and bounds[-1][1] == n and all(b > a for a, b in bounds)
+        assert all(bounds[i][1] == bounds[i + 1][0] for i in range(k - 1))
+        best = min(max(sum(w[a:b]) for a, b in zip((0,) + cuts, cuts + (n,)))
+                   for cuts in itertools.combinations(range(1, n), k - 1))
+        assert max(sum(w[a:b]) for a, b in bounds) == best
