@@ -1,0 +1,149 @@
+"""par's ring collectives equal torch.distributed, and send exactly the bytes the formulas say.
+
+In-process: the chunk arithmetic, the ring's schedule simulated on plain Python numbers, the byte formulas.
+Multi-process: one launch per world size (2, 3, 4) runs every case of tests/workers/collectives_check.py
+(ring and torch front doors, sum/avg/max, sizes that do not divide, subgroups); the ranks assert
+against torch.distributed and return the bytes par.commlog counted, which are checked here again.
+"""
+from __future__ import annotations
+
+import importlib.util
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from par import collectives as C
+from par import commlog
+
+WORKER = Path(__file__).parent / "workers" / "collectives_check.py"
+_CACHE: dict = {}
+
+
+def worker_module():
+    spec = importlib.util.spec_from_file_location("collectives_check", WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_worker(n: int) -> dict:
+    if n not in _CACHE:
+        from par import launch
+        out = launch.run(str(WORKER), nproc=n, timeout=300, quiet=True)
+        assert out["world_size"] == n and len(out["ranks"]) == n
+        _CACHE[n] = out
+    return _CACHE[n]
+
+
+# ---------------------------------------------------------------- pure: chunks, schedule, bytes
+@pytest.mark.parametrize("numel", [0, 1, 2, 5, 7, 8, 1001])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
+def test_chunk_bounds_tile_the_tensor(numel, n):
+    bounds = C.chunk_bounds(numel, n)
+    assert len(bounds) == n and bounds[0][0] == 0 and bounds[-1][1] == numel
+    assert all(b[1] == nxt[0] for b, nxt in zip(bounds, bounds[1:]))
+    sizes = [e - s for s, e in bounds]
+    assert sizes == [numel // n + (1 if i < numel % n else 0) for i in range(n)]
+
+
+def simulate_ring(values: list[list[float]]) -> tuple[list, list]:
+    """Ring all-reduce on plain numbers with par's schedule: values[r][c] = rank r's chunk c.
+
+    Returns (state after reduce-scatter, state after all-gather). Every rank sends at the
+    same time in each step, so messages are read from the state before the step.
+    """
+    n = len(values)
+    state = [list(v) for v in values]
+    for k in range(n - 1):
+        msgs = [(r, *C.reduce_scatter_chunks(r, n, k)) for r in range(n)]
+        outgoing = {(r + 1) % n: (s, state[r][s]) for r, s, _ in msgs}
+        for r, _, got in msgs:
+            chunk, value = outgoing[r]
+            assert chunk == got, f"rank {r} expects chunk {got} but its left neighbour sent {chunk}"
+            state[r][got] += value
+    after_rs = [list(v) for v in state]
+    for k in range(n - 1):
+        msgs = [(r, *C.all_gather_chunks(r, n, k)) for r in range(n)]
+        outgoing = {(r + 1) % n: (s, state[r][s]) for r, s, _ in msgs}
+        for r, _, got in msgs:
+            chunk, value = outgoing[r]
+            assert chunk == got
+            state[r][got] = value
+    return after_rs, state
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+def test_ring_schedule_reduces_every_chunk(n):
+    values = [[10.0 ** r * (c + 1) for c in range(n)] for r in range(n)]  # digits tell which ranks were added
+    totals = [sum(values[r][c] for r in range(n)) for c in range(n)]
+    after_rs, after_ag = simulate_ring(values)
+    assert [after_rs[r][r] for r in range(n)] == totals, "after reduce-scatter rank r holds chunk r in full"
+    assert after_ag == [totals] * n, "after all-gather every rank holds every chunk"
+
+
+def exact_bytes(kind: str, numel: int, n: int, me: int, itemsize: int = 4) -> int:
+    """Counted independently: reduce-scatter sends every chunk but mine; all-gather every chunk but my right's."""
+    sizes = [e - s for s, e in C.chunk_bounds(numel, n)]
+    rs = (numel - sizes[me]) * itemsize
+    ag = (numel - sizes[(me + 1) % n]) * itemsize
+    return {"reduce_scatter": rs, "all_gather": ag, "all_reduce": rs + ag}[kind] if n > 1 else 0
+
+
+@pytest.mark.parametrize("numel", [1, 5, 7, 12, 1001, 4096])
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_byte_formulas(numel, n):
+    per_rank = [C.ring_all_reduce_bytes(numel, n, r) for r in range(n)]
+    assert sum(per_rank) == 2 * (n - 1) * numel * 4, "every chunk crosses N-1 links in each phase"
+    for r in range(n):
+        assert C.ring_reduce_scatter_bytes(numel, n, r) == exact_bytes("reduce_scatter", numel, n, r)
+        assert C.ring_all_gather_bytes(numel, n, r) == exact_bytes("all_gather", numel, n, r)
+        if numel % n == 0:
+            assert per_rank[r] == C.all_reduce_formula_bytes(numel * 4, n) == 2 * (n - 1) / n * numel * 4
+    assert C.ring_all_reduce_bytes(numel, 1, 0) == 0
+
+
+def test_single_process_front_doors_are_no_ops():
+    t = torch.arange(5.0)
+    with commlog.capture() as log:
+        assert C.all_reduce(t) is t and C.all_gather(t) is t
+        assert torch.equal(C.reduce_scatter(t), torch.arange(5.0))
+    assert torch.equal(t, torch.arange(5.0)) and log.total_bytes() == 0
+
+
+# ---------------------------------------------------------------- multi-process
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_ring_and_torch_collectives_match(n):
+    out = run_worker(n)
+    module = worker_module()
+    per_group = len(module.SIZES) * (2 * len(module.OPS) + 1) + 3 * (2 * len(module.OPS) + 1) + 3
+    subgroups = {2: [[0, 1]], 3: [[0, 2]], 4: [[1, 3], [0, 2, 3]]}[n]
+    for rank, mine in enumerate(out["ranks"]):
+        assert mine["world"]["checked"] == per_group
+        assert mine["trace_steps"] == 2 * (n - 1)
+        in_groups = sorted(k for k in mine if k.startswith("group"))
+        assert len(in_groups) == sum(rank in g for g in subgroups), (rank, in_groups)
+        for key in in_groups:
+            assert mine[key]["checked"] == per_group and rank in mine[key]["members"]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_counted_bytes_equal_formula(n):
+    out = run_worker(n)
+    totals, rows = defaultdict(int), defaultdict(int)  # summed over a group's ranks, per kind of case
+    for mine in out["ranks"]:
+        for key, part in mine.items():
+            for row in part["rows"] if isinstance(part, dict) else []:
+                size_bytes = row["numel"] * row["itemsize"]
+                assert row["bytes"] == exact_bytes(row["kind"], row["numel"], row["n"], row["me"], row["itemsize"])
+                if row["kind"] == "all_reduce" and row["numel"] % row["n"] == 0:
+                    assert row["bytes"] == 2 * (row["n"] - 1) / row["n"] * size_bytes
+                case = (key, row["kind"], row["impl"], size_bytes, row["n"])
+                totals[case] += row["bytes"]
+                rows[case] += 1
+    assert sum(rows.values()) > 100 * n
+    for case, total in totals.items():
+        _, kind, _, size_bytes, size = case
+        calls, phases = rows[case] / size, (2 if kind == "all_reduce" else 1)
+        assert total == calls * phases * (size - 1) * size_bytes, "every chunk crosses N-1 links per phase"
