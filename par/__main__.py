@@ -11,6 +11,7 @@ COMMANDS = {
     # name: (module, one-line help). The module's main(argv) does the work.
     "exercises": ("par.exercises", "generate | check | record: exercises/ from solutions/ (answer regions -> stubs)"),
     "grade": ("par.grade", "grade one exercise notebook: python -m par grade exercises/NN_topic.ipynb"),
+    "bench": ("par.bench.cli", "benchmarks vs the torch built-ins: python -m par bench <name> (collectives, ...)"),
     "batch": ("par.batch", "run every lecture notebook with papermill into runs/<time>/ and summarise"),
     "memory": ("par.memory", "per-rank model-state memory per ZeRO stage (--params 7.5e9 --dp 64 | --model llama-7b)"),
 }

@@ -1,0 +1,184 @@
+"""Lecture 00's job: every collective on a few ranks, the ring step by step, bytes counted, ring vs torch timed.
+
+    par.launch.run("par.jobs.collectives", nproc=4, args=["--parts", "show,trace,bytes,timing"])
+
+Each part returns plain data (lists, dicts) that rank 0 saves as JSON:
+
+* show:   what every rank holds before and after broadcast, all-reduce,
+          reduce-scatter, all-gather and a send/recv around the ring;
+* trace:  the ring all-reduce on a tensor of `--trace-numel` elements, one
+          snapshot per step: which chunk each rank sent, received, and what it held;
+* bytes:  bytes counted by par.commlog for a ring all-reduce of several sizes,
+          beside the exact count and the formula 2(N-1)/N * S;
+* timing: median seconds of par's ring all-reduce and of dist.all_reduce per size.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import par.dist
+from par import collectives as C
+from par import commlog
+
+PARTS = ("show", "trace", "bytes", "timing")
+
+
+def _values(t: torch.Tensor) -> list:
+    return [round(v, 4) for v in t.tolist()]
+
+
+def _everyone(obj):
+    """obj from every rank, as a list on rank 0 (None elsewhere)."""
+    return par.dist.gather_object(obj)
+
+
+def show_collectives(env, numel: int = 4) -> dict:
+    """Before/after of each collective; rank r starts from r*10 + [1, 2, ...] so values tell who sent what."""
+    dev, r, n = env.device, env.rank, env.world_size
+    start = lambda: torch.arange(1, numel + 1, dtype=torch.float32, device=dev) + 10 * r  # noqa: E731
+    out = {}
+
+    t = start() if r == 0 else torch.zeros(numel, device=dev)
+    before = _values(t)
+    C.broadcast(t, src=0)
+    out["broadcast"] = (before, _values(t))
+
+    t = start()
+    before = _values(t)
+    C.all_reduce(t, op="sum")
+    out["all_reduce"] = (before, _values(t))
+
+    t = start()
+    before = _values(t)
+    mine = C.reduce_scatter(t, op="sum")
+    out["reduce_scatter"] = (before, _values(mine))
+
+    t = torch.zeros(numel, device=dev)
+    a, b = C.chunk_bounds(numel, n)[r]
+    t[a:b] = start()[a:b]
+    before = _values(t)
+    C.all_gather(t)
+    out["all_gather"] = (before, _values(t))
+
+    t = start()
+    got = torch.zeros(numel, device=dev)
+    before = _values(t)
+    reqs = [C.send(t, (r + 1) % n), C.recv(got, (r - 1) % n)]
+    for req in reqs:
+        req.wait()
+    out["send_recv"] = (before, _values(got))
+
+    ranks = _everyone(out)
+    if ranks is None:
+        return {}
+    return {name: {"before": [ranks[i][name][0] for i in range(n)],
+                   "after": [ranks[i][name][1] for i in range(n)]} for name in out}
+
+
+def trace_ring(env, numel: int) -> dict:
+    """Run the real ring all-reduce and snapshot every rank's tensor after every step.
+
+    Rank r starts with the value r+1 everywhere, so after reduce-scatter step k a
+    chunk holds the sum over the k+2 ranks it has visited.
+    """
+    t = torch.full((numel,), float(env.rank + 1), device=env.device)
+    steps = [{"phase": "start", "step": -1, "sent": None, "received": None, "held": _values(t)}]
+
+    def on_step(phase, k, sent, received, flat):
+        steps.append({"phase": phase, "step": k, "sent": sent, "received": received, "held": _values(flat)})
+
+    C.ring_all_reduce(t, on_step=on_step)
+    ranks = _everyone(steps)
+    if ranks is None:
+        return {}
+    return {"numel": numel, "world_size": env.world_size,
+            "bounds": C.chunk_bounds(numel, env.world_size), "ranks": ranks}
+
+
+def count_bytes(env, sizes: list[int]) -> list[dict]:
+    """Counted bytes of one ring all-reduce per size, beside the exact count and 2(N-1)/N * S."""
+    rows = []
+    for numel in sizes:
+        t = torch.ones(numel, device=env.device)
+        with commlog.capture() as log:
+            C.all_reduce(t)
+        rows.append({"numel": numel, "size_bytes": numel * 4, "rank": env.rank,
+                     "counted": log.total_bytes("all_reduce"),
+                     "exact": C.ring_all_reduce_bytes(numel, env.world_size, env.rank),
+                     "formula": C.all_reduce_formula_bytes(numel * 4, env.world_size)})
+    ranks = _everyone(rows)
+    return [row for rank_rows in ranks for row in rank_rows] if ranks is not None else []
+
+
+def _slowest(seconds: float, env) -> float:
+    """A collective is done when its slowest rank is: the max over ranks."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=env.device)
+    with commlog.tag("timing bookkeeping"):
+        C.all_reduce(t, op="max", impl="torch")
+    return t.item()
+
+
+def time_all_reduce(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> list[dict]:
+    """Median time of par's ring and of dist.all_reduce for each size, alternating the two."""
+    rows = []
+    for numel in sizes:
+        t = torch.randn(numel, device=env.device)
+        times = {"ring": [], "torch": []}
+        for i in range(warmup + reps):
+            for impl in ("ring", "torch"):
+                dist.barrier()
+                start = time.perf_counter()
+                C.all_reduce(t, impl=impl)
+                if env.device.type == "cuda":
+                    torch.cuda.synchronize()
+                seconds = _slowest(time.perf_counter() - start, env)
+                if i >= warmup:
+                    times[impl].append(seconds)
+        ring, torch_ = statistics.median(times["ring"]), statistics.median(times["torch"])
+        rows.append({"numel": numel, "ring_s": ring, "torch_s": torch_, "ratio": ring / torch_,
+                     "ring_all": times["ring"], "torch_all": times["torch"]})
+        par.dist.print0(f"  {numel:>10,} floats  ring {ring * 1e3:8.2f} ms  torch {torch_ * 1e3:8.2f} ms  "
+                        f"ratio {ring / torch_:.2f}")
+    return rows
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {PARTS}")
+    p.add_argument("--show-numel", type=int, default=4)
+    p.add_argument("--trace-numel", type=int, default=0, help="default: 2 elements per rank")
+    p.add_argument("--bytes-sizes", default="1,5,7,1001,4096,65536")
+    p.add_argument("--sizes", default="1024,65536,1048576", help="element counts timed")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse(argv)
+    env = par.dist.init()
+    parts = args.parts.split(",")
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise SystemExit(f"unknown part(s) {sorted(unknown)}: choose from {PARTS}")
+    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    result = {"world_size": env.world_size, "backend": env.backend}
+    if "show" in parts:
+        result["show"] = show_collectives(env, args.show_numel)
+    if "trace" in parts:
+        result["trace"] = trace_ring(env, args.trace_numel or 2 * env.world_size)
+    if "bytes" in parts:
+        result["bytes"] = count_bytes(env, ints(args.bytes_sizes))
+    if "timing" in parts:
+        result["timing"] = time_all_reduce(env, ints(args.sizes), args.reps, args.warmup)
+    par.dist.save_result(result)
+    par.dist.teardown()
+
+
+if __name__ == "__main__":
+    main()
