@@ -152,3 +152,31 @@ def test_tp_group_inside_a_larger_world():
         c = res["subgroup mlp"]
         assert c["shard"] == 0.0 and max(c["forward"], c["input_grad"], c["weight_grad"]) <= TOL, (r, c)
         assert c["group_sizes"] == [2]
+
+
+# ---------------------------------------------------------------- the training job and the benchmark run
+def test_training_job_matches_dense_and_counts():
+    out = launch.run("par.jobs.train_tp", nproc=2, args=["--steps", "3", "--lr", "1e-3"], timeout=240, quiet=True)
+    assert len(out["tp_losses"]) == len(out["dense_losses"]) == 3
+    assert max(abs(a - b) for a, b in zip(out["tp_losses"], out["dense_losses"])) <= TOL
+    assert out["max_param_diff"] <= 1e-5
+    comm = out["comm"]
+    assert all((row["forward"], row["backward"]) == (2, 2) for row in comm["per_layer"])
+    assert len(comm["per_layer"]) == out["config"]["n_layer"]
+    assert comm["tp_bytes_per_step_measured"] == comm["tp_bytes_per_step_formula"] > 0
+    mem = out["memory"]
+    assert mem["param_bytes_per_rank"] == [mem["param_bytes_formula"]] * 2
+    assert mem["by_degree_measured"] == {k: v for k, v in mem["by_degree_formula"].items()}
+    assert mem["by_degree_measured"]["1"] == mem["dense_param_bytes"] > mem["by_degree_measured"]["2"]
+
+
+def test_benchmark_runs_and_matches_torch_tp_memory():
+    from par.bench import tp as bench
+    out = bench.run(nproc=2, preset="tiny", batch_size=2, steps=1, warmup=0, timeout=240)
+    assert {(r["module"], r["impl"]) for r in out["rows"]} == \
+        {(m, i) for m in bench.KINDS for i in ("par ring", "par torch-allreduce", "torch TP")}
+    for kind in bench.KINDS:
+        rows = {r["impl"]: r for r in out["rows"] if r["module"] == kind}
+        assert rows["par ring"]["param_bytes"] == rows["torch TP"]["param_bytes"] > 0
+        assert all(r["max_err"] <= TOL and r["step_s"] > 0 for r in rows.values()), rows
+    assert "vs torch" in bench.table(out)
