@@ -259,3 +259,20 @@ def bubble_ratio(spans: list[dict], lane: str = "compute") -> float:
     total, busy = step_time(spans, lane), busy_times(spans, lane)
     work = sum(busy.values())
     return (len(busy) * total - work) / work
+
+
+def stage_costs(spans: list[dict], schedule: Schedule) -> tuple[list[float], list[float]]:
+    """Mean duration of the F and of the B actions of every stage in a recorded timeline.
+
+    Feed them to `simulate` to get the timeline the schedule would have with those costs and
+    nothing else (no waiting for messages, no noise): simulated next to executed.
+    """
+    from par.schedules import parse_action
+    sums = {"F": defaultdict(list), "B": defaultdict(list)}
+    for x in spans:
+        if x["lane"] == "compute":
+            a = parse_action(x["name"])
+            sums[a.kind][schedule.stage(x["rank"], a)].append(x["end"] - x["start"])
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
+    return ([mean(sums["F"][s]) for s in range(schedule.num_stages)],
+            [mean(sums["B"][s]) for s in range(schedule.num_stages)])
