@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -191,9 +191,6 @@ class ModelStateBytes:
     def to_dict(self) -> dict:
         return {**asdict(self), "total": self.total}
 
-    def scaled(self, unit: float) -> "ModelStateBytes":
-        return ModelStateBytes(*(getattr(self, f.name) / unit for f in fields(self)))
-
 
 def shard_numel(numel: float, dp: int, padded: bool = False) -> float:
     """Elements of one rank's partition: Ψ/N_d, or ⌈Ψ/N_d⌉ when the flat buffer is padded to a multiple of N_d."""
@@ -234,7 +231,7 @@ def zero_table(numel: float, dp: int, precision: str = "mixed", optimizer: str =
 
 
 def format_bytes(n: float | None) -> str:
-    """Human units with 1e9 = GB (as the ZeRO paper counts): '31.41 GB', '12.5 MB', '512 B'."""
+    """Human units with 1e9 = GB (as the ZeRO paper counts): '31.41 GB', '12.50 MB', '512 B'."""
     if n is None:
         return "n/a"
     for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
