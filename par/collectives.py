@@ -19,6 +19,8 @@ torch.distributed (`impl="torch"`) and log either way.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.distributed as dist
 
@@ -82,7 +84,7 @@ def all_gather_chunks(rank: int, n: int, step: int) -> tuple[int, int]:
     return (rank - step) % n, (rank - step - 1) % n
 
 
-PIECE = 1 << 18  # elements: a chunk travels in pieces, so adding piece i overlaps sending piece i+1
+PIECE = 1 << 20  # elements: a chunk travels in pieces, so adding piece i overlaps sending piece i+1
 
 
 def _pieces(numel: int) -> list[tuple[int, int]]:
@@ -107,6 +109,18 @@ def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group)
         yield from into[i:i + 1]
 
 
+_SCRATCH: dict = {}
+
+
+def _scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
+    """A receive buffer kept between calls (per dtype, device and thread): allocating a fresh
+    one of many MB each time costs more than the additions it holds (the OS zeroes every page)."""
+    key = (like.dtype, like.device, threading.get_ident())
+    if key not in _SCRATCH or _SCRATCH[key].numel() < numel:
+        _SCRATCH[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+    return _SCRATCH[key][:numel]
+
+
 def _reduce_(acc: torch.Tensor, incoming: torch.Tensor, op: str) -> None:
     if op == "max":
         torch.maximum(acc, incoming, out=acc)
@@ -119,7 +133,7 @@ def _ring_reduce_scatter(flat: torch.Tensor, group, op: str, on_step=None) -> in
     me, n, ranks = _ring(group)
     bounds = chunk_bounds(flat.numel(), n)
     right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
-    buf = torch.empty(max(e - s for s, e in bounds), dtype=flat.dtype, device=flat.device)
+    buf = _scratch(max(e - s for s, e in bounds), flat)
     sent = 0
     for k in range(n - 1):
         out, into = reduce_scatter_chunks(me, n, k)

@@ -101,3 +101,40 @@ def memory_bars(rows: list[dict], ax=None, unit: float = 1e9, ylabel: str = "GB 
     if title:
         ax.set_title(title)
     return ax
+
+
+def ring_trace(trace: dict, ax=None, title: str = "ring all-reduce, step by step"):
+    """Every rank's chunks after every step of a recorded ring all-reduce (`par.jobs.collectives` trace part).
+
+    Rank r started with 2**r, so a held value's bits name the ranks summed into it. Each square is
+    one chunk, its number (and shade) how many ranks it holds; the chunk received at that step has
+    a red outline. Columns: start, reduce-scatter steps, all-gather steps.
+    """
+    n, ranks = trace["world_size"], trace["ranks"]
+    bounds = trace["bounds"]
+    steps = len(ranks[0])
+    ax = _ax(ax, (1.1 * steps * (n + 1) / 2 + 1, 0.55 * n + 1.2))
+    cmap = plt.get_cmap("Blues")
+    for j in range(steps):
+        x0 = j * (n + 1)
+        for r in range(n):
+            snap = ranks[r][j]
+            for c, (a, _) in enumerate(bounds):
+                count = bin(int(round(snap["held"][a]))).count("1")
+                red = snap["received"] == c
+                ax.add_patch(plt.Rectangle((x0 + c, r), 0.9, 0.8, facecolor=cmap(0.15 + 0.8 * count / n),
+                                           edgecolor="red" if red else "white", linewidth=2 if red else 0.5))
+                ax.text(x0 + c + 0.45, r + 0.4, str(count), ha="center", va="center", fontsize=7,
+                        color="white" if count > n / 2 else "black")
+        snap = ranks[0][j]
+        label = "start" if snap["phase"] == "start" else f"{'RS' if snap['phase'] == 'reduce_scatter' else 'AG'} {snap['step']}"
+        ax.text(x0 + n / 2 - 0.05, -0.35, label, ha="center", va="bottom", fontsize=8)
+    ax.set_xlim(-0.3, steps * (n + 1) - 0.7)
+    ax.set_ylim(n + 0.1, -0.9)
+    ax.set_yticks([r + 0.4 for r in range(n)])
+    ax.set_yticklabels([f"rank {r}" for r in range(n)])
+    ax.set_xticks([])
+    ax.set_frame_on(False)
+    if title:
+        ax.set_title(title)
+    return ax

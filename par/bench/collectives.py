@@ -4,7 +4,8 @@
 
 For each world size one launch of `par.jobs.collectives --parts timing` times both in alternating
 turns after warm-up and keeps the median of the slowest rank's time. Printed: a table of the
-ratio ring / torch per size. Target: <= 1.15x. Timings on a shared machine are only as quiet as
+ratio ring / torch per size (of the medians; in brackets, of the fastest runs, which a loaded
+machine disturbs least). Target: <= 1.15x. Timings on a shared machine are only as quiet as
 the machine: the load average is printed beside them.
 """
 from __future__ import annotations
@@ -39,11 +40,13 @@ def measure(world_size: int, sizes: str, reps: int, warmup: int, backend: str = 
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'ranks':>5} {'backend':>7} {'floats':>12} {'ring ms':>9} {'torch ms':>9} {'ring/torch':>10}"]
+    lines = [f"{'ranks':>5} {'backend':>7} {'floats':>12} {'ring ms':>9} {'torch ms':>9} {'ring/torch':>10}"
+             f" {'(fastest)':>9}"]
     for r in rows:
         flag = "" if r["ratio"] <= TARGET else f"  > {TARGET}"
+        fastest = min(r["ring_all"]) / min(r["torch_all"])
         lines.append(f"{r['world_size']:>5} {r['backend']:>7} {r['numel']:>12,} {r['ring_s'] * 1e3:9.2f} "
-                     f"{r['torch_s'] * 1e3:9.2f} {r['ratio']:10.2f}{flag}")
+                     f"{r['torch_s'] * 1e3:9.2f} {r['ratio']:10.2f} {fastest:9.2f}{flag}")
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@
 
 Each part returns plain data (lists, dicts) that rank 0 saves as JSON:
 
+* env:    what torchrun told every rank (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...) and par's Env;
 * show:   what every rank holds before and after broadcast, all-reduce,
           reduce-scatter, all-gather and a send/recv around the ring;
 * trace:  the ring all-reduce on a tensor of `--trace-numel` elements, one
@@ -15,6 +16,8 @@ Each part returns plain data (lists, dicts) that rank 0 saves as JSON:
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import statistics
 import time
 
@@ -25,7 +28,9 @@ import par.dist
 from par import collectives as C
 from par import commlog
 
-PARTS = ("show", "trace", "bytes", "timing")
+PARTS = ("env", "show", "trace", "bytes", "timing")
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID")
 
 
 def _values(t: torch.Tensor) -> list:
@@ -35,6 +40,14 @@ def _values(t: torch.Tensor) -> list:
 def _everyone(obj):
     """obj from every rank, as a list on rank 0 (None elsewhere)."""
     return par.dist.gather_object(obj)
+
+
+def environment(env) -> list[dict]:
+    """Every rank's view of the job: torchrun's variables, par's Env, host and process id."""
+    mine = {"env": {k: os.environ.get(k) for k in TORCHRUN_VARS}, "host": socket.gethostname(), "pid": os.getpid(),
+            "rank": env.rank, "local_rank": env.local_rank, "world_size": env.world_size,
+            "backend": env.backend, "device": str(env.device)}
+    return _everyone(mine)
 
 
 def show_collectives(env, numel: int = 4) -> dict:
@@ -83,10 +96,10 @@ def show_collectives(env, numel: int = 4) -> dict:
 def trace_ring(env, numel: int) -> dict:
     """Run the real ring all-reduce and snapshot every rank's tensor after every step.
 
-    Rank r starts with the value r+1 everywhere, so after reduce-scatter step k a
-    chunk holds the sum over the k+2 ranks it has visited.
+    Rank r starts with the value 2**r everywhere, so every sum names the ranks in it
+    (bit r set = rank r's value was added): after reduce-scatter step k a chunk holds k+2 ranks.
     """
-    t = torch.full((numel,), float(env.rank + 1), device=env.device)
+    t = torch.full((numel,), float(2 ** env.rank), device=env.device)
     steps = [{"phase": "start", "step": -1, "sent": None, "received": None, "held": _values(t)}]
 
     def on_step(phase, k, sent, received, flat):
@@ -168,6 +181,8 @@ def main(argv=None) -> None:
         raise SystemExit(f"unknown part(s) {sorted(unknown)}: choose from {PARTS}")
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     result = {"world_size": env.world_size, "backend": env.backend}
+    if "env" in parts:
+        result["env"] = environment(env)
     if "show" in parts:
         result["show"] = show_collectives(env, args.show_numel)
     if "trace" in parts:
