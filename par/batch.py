@@ -30,6 +30,24 @@ def first_line(error: BaseException) -> str:
     return f"{name}: {text.splitlines()[0] if text else ''}".strip().rstrip(":")
 
 
+def kernel_warning() -> str | None:
+    """A warning when the kernel "python3" would not run this interpreter (so notebooks could miss `par`)."""
+    import shutil
+    import sys
+
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+    try:
+        program = KernelSpecManager().get_kernel_spec("python3").argv[0]
+    except NoSuchKernel:
+        return "no Jupyter kernel named python3: pip install ipykernel"
+    if program in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"):
+        return None  # jupyter_client runs sys.executable for these
+    if Path(shutil.which(program) or program).resolve() != Path(sys.executable).resolve():
+        return (f"the Jupyter kernel python3 runs {program}, not this interpreter ({sys.executable}); "
+                f"fix: {sys.executable} -m ipykernel install --user --name python3")
+    return None
+
+
 def run_one(notebook: Path, output: Path, parameters: dict, timeout: float) -> dict:
     """Execute one notebook with papermill into `output`; return its summary row (never raises)."""
     import nbformat
@@ -53,6 +71,9 @@ def run_one(notebook: Path, output: Path, parameters: dict, timeout: float) -> d
 def run(notebooks, out_root: Path, parameters: dict, timeout: float) -> dict:
     """Execute `notebooks` in order into a new timestamped folder under `out_root`; return the summary."""
     logging.getLogger("papermill").setLevel(logging.WARNING)
+    warning = kernel_warning()
+    if warning:
+        print(f"warning: {warning}", flush=True)
     folder = Path(out_root) / datetime.now().strftime("%Y%m%d-%H%M%S")
     suffix = 1
     while folder.exists():  # two batches in the same second

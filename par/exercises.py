@@ -9,9 +9,10 @@ with every such region replaced by one line, at the marker's indentation,
 and with outputs and execution counts stripped. Cells tagged `check` assert on the
 student's functions; `python -m par grade exercises/NN_topic.ipynb` runs them.
 
-    python -m par exercises generate   # write exercises/NN.ipynb for every solutions/NN.ipynb
+    python -m par exercises generate   # write exercises/NN.ipynb for every solutions/NN.ipynb (and delete
+                                       # exercises that have no solution any more)
     python -m par exercises check      # exit 1 naming every exercise out of sync (missing, stale, extra)
-    python -m par exercises record     # execute the solutions, keep their outputs, then generate
+    python -m par exercises record [NN_topic ...]   # execute solutions, keep their outputs, then generate
 
 `record` stores each solution's outputs in the notebook: they are the reference that
 `tests/test_exercises.py` compares with strict nbval (`pytest --nbval`, sanitized by

@@ -80,8 +80,14 @@ def test_solutions_are_recorded():
     assert not unrecorded, f"solutions without recorded outputs: {unrecorded}; run: python -m par exercises record"
 
 
+@pytest.fixture(scope="module")
+def warm_caches():
+    """Build matplotlib's font cache here, so no notebook prints "building the font cache" in one run only."""
+    import matplotlib.font_manager  # noqa: F401
+
+
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
-def test_solution_passes_and_reproduces_its_outputs(path):
+def test_solution_passes_and_reproduces_its_outputs(path, warm_caches):
     run = subprocess.run(exercises.nbval_command(path, strict=True, root=ROOT), cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
@@ -221,7 +227,7 @@ def test_stub_check_rejects_checks_that_cannot_fail_or_fail_late():
     assert stub_problems(nb) == ["no code cell is tagged `check`"]
 
 
-def test_record_stores_outputs_that_strict_nbval_then_compares(tmp_path):
+def test_record_stores_outputs_that_strict_nbval_then_compares(tmp_path, warm_caches):
     course = tmp_path / "course"
     shutil.copytree(FIXTURE, course)
     (course / "tests").mkdir()
