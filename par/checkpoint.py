@@ -5,7 +5,7 @@ Each rank saves its own partition of every unit, the fp32 master values and
 the optimizer state of that partition, with the metadata that says where the
 partition sits (unit, parameter names and shapes, Ψ of the unit, padding, N_d):
 
-    directory/meta.pt                 world size, stage, step, units (names, shapes, numel), extra
+    directory/meta.pt                 world size, stage, step, units (names, shapes, numel), loss scaler, extra
     directory/shard_00000_of_00004.pt rank 0's partitions: master values + optimizer state, per unit
     ...
 
@@ -53,6 +53,8 @@ def metadata(zero, step: int = 0, extra: dict | None = None) -> dict:
     """What every loader needs to know: how the flat units are laid out, and the world they were cut for."""
     names = zero._names
     return {"format": FORMAT, "world": zero.n, "stage": zero.stage, "step": int(step), "extra": extra or {},
+            "precision": zero.precision, "skipped": zero.skipped,
+            "scaler": zero.scaler.state_dict() if zero.scaler is not None else None,
             "units": [{"name": u.name, "params": [names[id(p)] for p in u.params],
                        "shapes": [list(s) for s in u.flat.shapes], "numel": u.flat.numel}
                       for u in zero.units]}
@@ -127,6 +129,9 @@ def load(zero, directory: str) -> dict:
     _check_layout(meta, zero)
     parts = _partitions_for(meta, directory, zero.n, zero.rank, zero.stage)
     zero.load_partitions([p["master"] for p in parts], [p["state"] for p in parts])
+    if zero.scaler is not None and meta.get("scaler"):
+        zero.scaler.load_state_dict(meta["scaler"])
+    zero.skipped = meta.get("skipped", 0)
     return meta
 
 

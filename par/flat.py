@@ -94,6 +94,12 @@ class FlatParams:
             view.copy_(p.detach())
         self.bind(self.flat)
 
+    def cast_(self, dtype: torch.dtype) -> None:
+        """Re-lay the buffer in another dtype (fp16/bf16 for mixed precision); parameters follow."""
+        self.flat = self.flat.to(dtype)
+        self.dtype = dtype
+        self.bind(self.flat)
+
     def empty(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A new (uninitialised) buffer of the padded size."""
         return torch.empty(self.padded, dtype=dtype or self.dtype, device=self.device)

@@ -11,8 +11,8 @@ state, so it moves, with that state, to the CPU and its much larger memory:
                 updated partition   ◀── host → device (w bytes/element) ──  (the new parameters)
 
 Per rank that is g·Ψ/N_d bytes down and w·Ψ/N_d up per step, over PCIe.
-`CPUOffload` is the updater `par.zero.Zero(offload=True)` uses: it keeps the
-master copy and the optimizer state on the host, counts the bytes it moves
+`CPUOffload` is the updater `par.zero.Zero(offload=True)` uses (`load_grads`,
+then `apply`): it keeps the master copy and the optimizer state on the host, counts the bytes it moves
 each way, and times the three phases when given a `par.timeline.Recorder`.
 On a CPU-only run "host" and "device" are the same memory, but the copies,
 the placement and the accounting are exactly those of a GPU run.
@@ -39,10 +39,11 @@ def transfer_bytes_per_step(numel: int, world: int, grad_bytes: int = 4, param_b
 class CPUOffload:
     """fp32 master partitions and their optimizer on the host; `step` moves grads down and params up."""
 
-    def __init__(self, partitions: list[torch.Tensor], optimizer: str, lr: float, recorder=None, **kw):
-        pin = any(p.device.type == "cuda" for p in partitions) and torch.cuda.is_available()
+    def __init__(self, masters: list[torch.Tensor], optimizer: str, lr: float, recorder=None, **kw):
+        """`masters`: this rank's partitions (their fp32 values are copied to the host)."""
+        pin = any(p.device.type == "cuda" for p in masters) and torch.cuda.is_available()
         self.params = []
-        for p in partitions:
+        for p in masters:
             host = torch.empty(p.shape, dtype=torch.float32, device=HOST, pin_memory=pin)
             host.copy_(p.detach())
             self.params.append(nn.Parameter(host))
@@ -54,11 +55,15 @@ class CPUOffload:
     def _span(self, name: str, lane: str):
         return self.rec.span(name, lane=lane) if self.rec is not None else nullcontext()
 
-    def step(self, partitions, grads) -> None:
+    def load_grads(self, grads) -> None:
+        """Device -> host: the reduced gradient partitions become the fp32 masters' .grad."""
         with self._span("grads to host", "copy"):
             for m, g in zip(self.params, grads):
                 m.grad = g.detach().to(HOST, torch.float32, copy=True)   # a real copy, even on a CPU-only run
                 self.to_host_bytes += g.numel() * g.element_size()
+
+    def apply(self, partitions) -> None:
+        """The update on the host, then host -> device: the new values into the device partitions."""
         with self._span("update on host", "host"):
             self.opt.step()
         with self._span("params to device", "copy"):
@@ -67,6 +72,9 @@ class CPUOffload:
                 self.to_device_bytes += p.numel() * p.element_size()
             if any(p.device.type == "cuda" for p in partitions):
                 torch.cuda.current_stream().synchronize()
+        self.clear_grads()
+
+    def clear_grads(self) -> None:
         for m in self.params:
             m.grad = None
 

@@ -30,6 +30,16 @@ gradients. In stage 3 it is what is gathered and freed (FSDP's "unit").
 `offload=True` moves the fp32 master partition, the optimizer state and the
 update to the CPU (`par.offload`). All communication goes through the
 `par.collectives` front doors, so `par.commlog` counts every byte.
+
+Mixed precision (`precision="fp16"` or `"bf16"`, the steps of `par.mixed_precision`):
+the flat buffers, the forward, the backward and the gradient reduce-scatter are
+16-bit; the fp32 master weights exist only for this rank's partition, next to
+the optimizer state (K = 4 + 4 + 4 = 12 bytes per element). `backward` scales the
+loss by S (`par.loss_scaler`); `step` turns the 16-bit gradient partition into
+fp32, unscales it, agrees with every rank on overflow (MAX all-reduce of one flag;
+the step is skipped everywhere if any partition saw inf/nan), optionally clips
+the global norm (squared norms summed over the partitions), steps, and rounds the
+masters back into the 16-bit partition that the all-gather then spreads.
 """
 from __future__ import annotations
 
@@ -39,6 +49,7 @@ import torch.nn as nn
 
 from par import collectives, commlog
 from par.flat import FlatParams
+from par.loss_scaler import DynamicLossScaler, StaticLossScaler
 from par.memory import cuda_peak_bytes, tensor_bytes
 from par.reference import make_optimizer
 
@@ -102,10 +113,13 @@ class Zero:
     rank's partitions only. group: the data-parallel process group (default: everyone).
     impl: "ring" (par's hand-written ring) or "torch" for the collectives. recorder: a
     par.timeline.Recorder to note gathers, reduce-scatters, forward and backward per unit.
+    precision: "fp32", "fp16" or "bf16"; scaler: a par.loss_scaler scaler (default: dynamic for
+    fp16, static 1.0 for bf16, none for fp32); max_grad_norm: clip the global gradient norm.
     """
 
     def __init__(self, model: nn.Module, stage: int = 1, optimizer: str = "adam", lr: float = 1e-3,
-                 offload: bool = False, group=None, impl: str = "ring", recorder=None, **opt_kw):
+                 offload: bool = False, group=None, impl: str = "ring", recorder=None,
+                 precision: str = "fp32", scaler=None, max_grad_norm: float | None = None, **opt_kw):
         if stage not in STAGES:
             raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage}")
         self.model, self.stage, self.group, self.impl, self.rec = model, stage, group, impl, recorder
@@ -120,6 +134,8 @@ class Zero:
             if not p.requires_grad:
                 raise ValueError(f"parameter {name} does not require grad: freeze it outside ZeRO's units")
         self.units = [Unit(i, self._unit_name(m, i), m, self.n, self.rank) for i, m in enumerate(unit_modules(model))]
+        self.precision, self.max_grad_norm, self.skipped = precision, max_grad_norm, 0
+        self.scaler, masters = self._mixed_precision(precision, scaler)
         self.numel = sum(u.flat.numel for u in self.units)          # Ψ
         self.padded = sum(u.flat.padded for u in self.units)        # Ψ rounded up per unit
         self._next = len(self.units) - 1   # next unit to reduce in backward (backward runs units in reverse)
@@ -133,19 +149,35 @@ class Zero:
             for u in self.units:
                 u.grad_shard = torch.zeros(u.flat.part, dtype=u.flat.dtype, device=self.device)
             self._install_grad_hooks()
-        self.updater = self._make_updater(optimizer, lr, **opt_kw)
+        self.updater = self._make_updater(optimizer, lr, masters, **opt_kw)
 
+    def _mixed_precision(self, precision: str, scaler):
+        """fp32: no scaler, the partitions are the masters. fp16/bf16: keep fp32 copies of my partitions
+        (taken before the cast, so nothing is lost), then re-lay every buffer in 16 bits."""
+        if precision == "fp32":
+            if scaler is not None:
+                raise ValueError("a loss scaler only makes sense with precision='fp16' (or 'bf16')")
+            return None, None
+        from par.mixed_precision import DTYPES, check_supported
+        check_supported(precision, self.device)
+        masters = [p.detach().float().clone() for p in self.param_partitions(full_only=True)]
+        for u in self.units:
+            u.flat.cast_(DTYPES[precision])
+            u.full = u.flat.flat
+        if scaler is None:
+            scaler = DynamicLossScaler() if precision == "fp16" else StaticLossScaler(1.0)
+        return scaler, masters
     def _unit_name(self, m: nn.Module, i: int) -> str:
         name = {id(mod): n for n, mod in self.model.named_modules()}.get(id(m), "")
         return name or f"unit{i}"
 
     # ------------------------------------------------------------ which partition do I update?
-    def param_partitions(self) -> list[torch.Tensor]:
+    def param_partitions(self, full_only: bool = False) -> list[torch.Tensor]:
         """The parameter elements this rank updates, per unit: everything (stage 0), my partition of
         the full buffer (stages 1-2), or the shard that is all this rank keeps (stage 3)."""
         if self.stage == 0:
             return [u.full for u in self.units]
-        if self.stage == 3:
+        if self.stage == 3 and not full_only:
             return [u.shard for u in self.units]
         return [u.flat.partition(u.full) for u in self.units]
 
@@ -157,11 +189,11 @@ class Zero:
             return [u.flat.partition(u.grad_full) for u in self.units]
         return [u.grad_shard for u in self.units]
 
-    def _make_updater(self, optimizer, lr, **kw):
+    def _make_updater(self, optimizer, lr, masters, **kw):
         if self.offload:
             from par.offload import CPUOffload
-            return CPUOffload(self.param_partitions(), optimizer, lr, recorder=self.rec, **kw)
-        return DeviceUpdate(self.param_partitions(), optimizer, lr, **kw)
+            return CPUOffload(masters or self.param_partitions(), optimizer, lr, recorder=self.rec, **kw)
+        return DeviceUpdate(masters or self.param_partitions(), optimizer, lr, copies=masters is not None, **kw)
 
     # ------------------------------------------------------------ collectives, logged and timed
     def _comm(self, name: str, fn, *args, **kw):
@@ -259,8 +291,9 @@ class Zero:
 
     # ------------------------------------------------------------ the training step
     def backward(self, loss: torch.Tensor) -> None:
-        """loss.backward(), then make sure every unit's gradient is reduced (stages 0-1 do all of it here)."""
-        loss.backward()
+        """loss.backward() (times the loss scale S in fp16), then make sure every unit's gradient is
+        reduced (stages 0-1 do all of it here)."""
+        (loss.float() * self.scaler.scale if self.scaler is not None else loss).backward()
         if self.stage <= 1:
             for u in reversed(self.units):
                 self._collect_grads(u)
@@ -280,16 +313,53 @@ class Zero:
                 view.copy_(p.grad)
             p.grad = view
 
-    def step(self) -> None:
-        """Update this rank's partition; stages 1-2 then all-gather the parameters."""
+    def step(self) -> bool:
+        """Update this rank's partition (stages 1-2 then all-gather the parameters). Returns False when
+        mixed precision skipped the step because some rank's gradients overflowed."""
+        self.updater.load_grads(self.grad_partitions())
+        if self.scaler is not None:
+            overflow = self._unscale_and_check()
+            self.scaler.update(overflow)
+            if overflow:
+                self.updater.clear_grads()
+                self.skipped += 1
+                return False
+        if self.max_grad_norm is not None:
+            self.clip_grad_norm_(self.max_grad_norm)
         if self.rec:
             with self.rec.span("update", lane="compute"):
-                self.updater.step(self.param_partitions(), self.grad_partitions())
+                self.updater.apply(self.param_partitions())
         else:
-            self.updater.step(self.param_partitions(), self.grad_partitions())
+            self.updater.apply(self.param_partitions())
         if self.stage in (1, 2):
             for u in self.units:
                 self._comm(f"AG {u.name}", collectives.all_gather, u.full)
+        return True
+
+    @torch.no_grad()
+    def _unscale_and_check(self) -> bool:
+        """Divide the fp32 gradients by S; True when any rank's partition holds inf or nan."""
+        grads = [m.grad for m in self.updater.masters()]
+        for g in grads:
+            g.mul_(1.0 / self.scaler.scale)
+        bad = torch.stack([~torch.isfinite(g).all() for g in grads]).any().float().reshape(1).to(self.device)
+        with commlog.tag("overflow flag"):
+            collectives.all_reduce(bad, op="max", group=self.group, impl=self.impl)
+        return bool(bad.item() > 0)
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """‖g‖ = sqrt(Σ over ranks of Σ over my partition g²) (stage 0 holds all of it); scale g if ‖g‖ > max_norm."""
+        grads = [m.grad for m in self.updater.masters()]
+        sq = torch.stack([g.double().pow(2).sum() for g in grads]).sum().reshape(1).to(self.device)
+        if self.stage > 0:
+            with commlog.tag("grad norm"):
+                collectives.all_reduce(sq, op="sum", group=self.group, impl=self.impl)
+        norm = sq.sqrt().item()
+        if norm > max_norm:
+            for g in grads:
+                g.mul_(max_norm / (norm + 1e-6))
+        return norm
 
     def zero_grad(self) -> None:
         for u in self.units:
@@ -365,17 +435,29 @@ class DeviceUpdate:
     """The optimizer over this rank's partitions, on the training device.
 
     fp32: the optimizer's parameters *are* the partitions (views, no copy), so its update writes
-    straight into the flat buffers.
+    straight into the flat buffers. Mixed precision: they are fp32 master copies of the partitions,
+    and `apply` rounds them back into the 16-bit partitions after the step.
     """
 
-    def __init__(self, partitions: list[torch.Tensor], optimizer: str, lr: float, **kw):
-        self.params = [nn.Parameter(p, requires_grad=True) for p in partitions]   # share storage
+    def __init__(self, masters: list[torch.Tensor], optimizer: str, lr: float, copies: bool = False, **kw):
+        self.params = [nn.Parameter(p, requires_grad=True) for p in masters]   # shares storage with `masters`
+        self.copies = copies   # the masters are fp32 copies (mixed precision), not the partitions themselves
         self.opt = make_optimizer(self.params, optimizer, lr, **kw)
 
-    def step(self, partitions, grads) -> None:
+    def load_grads(self, grads) -> None:
+        """The reduced gradient partitions become the masters' .grad (fp32; no copy when already fp32)."""
         for m, g in zip(self.params, grads):
-            m.grad = g
+            m.grad = g if g.dtype == torch.float32 else g.float()
+
+    def apply(self, partitions) -> None:
         self.opt.step()
+        with torch.no_grad():
+            for m, p in zip(self.params, partitions):
+                if p.data_ptr() != m.data_ptr():
+                    p.copy_(m)
+        self.clear_grads()
+
+    def clear_grads(self) -> None:
         for m in self.params:
             m.grad = None
 
@@ -387,5 +469,6 @@ class DeviceUpdate:
                 if isinstance(v, torch.Tensor) and v.dim() > 0]
 
     def state_bytes(self) -> dict:
-        b = tensor_bytes(self.state_tensors())
+        """Per-element optimizer state, plus the fp32 masters when they are copies (mixed precision)."""
+        b = tensor_bytes(self.state_tensors() + (self.params if self.copies else []))
         return {"total": b, "device": b, "host": 0}

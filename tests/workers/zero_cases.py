@@ -16,6 +16,8 @@ import torch.nn.functional as F
 
 import par.dist
 from par import checkpoint, commlog, memory
+from par.loss_scaler import DynamicLossScaler
+from par.mixed_precision import MixedPrecision
 from par.model import GPTLite, TinyMLP, lm_loss, preset
 from par.reference import max_abs_diff, train_single
 from par.zero import Zero
@@ -46,7 +48,7 @@ MODELS = {"mlp": mlp, "gpt": gpt}
 def train(zero, model, batches, loss_fn, rank, n, on_step=None):
     losses = []
     for s, (x, y) in enumerate(batches):
-        loss = loss_fn(model(x[rank::n]), y[rank::n])
+        loss = loss_fn(model(x[rank::n]).float(), y[rank::n])
         zero.backward(loss)
         if on_step:
             on_step(s)
@@ -63,7 +65,7 @@ def equivalence(rank, n, out):
             ref = make()
             train_single(ref, batches, loss_fn, opt, LR)
             for stage in (0, 1, 2, 3):
-                for offload in (False, True):
+                for offload in (False, True) if opt == "adam" else (False,):
                     model = make()
                     zero = Zero(model, stage=stage, optimizer=opt, lr=LR, offload=offload)
                     train(zero, model, batches, loss_fn, rank, n)
@@ -76,7 +78,7 @@ def bytes_and_memory(rank, n, out):
     for mname, make in MODELS.items():
         batches, loss_fn = data(mname)
         for stage in (0, 1, 2, 3):
-            for offload in (False, True):
+            for offload in (False, True) if mname == "gpt" else (False,):
                 model = make()
                 zero = Zero(model, stage=stage, optimizer="adam", lr=LR, offload=offload)
                 seen = {}
@@ -96,6 +98,49 @@ def bytes_and_memory(rank, n, out):
                 out["memory"].append({"model": mname, "stage": stage, "offload": offload, **seen,
                                       "formula": formula.to_dict(),
                                       "placement": zero.updater.placement() if offload else None})
+
+
+def mixed_precision(rank, n, out):
+    """fp16/bf16: every stage equals stage 0 (plain DP in the same precision) bit for bit; memory is
+    2Ψ + 2Ψ + 12Ψ/N_d and friends; SGD (which feels a wrong unscale) matches single-process mixed
+    precision; an fp16 overflow is skipped on every rank and lowers the scale."""
+    batches, loss_fn = data("gpt")
+    for prec in ("bf16", "fp16"):
+        base = None
+        for stage, offload in ((0, False), (1, False), (2, False), (3, False), (2, True)):
+            model = gpt()
+            zero = Zero(model, stage=stage, optimizer="adam", lr=LR, offload=offload, precision=prec)
+            seen = {}
+            train(zero, model, batches, loss_fn, rank, n, on_step=lambda s: s == 2 and seen.update(zero.memory()))
+            full = zero.full_state_dict()
+            base = base or full
+            out["mixed"].append({"precision": prec, "stage": stage, "offload": offload,
+                                 "diff_vs_stage0": max_abs_diff(full, base), **seen,
+                                 "formula": memory.model_state_bytes(zero.numel, n, stage, "mixed", "adam").to_dict()})
+        ref = gpt()
+        mp = MixedPrecision(ref, lambda ps: torch.optim.SGD(ps, lr=0.1), dtype=prec)
+        for x, y in batches:
+            mp.backward(loss_fn(ref(x).float(), y))
+            mp.step()
+        ref_sd = {name: m for (name, _), m in zip(ref.named_parameters(), mp.masters)}
+        for stage in (1, 3):
+            model = gpt()
+            zero = Zero(model, stage=stage, optimizer="sgd", lr=0.1, precision=prec)
+            train(zero, model, batches, loss_fn, rank, n)
+            out["mixed_sgd"].append({"precision": prec, "stage": stage,
+                                     "diff": max_abs_diff(zero.full_state_dict(), ref_sd)})
+    model = gpt()
+    zero = Zero(model, stage=3, optimizer="adam", lr=LR, precision="fp16",
+                scaler=DynamicLossScaler(init_scale=2.0 ** 40, hysteresis=1))
+    start = zero.full_state_dict()
+    x, y = batches[0]
+    zero.backward(loss_fn(model(x[rank::n]).float(), y[rank::n]))
+    stepped = zero.step()
+    zero.zero_grad()
+    unchanged = all(torch.equal(v, start[k]) for k, v in zero.full_state_dict().items())
+    train(zero, model, batches, loss_fn, rank, n)
+    out["overflow"] = par.dist.gather_object({"stepped": stepped, "unchanged": unchanged, "scale": zero.scaler.scale,
+                                              "skipped": zero.skipped})
 
 
 def stage3_frees(rank, n, out):
@@ -121,22 +166,24 @@ def stage3_frees(rank, n, out):
 def checkpoint_cases(rank, n, root, out):
     batches, loss_fn = data("gpt")
     # resume: 2 steps, save, a fresh model and engine, load, 3 more steps == 5 steps straight
-    for stage, offload in ((1, False), (2, False), (3, False), (2, True)):
-        model = gpt()
-        zero = Zero(model, stage=stage, optimizer="adam", lr=LR, offload=offload)
+    for stage, offload, prec in ((1, False, "fp32"), (2, False, "fp32"), (3, False, "fp32"), (2, True, "fp32"),
+                                 (3, False, "fp16")):
+        def engine():
+            m = gpt()
+            scaler = DynamicLossScaler(init_scale=2.0 ** 20, window=2) if prec == "fp16" else None
+            return m, Zero(m, stage=stage, optimizer="adam", lr=LR, offload=offload, precision=prec, scaler=scaler)
+        model, zero = engine()
         straight = train(zero, model, batches, loss_fn, rank, n)
         full_straight = zero.full_state_dict()
-        model = gpt()
-        zero = Zero(model, stage=stage, optimizer="adam", lr=LR, offload=offload)
+        model, zero = engine()
         first = train(zero, model, batches[:2], loss_fn, rank, n)
-        d = os.path.join(root, f"resume_s{stage}_o{int(offload)}")
+        d = os.path.join(root, f"resume_s{stage}_o{int(offload)}_{prec}")
         checkpoint.save(zero, d, step=2)
-        model = gpt()
-        zero = Zero(model, stage=stage, optimizer="adam", lr=LR, offload=offload)
+        model, zero = engine()
         meta = checkpoint.load(zero, d)
         rest = train(zero, model, batches[meta["step"]:], loss_fn, rank, n)
         full = zero.full_state_dict()
-        out["resume"].append({"stage": stage, "offload": offload,
+        out["resume"].append({"stage": stage, "offload": offload, "precision": prec,
                               "identical": all(torch.equal(full[k], full_straight[k]) for k in full),
                               "losses_identical": first + rest == straight})
     # re-shard: save at one data-parallel degree, load at another (and another stage)
@@ -178,9 +225,11 @@ def main():
     root = sys.argv[1]
     env = par.dist.init()
     rank, n = env.rank, env.world_size
-    out = {"world": n, "equivalence": [], "bytes": [], "memory": [], "resume": [], "reshard": []}
+    out = {"world": n, "equivalence": [], "bytes": [], "memory": [], "resume": [], "reshard": [],
+           "mixed": [], "mixed_sgd": []}
     equivalence(rank, n, out)
     bytes_and_memory(rank, n, out)
+    mixed_precision(rank, n, out)
     stage3_frees(rank, n, out)
     checkpoint_cases(rank, n, root, out)
     par.dist.save_result(out)
