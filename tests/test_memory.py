@@ -245,17 +245,26 @@ def test_cuda_peak_is_none_on_cpu():
 
 # ---------------------------------------------------------------- the launched job
 def test_job_on_two_ranks_predicted_equals_measured():
-    r = par.launch.run("par.jobs.memory", nproc=2, args=["--optimizers", "adam,momentum,sgd", "--steps", "3"],
-                       timeout=180, quiet=True)
+    r = par.launch.run("par.jobs.memory", nproc=2, timeout=180, quiet=True,
+                       args=["--optimizers", "adam,momentum,sgd", "--precisions", "fp32,bf16", "--steps", "3"])
     assert r["world_size"] == 2 and r["numel"] == memory.param_count("tiny")
-    for name, bpp in (("adam", 16), ("momentum", 12), ("sgd", 8)):
-        run = r["runs"][name]
-        assert run["predicted"]["total"] == bpp * r["numel"]
-        assert len(run["measured"]) == 2
-        assert all(m == run["predicted"] for m in run["measured"]), (name, run)
-        assert run["phases"][1]["backward"]["grads"] == 4 * r["numel"]
-        assert run["phases"][0]["built"]["grads"] == 0
-        assert run["totals_per_step"] == [[bpp * r["numel"]] * 3] * 2  # constant from the first step on
+    psi = r["numel"]
+    for precision in ("fp32", "bf16"):
+        for name, bpp in (("adam", 16), ("momentum", 12), ("sgd", 8)):
+            run = r["runs"][f"{precision} {name}"]
+            assert run["predicted"]["total"] == bpp * psi
+            assert len(run["measured"]) == 2
+            assert all(m == run["predicted"] for m in run["measured"]), (precision, name, run)
+            assert run["totals_per_step"] == [[bpp * psi] * 3] * 2  # constant from the first step on
+    w = {"fp32": 4, "bf16": 2}
+    for precision in w:
+        phases = r["runs"][f"{precision} adam"]["phases"][1]
+        assert phases["built"]["grads"] == 0 and phases["built"]["params"] == w[precision] * psi
+        assert phases["backward"]["grads"] == w[precision] * psi
+    assert r["runs"]["bf16 adam"]["phases"][0]["built"]["optimizer"] == 4 * psi  # the fp32 masters
+    # 16-bit activations: about half the bytes (the fp32 copy of the logits for the loss is the rest)
+    fp32, bf16 = r["runs"]["fp32 adam"]["activation_bytes"][0], r["runs"]["bf16 adam"]["activation_bytes"][0]
+    assert 0.45 * fp32 < bf16 < 0.6 * fp32
 
 
 def test_memory_bars_draws_one_stack_per_stage():
