@@ -30,18 +30,20 @@ def quadratic_grad(w: torch.Tensor, center: torch.Tensor) -> torch.Tensor:
     return w - center
 
 
-def stale_sgd(centers: torch.Tensor, lr: float, steps: int, staleness: int, w0: torch.Tensor | None = None
-              ) -> list[float]:
+def stale_sgd(centers: torch.Tensor, lr: float, steps: int, staleness: int, w0: torch.Tensor | None = None,
+              curvature: float | torch.Tensor = 1.0) -> list[float]:
     """w_{t+1} = w_t − γ ∇F(w_{t−τ}) with F the mean of the workers' quadratics; returns ‖w_t − w*‖ per step.
 
-    `centers` is (K, d); ∇F(w) = mean_i (w − c_i). τ = 0 is plain synchronous gradient descent.
+    `centers` is (K, d) and ∇F(w) = h ⊙ (w − w*), w* = mean_i c_i, with curvature h (a number, or one per
+    coordinate). τ = 0 is plain synchronous gradient descent. Runs in float64.
     """
+    centers = centers.double()
     optimum = centers.mean(0)
-    w = torch.zeros(centers.size(1)) if w0 is None else w0.clone()
+    w = torch.zeros(centers.size(1), dtype=torch.float64) if w0 is None else w0.double().clone()
     history, distance = [w], []
     for _ in range(steps):
         old = history[max(0, len(history) - 1 - staleness)]
-        w = w - lr * quadratic_grad(old, centers).mean(0)
+        w = w - lr * curvature * quadratic_grad(old, centers).mean(0)
         history.append(w)
         distance.append((w - optimum).norm().item())
     return distance

@@ -246,3 +246,25 @@ def test_ring_gossip():
     assert latency_steps(8, "allreduce") == 14 and latency_steps(8, "gossip") == 1 and rounds_to_spread(8) == 4
     with pytest.raises(ValueError):
         ring_mixing_matrix(2)
+
+
+# ---------------------------------------------------------------- the training job
+def test_train_dp_job_reports_consistent_runs():
+    out = run("par.jobs.train_dp", nproc=2, timeout=240, quiet=True,
+              args=["--dp", "naive,bucketed", "--compression", "none,int8", "--steps", "3", "--batch", "8",
+                    "--accum", "2", "--bucket-kb", "16", "--tie-embeddings", "--lr", "1e-3"])
+    runs = {(r["dp"], r["compression"]): r for r in out["runs"]}
+    assert len(runs) == 4 and out["world_size"] == 2
+    exact_naive, exact_bucketed = runs["naive", "none"], runs["bucketed", "none"]
+    assert max(abs(a - b) for a, b in zip(exact_naive["loss"], exact_bucketed["loss"])) <= 1e-5
+    assert exact_bucketed["loss"] != runs["bucketed", "int8"]["loss"]
+    for r in runs.values():
+        assert r["replicas_identical"], (r["dp"], r["compression"])
+        assert r["bytes_sent_per_step"] == [r["bytes_expected"]["exact"]] * 3, (r["dp"], r["compression"])
+        assert r["batch"] == {"train_batch_size": 8, "micro_batch": 2, "grad_accum": 2, "world_size": 2,
+                              "per_rank": 4}
+        assert r["memory"]["measured"] == r["memory"]["predicted"]
+        lanes = {(s["rank"], s["lane"]) for s in r["timeline"]}
+        assert lanes == {(0, "compute"), (0, "comm"), (1, "compute"), (1, "comm")}
+    assert exact_bucketed["memory"]["wrapper_buffers"] == exact_bucketed["bytes_expected"]["grad_bytes"]
+    assert exact_bucketed["n_buckets"] > 2
