@@ -1,8 +1,8 @@
 """Tensor parallelism equals the dense layers it was cut from.
 
 In-process: shard arithmetic, the QKV re-layout, errors, formulas, and the size-1 group (every
-operator a no-op). Multi-process: one launch per world size (2, 3, 4 with the ring; 2 with torch's
-all-reduce) runs every case in tests/workers/tp_check.py and returns the numbers asserted here.
+operator a no-op). Multi-process: one launch per world size (2, 3, 4; par's ring all-reduce, and the
+whole model once more with torch's) runs every case in tests/workers/tp_check.py and returns the numbers asserted here.
 """
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ TOL = 5e-6
 _CACHE: dict = {}
 
 
-def run_worker(n: int, impl: str = "ring") -> list[dict]:
-    if (n, impl) not in _CACHE:
-        out = launch.run(str(WORKER), nproc=n, args=[impl], timeout=240, quiet=True)
-        assert out["world_size"] == n and out["impl"] == impl
-        _CACHE[n, impl] = out["ranks"]
-    return _CACHE[n, impl]
+def run_worker(n: int) -> list[dict]:
+    if n not in _CACHE:
+        out = launch.run(str(WORKER), nproc=n, args=["ring"], timeout=240, quiet=True)
+        assert out["world_size"] == n and out["impl"] == "ring"
+        _CACHE[n] = out["ranks"]
+    return _CACHE[n]
 
 
 # ---------------------------------------------------------------- in-process
@@ -97,12 +97,12 @@ def test_formulas():
 
 # ---------------------------------------------------------------- multi-process
 CASES = ["column gather=False", "column gather=True", "row input_parallel=True", "row input_parallel=False",
-         "mlp", "attention", "block", "model"]
+         "mlp", "attention", "block", "model", "model impl=torch"]
 
 
-@pytest.mark.parametrize("n,impl", [(2, "ring"), (3, "ring"), (4, "ring"), (2, "torch")])
-def test_tp_equals_dense(n, impl):
-    ranks = run_worker(n, impl)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_tp_equals_dense(n):
+    ranks = run_worker(n)
     assert len(ranks) == n
     for r, res in enumerate(ranks):
         for case in CASES:
@@ -115,6 +115,7 @@ def test_tp_equals_dense(n, impl):
         assert res["attention"]["qkv shard is whole heads"] == 0.0
         assert res["attention"]["local heads"] == 12 // n
         assert res["adam"]["params"] <= TOL and res["adam"]["loss"] <= TOL, res["adam"]
+        assert res["model impl=torch"]["impls"] == ["torch"] and res["model"]["events_fwd"] > 0
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

@@ -134,6 +134,10 @@ def main() -> int:
     res["model"]["bytes_function"] = tp.tp_bytes_per_step(CFG, B, T, n)
     res["model"]["param_bytes"] = tp.param_bytes(tmodel)
     res["model"]["param_bytes_formula"] = 4 * tp.tp_param_count(CFG, n)
+    # the same through torch.distributed's all-reduce instead of par's ring
+    res["model impl=torch"], log = compare(tp.TensorParallelGPT.from_dense(dense, impl="torch"), dense, xb, None, n, r,
+                                           loss=lambda logits: lm_loss(logits, yb))
+    res["model impl=torch"]["impls"] = sorted({e.impl for e in log.events})
     mine = replicated_grads(tmodel, dense)
     every = par.dist.gather_object(mine)
     if r == 0:
