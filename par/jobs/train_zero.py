@@ -41,7 +41,7 @@ def train_run(label: str, args, env, batches) -> dict:
     model = build(preset(args.preset), seed=args.seed).to(env.device)
     rec = Recorder() if label in args.timeline_runs.split(",") else None
     zero = Zero(model, stage=stage, optimizer=args.optimizer, lr=args.lr, offload=offload, impl=args.impl,
-                recorder=rec)
+                recorder=rec, precision=args.precision)
     n, r = env.world_size, env.rank
     memory.reset_cuda_peak(env.device)
     losses, times, mem, step_bytes = [], [], {}, {}
@@ -53,7 +53,7 @@ def train_run(label: str, args, env, batches) -> dict:
             dist.barrier()
         t0 = time.perf_counter()
         with commlog.capture() as log:
-            loss = lm_loss(model(x), y)
+            loss = lm_loss(model(x).float(), y)
             zero.backward(loss)
             if s == min(1, len(batches) - 1):
                 mem = zero.memory()      # model states at their peak: grads reduced, optimizer state allocated
@@ -63,13 +63,18 @@ def train_run(label: str, args, env, batches) -> dict:
             torch.cuda.synchronize(env.device)
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
-        step_bytes = {k: v["bytes_sent"] for k, v in log.by_kind().items()}
-    itemsize = 4
+        step_bytes = {}
+        for e in log.events:   # the model's traffic; the 4-byte overflow flag of mixed precision is apart
+            key = "overflow flag" if "overflow flag" in e.tag else e.kind
+            step_bytes[key] = step_bytes.get(key, 0) + e.bytes_sent
+    itemsize = 4 if args.precision == "fp32" else 2
     factor = {0: 2, 1: 2, 2: 2, 3: 3}[stage]
+    flag_bytes = step_bytes.pop("overflow flag", 0)
     out = {"label": label, "stage": stage, "offload": offload, "losses": losses,
            "memory": mem, "cuda_peak": memory.cuda_peak_bytes(env.device),
-           "formula": memory.model_state_bytes(zero.numel, n, stage, "fp32", args.optimizer).to_dict(),
-           "bytes": step_bytes, "bytes_total": sum(step_bytes.values()),
+           "formula": memory.model_state_bytes(zero.numel, n, stage, args.precision, args.optimizer).to_dict(),
+           "skipped": zero.skipped,
+           "bytes": step_bytes, "bytes_total": sum(step_bytes.values()), "overflow_flag_bytes": flag_bytes,
            "bytes_formula": factor * (n - 1) / n * zero.numel * itemsize,
            "step_time": statistics.median(times[1:] if len(times) > 1 else times)}
     if offload:
@@ -93,6 +98,7 @@ def main(argv=None) -> None:
     ap.add_argument("--optimizer", default="adam")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--impl", default="ring", choices=("ring", "torch"))
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeline-runs", default="3,3+offload", help="runs whose last step is recorded as a timeline")
     ap.add_argument("--checkpoint", default="", help="directory for a sharded checkpoint of the last run")
@@ -109,7 +115,7 @@ def main(argv=None) -> None:
     runs = [train_run(label, args, env, batches) for label in args.runs.split(",")]
     numel = sum(p.numel() for p in build(cfg, seed=args.seed).parameters())
     par.dist.save_result({"world": env.world_size, "backend": env.backend, "device": str(env.device),
-                          "preset": args.preset, "numel": numel, "runs": runs})
+                          "preset": args.preset, "precision": args.precision, "numel": numel, "runs": runs})
     par.dist.teardown()
 
 
