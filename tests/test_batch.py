@@ -1,11 +1,14 @@
 """The papermill batch (`python -m par batch`) on two fixture notebooks: one records numbers, one raises.
 
 The batch must go on past the failure, summarise both (status, first error line, recorded numbers, the
-parameters it passed), exit 1; a batch of passing notebooks exits 0.
+parameters it passed), exit 1; a batch of passing notebooks exits 0; a cell past the timeout fails its notebook.
 """
 import json
 import shutil
+import time
 from pathlib import Path
+
+import nbformat
 
 from par import batch
 
@@ -50,3 +53,14 @@ def test_batch_without_notebooks_is_an_error(tmp_path, capsys):
     assert batch.main(["--notebooks", str(tmp_path / "*.ipynb"), "--out", str(tmp_path / "runs")]) == 1
     assert "no notebook matches" in capsys.readouterr().out
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_cell_past_the_timeout_fails_its_notebook(tmp_path):
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
+    nb.cells = [nbformat.v4.new_code_cell("import time\ntime.sleep(60)")]
+    nbformat.write(nb, tmp_path / "30_hangs.ipynb")
+    start = time.monotonic()
+    row = batch.run_one(tmp_path / "30_hangs.ipynb", tmp_path / "out.ipynb", {}, timeout=3)
+    assert row["status"] == "FAILED" and "timed out" in row["error"], row
+    assert time.monotonic() - start < 50
