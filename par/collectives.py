@@ -12,6 +12,10 @@ one only ever talks to its two neighbours:
 * ring all-reduce = reduce-scatter + all-gather. Sent: 2(N-1)/N * S bytes per
   rank, in 2(N-1) latency steps.
 
+A step's chunk travels in pieces of `PIECE` elements, so that adding one
+received piece overlaps the transfer of the next; the receive buffer is kept
+between calls. `reduce_scatter_chunks` / `all_gather_chunks` are the schedule.
+
 Every call is written to the communication log (`par.commlog`) with the bytes
 this rank actually sent. The `all_reduce` / `reduce_scatter` / `all_gather` /
 `broadcast` / `send` / `recv` front doors choose the ring (`impl="ring"`) or
