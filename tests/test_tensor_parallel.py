@@ -173,7 +173,7 @@ def test_training_job_matches_dense_and_counts():
 
 def test_benchmark_runs_and_matches_torch_tp_memory():
     from par.bench import tp as bench
-    out = bench.run(nproc=2, preset="tiny", batch_size=2, steps=1, warmup=0, timeout=240)
+    out = bench.run(nproc=2, preset="tiny", batch_size=2, steps=1, warmup=0, rounds=1, timeout=240)
     assert {(r["module"], r["impl"]) for r in out["rows"]} == \
         {(m, i) for m in bench.KINDS for i in ("par ring", "par torch-allreduce", "torch TP")}
     for kind in bench.KINDS:

@@ -1,6 +1,6 @@
 """Benchmark: par's tensor parallelism vs torch.distributed.tensor.parallel on the same MLP and block.
 
-    python -m par.bench.tp [--nproc 2] [--preset small] [--batch-size 8] [--steps 20]
+    python -m par bench tp [--nproc 2] [--preset small] [--batch-size 8] [--steps 20] [--rounds 3]
 
 One launch on `nproc` ranks (gloo on CPU, NCCL when every rank has a GPU). For the GPT-lite MLP and a
 whole transformer block it builds the same dense module on every rank, then
@@ -9,9 +9,11 @@ whole transformer block it builds the same dense module on every rank, then
 * torch TP: `parallelize_module` with ColwiseParallel / RowwiseParallel on a 1-D DeviceMesh (the block's
   fused QKV weight re-laid out first, as par does, so a column split hands each rank whole heads)
 
-and times a training step (forward, backward, Adam step): median over steps, slowest rank. It also
-reports live parameter bytes per rank and the largest output difference from the dense module.
-Ratios are par / torch: the target is time <= 1.15x and memory equal.
+and times a training step (forward, backward, Adam step) in rotating turns (a few steps of each, then
+again, `--rounds` times, so a load spike on a shared machine hits all three): median over steps, slowest
+rank. It also reports live parameter bytes per rank and the largest output difference from the dense
+module. Ratios are par / torch: the target is time <= 1.15x and memory equal. The load average is printed
+with the timings: on a busy machine they are only as good as the machine is quiet.
 """
 from __future__ import annotations
 
@@ -31,8 +33,9 @@ def parse(argv):
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--preset", default="small")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=10, help="timed steps per turn")
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--backend", default="auto")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -80,9 +83,8 @@ def local_param_bytes(module) -> int:
     return total
 
 
-def _time_steps(module, x, w_out, steps, warmup, device):
+def _time_steps(module, opt, x, w_out, steps, warmup, device) -> list[float]:
     import torch.distributed as dist
-    opt = torch.optim.Adam(module.parameters(), lr=1e-3)
     times = []
     for i in range(warmup + steps):
         dist.barrier()
@@ -96,7 +98,7 @@ def _time_steps(module, x, w_out, steps, warmup, device):
             torch.cuda.synchronize(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
 
 
 def worker(args) -> int:
@@ -115,25 +117,35 @@ def worker(args) -> int:
             ref = dense(x)
         impls = {"par ring": lambda: _par_tp(kind, dense, "ring"), "par torch-allreduce": lambda: _par_tp(kind, dense, "torch"),
                  "torch TP": lambda: _torch_tp(kind, dense, n, device)}
-        for name, make in impls.items():
-            m = make()
-            with torch.no_grad():
-                err = (m(x) - ref).abs().max().item()
-            mem = local_param_bytes(m)
-            t = _time_steps(m, x, w_out, args.steps, args.warmup, device)
+        models = {name: make() for name, make in impls.items()}
+        with torch.no_grad():  # before any training step: each must compute the dense module's output
+            errs = {name: (m(x) - ref).abs().max().item() for name, m in models.items()}
+        opts = {name: torch.optim.Adam(m.parameters(), lr=1e-3) for name, m in models.items()}
+        times = {name: [] for name in models}
+        for rnd in range(args.rounds):
+            for name, m in models.items():
+                times[name] += _time_steps(m, opts[name], x, w_out, args.steps, args.warmup if rnd == 0 else 0,
+                                           device)
+        for name, m in models.items():
+            t = statistics.median(times[name])
             worst = max(par.dist.gather_object(t) or [t])
-            rows.append({"module": kind, "impl": name, "step_s": worst, "param_bytes": mem, "max_err": err})
-            del m
+            rows.append({"module": kind, "impl": name, "step_s": worst, "param_bytes": local_param_bytes(m),
+                         "max_err": errs[name]})
     par.dist.save_result({"world_size": n, "backend": env.backend, "preset": args.preset,
-                          "batch_size": args.batch_size, "rows": rows})
+                          "batch_size": args.batch_size, "rows": rows, "loadavg": _loadavg()})
     par.dist.teardown()
     return 0
+
+
+def _loadavg():
+    import os
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 # ---------------------------------------------------------------- the launcher side
 def table(result) -> str:
     lines = [f"tensor parallel, {result['world_size']} ranks ({result['backend']}), preset {result['preset']}, "
-             f"batch {result['batch_size']}",
+             f"batch {result['batch_size']}; load average {result.get('loadavg')} (timings as noisy as that)",
              f"{'module':<7} {'implementation':<21} {'step ms':>8} {'vs torch':>9} {'param bytes/rank':>17} "
              f"{'mem vs torch':>13} {'max |y - dense|':>16}"]
     for kind in KINDS:
@@ -145,9 +157,11 @@ def table(result) -> str:
     return "\n".join(lines)
 
 
-def run(nproc=2, preset="small", batch_size=8, steps=20, warmup=3, backend="auto", timeout=600, quiet=True) -> dict:
+def run(nproc=2, preset="small", batch_size=8, steps=20, warmup=3, rounds=3, backend="auto", timeout=600,
+        quiet=True) -> dict:
     from par import launch
-    argv = ["--worker", "--preset", preset, "--batch-size", batch_size, "--steps", steps, "--warmup", warmup]
+    argv = ["--worker", "--preset", preset, "--batch-size", batch_size, "--steps", steps, "--warmup", warmup,
+            "--rounds", rounds]
     return launch.run("par.bench.tp", nproc=nproc, args=argv, backend=backend, timeout=timeout, quiet=quiet)
 
 
@@ -155,7 +169,8 @@ def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     if args.worker:
         return worker(args)
-    result = run(args.nproc, args.preset, args.batch_size, args.steps, args.warmup, args.backend, args.timeout)
+    result = run(args.nproc, args.preset, args.batch_size, args.steps, args.warmup, args.rounds, args.backend,
+                 args.timeout)
     print(table(result))
     return 0
 
