@@ -25,6 +25,7 @@ is m for GPipe but min(p-s, m) for 1F1B: activation memory ∝ that peak.
 """
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -262,7 +263,7 @@ def bubble_ratio(spans: list[dict], lane: str = "compute") -> float:
 
 
 def stage_costs(spans: list[dict], schedule: Schedule) -> tuple[list[float], list[float]]:
-    """Mean duration of the F and of the B actions of every stage in a recorded timeline.
+    """Median duration of the F and of the B actions of every stage in a recorded timeline.
 
     Feed them to `simulate` to get the timeline the schedule would have with those costs and
     nothing else (no waiting for messages, no noise): simulated next to executed.
@@ -273,6 +274,7 @@ def stage_costs(spans: list[dict], schedule: Schedule) -> tuple[list[float], lis
         if x["lane"] == "compute":
             a = parse_action(x["name"])
             sums[a.kind][schedule.stage(x["rank"], a)].append(x["end"] - x["start"])
-    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
-    return ([mean(sums["F"][s]) for s in range(schedule.num_stages)],
-            [mean(sums["B"][s]) for s in range(schedule.num_stages)])
+    def median(xs):  # robust to an action that was descheduled half-way
+        return statistics.median(xs) if xs else 0.0
+    return ([median(sums["F"][s]) for s in range(schedule.num_stages)],
+            [median(sums["B"][s]) for s in range(schedule.num_stages)])

@@ -7,8 +7,10 @@ One launch runs every (schedule, m) combination in turn, each on a fresh copy of
 fixed `--micro-batch-size` the batch grows with m (the GPipe view); with `--batch` the batch is
 fixed and the micro-batches shrink as m grows (the micro-batch size trade-off).
 
-Rank 0 saves {"runs": [{schedule, m, text, losses, step_s, spans, bubble, bubble_formula,
-memory (per rank), max_diff (with --check)}, ...]}.
+With `--check` every rank also trains the single-process model on the same batches and compares
+its stage: the first step's gradients (max_grad_diff), every step's loss (max_loss_diff) and the
+parameters at the end (max_diff). Rank 0 saves {"runs": [{schedule, m, text, losses, step_s, spans,
+bubble, bubble_formula, memory (per rank), max_*diff}, ...]}.
 """
 from __future__ import annotations
 
@@ -58,12 +60,15 @@ def run_one(args, cfg, kind, m, env, ds):
     ref_opt = make_optimizer(ref.parameters(), "adam", args.lr) if args.check else None
     rec = Recorder()
     losses, times = [], []
+    names = ({f"{i}.{n}": p for i, layer in enumerate(ref.to_layers()) for n, p in layer.named_parameters()}
+             if ref is not None else {})
+    loss_diff = grad_diff = 0.0
     for step, (x, y) in enumerate(global_batches(ds, batch, args.warmup + args.steps, seed=args.seed)):
+        x, y = x.to(env.device), y.to(env.device)
         opt.zero_grad(set_to_none=True)
         rec.reset()                                   # a barrier: every rank starts the step together
         t0 = time.perf_counter()
-        loss = pipe.step(x.to(env.device), y.to(env.device), recorder=rec, record_comm=args.record_comm)
-        opt.step()
+        loss = pipe.step(x, y, recorder=rec, record_comm=args.record_comm)
         if env.device.type == "cuda":
             torch.cuda.synchronize(env.device)
         if step >= args.warmup:
@@ -72,15 +77,20 @@ def run_one(args, cfg, kind, m, env, ds):
             losses.append(loss)
         if ref is not None:
             ref_opt.zero_grad(set_to_none=True)
-            lm_loss(ref(x.to(env.device)), y.to(env.device)).backward()
+            ref_loss = lm_loss(ref(x), y)
+            ref_loss.backward()
+            loss_diff = max(loss_diff, abs(loss - ref_loss.item()) if loss is not None else 0.0)
+            if step == 0:
+                grad_diff = max(((p.grad - names[n].grad).abs().max().item() for n, p in pipe.named_parameters()),
+                                default=0.0)
             ref_opt.step()
+        opt.step()
     spans = rec.gather()
     diff = None
     if ref is not None:
-        names = {f"{i}.{n}": p for i, layer in enumerate(ref.to_layers()) for n, p in layer.named_parameters()}
         diff = max(((p - names[n]).abs().max().item() for n, p in pipe.named_parameters()), default=0.0)
     parts = par.dist.gather_object({"losses": losses, "times": times, "memory": pipe.memory, "diff": diff,
-                                    "bounds": pipe.bounds})
+                                    "grad_diff": grad_diff, "loss_diff": loss_diff, "bounds": pipe.bounds})
     if parts is None:
         return None
     step_s = [max(ts) for ts in zip(*(p["times"] for p in parts))]   # a step lasts as long as its slowest rank
@@ -91,7 +101,9 @@ def run_one(args, cfg, kind, m, env, ds):
             "spans": spans, "bubble": pipeline_sim.bubble_fraction(spans),
             "bubble_formula": pipeline_sim.bubble_formula(env.world_size, m),
             "memory": [p["memory"] for p in parts],
-            "max_diff": max(p["diff"] for p in parts) if args.check else None}
+            "max_diff": max(p["diff"] for p in parts) if args.check else None,
+            "max_grad_diff": max(p["grad_diff"] for p in parts) if args.check else None,
+            "max_loss_diff": max(p["loss_diff"] for p in parts) if args.check else None}
 
 
 def main(argv=None):
