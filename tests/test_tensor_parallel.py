@@ -13,6 +13,7 @@ import torch
 
 from par import launch, tensor_parallel as tp, tp_ops
 from par.collectives import all_reduce_formula_bytes
+from par.memory import gpt_param_count
 from par.model import GPTConfig, build, preset
 
 WORKER = Path(__file__).parent / "workers" / "tp_check.py"
@@ -89,7 +90,7 @@ def test_formulas():
     assert tp.tp_bytes_per_step(cfg, 2, 8, 4) == 12 * all_reduce_formula_bytes(2 * 8 * 32 * 4, 4)
     assert tp.tp_bytes_per_step(cfg, 2, 8, 1) == 0
     dense = sum(p.numel() for p in build(cfg).parameters())
-    assert tp.tp_param_count(cfg, 1) == dense
+    assert tp.tp_param_count(cfg, 1) == dense == gpt_param_count(cfg)
     assert tp.tp_param_count(cfg, 2) < tp.tp_param_count(cfg, 1)
     tied = GPTConfig(n_layer=1, tie_embeddings=True)
     assert tp.tp_param_count(tied, 1) == sum(p.numel() for p in build(tied).parameters())
@@ -169,6 +170,8 @@ def test_training_job_matches_dense_and_counts():
     assert mem["param_bytes_per_rank"] == [mem["param_bytes_formula"]] * 2
     assert mem["by_degree_measured"] == {k: v for k, v in mem["by_degree_formula"].items()}
     assert mem["by_degree_measured"]["1"] == mem["dense_param_bytes"] > mem["by_degree_measured"]["2"]
+    assert mem["model_states_measured"] == mem["model_states_formula"]          # Adam fp32: 4 + 4 + 8 bytes
+    assert mem["model_states_measured"]["params"] == mem["param_bytes_formula"]
 
 
 def test_benchmark_runs_and_matches_torch_tp_memory():

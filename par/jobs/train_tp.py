@@ -21,6 +21,7 @@ from par import commlog
 from par import tensor_parallel as tp
 from par.collectives import all_reduce_formula_bytes, ring_all_reduce_bytes
 from par.data import CharDataset, global_batches
+from par.memory import live_model_state_bytes, model_state_bytes
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer
 
@@ -46,7 +47,7 @@ def _sync(device):
 
 
 def train(model, batches, optimizer, lr, device, log_first_step=False):
-    """Plain training loop; returns (losses, seconds per step, the first step's communication log)."""
+    """Plain training loop; returns (losses, seconds per step, the first step's communication log, optimizer)."""
     opt = make_optimizer(model.parameters(), optimizer, lr)
     losses, times, first = [], [], None
     for x, y in batches:
@@ -62,7 +63,7 @@ def train(model, batches, optimizer, lr, device, log_first_step=False):
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
         first = first if first is not None else log
-    return losses, times, first
+    return losses, times, first, opt
 
 
 def comm_per_layer(log, n_layer: int) -> list[dict]:
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
     ds = CharDataset(block_size=cfg.block_size)
     batches = list(global_batches(ds, args.batch_size, args.steps, seed=args.seed))
 
-    losses, times, first = train(model, batches, args.optimizer, args.lr, device)
+    losses, times, first, opt = train(model, batches, args.optimizer, args.lr, device)
     result = {"world_size": n, "backend": env.backend, "device": str(device), "config": cfg.to_dict(),
               "batch_size": args.batch_size, "impl": args.impl, "tp_losses": losses,
               "step_time_s": sum(times[1:]) / max(1, len(times) - 1)}
@@ -123,10 +124,14 @@ def main(argv=None) -> int:
         "dense_param_bytes": tp.param_bytes(dense),
         "by_degree_measured": memory_by_degree(build(cfg, seed=args.seed).to(device), n, r),
         "by_degree_formula": {d: 4 * tp.tp_param_count(cfg, d) for d in range(1, n + 1) if n % d == 0},
+        # params + grads + optimizer state alive after training vs (4 + 4 + K) bytes x this rank's parameters
+        "model_states_measured": live_model_state_bytes(model, opt).to_dict(),
+        "model_states_formula": model_state_bytes(tp.tp_param_count(cfg, n), precision="fp32",
+                                                  optimizer=args.optimizer).to_dict(),
     }
 
     if not args.no_reference:
-        dense_losses, _, _ = train(dense, batches, args.optimizer, args.lr, device)
+        dense_losses, _, _, _ = train(dense, batches, args.optimizer, args.lr, device)
         gap = tp.shard_like(model, dense)
         mine = max((p - gap[k]).abs().max().item() for k, p in model.state_dict().items())
         result["dense_losses"] = dense_losses
