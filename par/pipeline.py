@@ -64,11 +64,12 @@ class Pipeline:
     schedule  a `par.schedules.Schedule` for p ranks (p = size of `ranks`, default the world)
     loss_fn   loss_fn(output, target) -> mean loss of a micro-batch, applied on the last stage
     method    'parameters' (balanced parameter counts) or 'uniform' layer counts
-    ranks     global ranks of the p pipeline ranks (default 0..p-1), for DP x PP layouts
+    ranks     global ranks of the p pipeline ranks (default 0..p-1), for DP x PP layouts,
+    group     with `ranks`: a process group of exactly those ranks (`dist.new_group(ranks)`)
     """
 
     def __init__(self, layers, schedule: Schedule, loss_fn, method: str = "parameters",
-                 ranks=None, device=None, track_memory: bool = False):
+                 ranks=None, group=None, device=None, track_memory: bool = False):
         layers = list(layers)
         self.schedule = pipeline_sim.check(schedule)
         self.p, self.v, self.m = schedule.num_ranks, schedule.virtual, schedule.microbatches
@@ -76,6 +77,10 @@ class Pipeline:
         world = dist.get_world_size() if dist.is_initialized() else 1
         if len(self.ranks) != self.p:
             raise PipelineError(f"the schedule is for {self.p} ranks but {len(self.ranks)} were given")
+        if ranks is not None and world != self.p and group is None:
+            raise PipelineError(f"a pipeline on ranks {self.ranks} of {world} needs its own process group: "
+                                f"pass group=dist.new_group({self.ranks})")
+        self.group = group
         if ranks is None and world != self.p:
             raise PipelineError(f"the schedule is for {self.p} ranks but the job has {world}: "
                                 f"launch {self.p} ranks or build the schedule for {world}")
@@ -141,7 +146,7 @@ class Pipeline:
                     code[0], code[1] = out.dim(), DTYPES.index(out.dtype)
                     code[2:2 + out.dim()] = torch.tensor(out.shape)
                 if self.p > 1:
-                    collectives.broadcast(code, src=self.ranks[owner])
+                    collectives.broadcast(code, src=self.ranks[owner], group=self.group)
                 n = int(code[0])
                 inp = (tuple(int(d) for d in code[2:2 + n]), DTYPES[int(code[1])])
                 shapes.append(inp)
@@ -185,7 +190,7 @@ class Pipeline:
                         if early == message:
                             break
                 with span("recv", lane="comm") if (record_comm and recvs) else nullcontext():
-                    reqs = collectives.send_recv(outbox, recvs) if (outbox or recvs) else []
+                    reqs = collectives.send_recv(outbox, recvs, self.group) if (outbox or recvs) else []
                     send_reqs += reqs[:len(outbox)]
                     for req in reqs[len(outbox):]:
                         req.wait()
@@ -215,7 +220,7 @@ class Pipeline:
                         if k > 0:
                             self._post(outbox, inbox, ("gradient", a.microbatch, k), inp.grad, k - 1)
             if outbox:
-                send_reqs += collectives.send_recv(outbox, [])
+                send_reqs += collectives.send_recv(outbox, [], self.group)
             for req in send_reqs:
                 req.wait()
         if saved or inbox:

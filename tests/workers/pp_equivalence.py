@@ -93,8 +93,50 @@ def main():
     res = run_case("1f1b mlp", schedules.one_f_one_b(p, m), lambda: TinyMLP(sizes, seed=2), mse,
                    mlp_batches(m * 3, STEPS), "uniform", lr=MLP_LR)
     results["1f1b mlp"] = gather(res)
+    if p == 4:
+        results["dp2 x pp2"] = gather(dp_times_pp(ds))
     par.dist.save_result(results)
     par.dist.teardown()
+
+
+def dp_times_pp(ds, m=3):
+    """4 ranks = 2 replicas x 2 stages: pipelines on ranks {0,1} and {2,3}, each on half of the batch;
+    then the two copies of each stage average their gradients (ranks {0,2} and {1,3})."""
+    import torch.distributed as dist
+    from par import collectives
+    rank = dist.get_rank()
+    pp_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    dp_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    replica, stage = divmod(rank, 2)
+    cfg = preset("tiny")
+    model, ref = build(cfg, seed=1), build(cfg, seed=1)
+    pipe = Pipeline(model.to_layers(), schedules.one_f_one_b(2, m), lm_loss,
+                    ranks=[2 * replica, 2 * replica + 1], group=pp_groups[replica])
+    ref_params = layer_grads_and_params(ref.to_layers())
+    opt, ref_opt = make_optimizer(pipe.parameters(), "adam", LR), make_optimizer(ref.parameters(), "adam", LR)
+    out = {"grad": 0.0, "loss": 0.0, "param": 0.0, "losses": []}
+    half = m * MB_ROWS
+    for step, (x, y) in enumerate(global_batches(ds, 2 * half, STEPS, seed=9)):
+        opt.zero_grad(set_to_none=True)
+        ref_opt.zero_grad(set_to_none=True)
+        loss = pipe.step(x[replica * half:(replica + 1) * half], y[replica * half:(replica + 1) * half])
+        for param in pipe.parameters():
+            collectives.all_reduce(param.grad, op="avg", group=dp_groups[stage])
+        ref_loss = lm_loss(ref(x), y)
+        ref_loss.backward()
+        if step == 0:
+            out["grad"] = max((p.grad - ref_params[n].grad).abs().max().item() for n, p in pipe.named_parameters())
+        if loss is not None:  # each replica's loss is its half's: their mean is the batch's
+            both = torch.tensor([loss])
+            collectives.all_reduce(both, op="avg", group=dp_groups[stage])
+            out["loss"] = max(out["loss"], abs(both.item() - ref_loss.item()))
+            out["losses"].append(both.item())
+        opt.step()
+        ref_opt.step()
+    out["param"] = max((p - ref_params[n]).abs().max().item() for n, p in pipe.named_parameters())
+    out["n_params"] = sum(p.numel() for p in pipe.parameters()) if replica == 0 else 0
+    out["memory"], out["spans"] = {}, []
+    return out
 
 
 def gather(res):
