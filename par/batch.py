@@ -97,15 +97,26 @@ def run(notebooks, out_root: Path, parameters: dict, timeout: float) -> dict:
     return summary
 
 
+def short(value) -> str:
+    """A recorded value for the table: floats to 4 significant digits (whole ones as integers), containers element by element."""
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:.4g}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {short(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(short(v) for v in value) + "]"
+    return str(value)
+
+
 def markdown(summary: dict) -> str:
-    """The human summary: one table row per notebook."""
+    """The human summary: one table row per notebook (summary.json keeps the numbers in full)."""
     p = summary["parameters"]
     lines = [f"# Batch run {Path(summary['folder']).name}", "",
              "Parameters: " + ", ".join(f"{k}={v}" for k, v in p.items()) + f"; cell timeout {summary['timeout_s']:g} s",
              "", "| notebook | status | duration (s) | key numbers |", "|---|---|---:|---|"]
     for r in summary["notebooks"]:
         status = r["status"] + (f": {r['error']}" if r["error"] else "")
-        numbers = ", ".join(f"{k} = {v}" for k, v in r["records"].items())
+        numbers = ", ".join(f"{k} = {short(v)}" for k, v in r["records"].items())
         lines.append(f"| {r['notebook']} | {status.replace('|', '/')} | {r['duration_s']:.1f} | {numbers} |")
     ok = len(summary["notebooks"]) - summary["failed"]
     lines += ["", f"{ok}/{len(summary['notebooks'])} notebooks ok in {summary['duration_s']:.1f} s."]
