@@ -165,78 +165,106 @@ class Pipeline:
 
         Returns the batch's mean loss on the rank holding the last stage, None elsewhere.
         """
-        xs, ys = split_microbatches(x, self.m), split_microbatches(y, self.m)
-        shapes = self._boundary_shapes(xs[0].to(self.device))
-        last = self.p * self.v - 1
-        saved = {}                       # (micro-batch, stage) -> (input, output or loss)
-        inbox = {}                       # message -> tensor that arrived
-        cursor = defaultdict(int)        # src -> how many of its messages were received
-        outbox, send_reqs = [], []       # sends not yet posted; posted, not yet waited
-        loss_sum = None
-        mem = _MemoryMeter(self.parameters()) if self.track_memory else None
+        run = _Step(self, split_microbatches(x, self.m), split_microbatches(y, self.m))
         span = recorder.span if recorder is not None else (lambda *a, **k: nullcontext())
         with commlog.tag("pipeline"):
             for a in self.schedule.ranks[self.rank]:
-                k = self.stage_of(a.chunk)
-                need = pipeline_sim.message_in(self.schedule, self.rank, a)
-                recvs = []
-                if need is not None and need[0] not in inbox:
-                    message, src = need
-                    while True:  # read src's messages in its order up to the one we need
-                        early = self._incoming[src][cursor[src]]
-                        cursor[src] += 1
-                        inbox[early] = self._buffer(early, shapes)
-                        recvs.append((inbox[early], self.ranks[src]))
-                        if early == message:
-                            break
+                recvs = run.receives_for(a)
                 with span("recv", lane="comm") if (record_comm and recvs) else nullcontext():
-                    reqs = collectives.send_recv(outbox, recvs, self.group) if (outbox or recvs) else []
-                    send_reqs += reqs[:len(outbox)]
-                    for req in reqs[len(outbox):]:
-                        req.wait()
-                outbox = []
+                    run.exchange(recvs)          # post pending sends + these receives; wait for the receives
                 with span(str(a)):
                     if a.kind == "F":
-                        inp = xs[a.microbatch].to(self.device) if k == 0 else inbox.pop(need[0])
-                        if k > 0 and inp.is_floating_point():
-                            inp.requires_grad_(True)
-                        with mem.forward(a.microbatch, k) if mem else nullcontext():
-                            out = self.chunks[a.chunk](inp)
-                            if k == last:
-                                out = self.loss_fn(out, ys[a.microbatch].to(self.device)) / self.m
-                        saved[(a.microbatch, k)] = (inp, out)
-                        if k == last:
-                            loss_sum = out.detach() if loss_sum is None else loss_sum + out.detach()
-                        else:
-                            self._post(outbox, inbox, ("activation", a.microbatch, k), out.detach(), k + 1)
+                        run.forward(a)
                     else:
-                        inp, out = saved.pop((a.microbatch, k))
-                        if k == last:
-                            out.backward()
-                        else:
-                            out.backward(inbox.pop(need[0]))
-                        if mem:
-                            mem.backward(a.microbatch, k)
-                        if k > 0:
-                            self._post(outbox, inbox, ("gradient", a.microbatch, k), inp.grad, k - 1)
-            if outbox:
-                send_reqs += collectives.send_recv(outbox, [], self.group)
-            for req in send_reqs:
+                        run.backward(a)
+            run.exchange([])
+            for req in run.send_reqs:
                 req.wait()
-        if saved or inbox:
-            raise RuntimeError(f"rank {self.rank}: step ended with work left: saved {sorted(saved)}, "
-                               f"unread messages {sorted(inbox)}")
-        if mem:
-            self.memory = mem.summary()
-        return float(loss_sum) if loss_sum is not None else None
+        if run.saved or run.inbox:
+            raise RuntimeError(f"rank {self.rank}: step ended with work left: saved {sorted(run.saved)}, "
+                               f"unread messages {sorted(run.inbox)}")
+        if run.mem:
+            self.memory = run.mem.summary()
+        return float(run.loss) if run.loss is not None else None
 
-    def _post(self, outbox, inbox, message, tensor, stage) -> None:
-        """Queue `tensor` for the owner of `stage` (kept locally if that is this rank)."""
-        dst = self.schedule.owner(stage)[0]
-        if dst == self.rank:
-            inbox[message] = tensor.detach()
+
+class _Step:
+    """The state of one step on one rank: what is saved for backward, what arrived, what waits to be sent."""
+
+    def __init__(self, pipe: Pipeline, xs, ys):
+        self.pipe, self.xs, self.ys = pipe, xs, ys
+        self.shapes = pipe._boundary_shapes(xs[0].to(pipe.device))
+        self.last = pipe.p * pipe.v - 1
+        self.saved = {}                   # (micro-batch, stage) -> (input, output or loss)
+        self.inbox = {}                   # message -> tensor that arrived (or was handed over locally)
+        self.cursor = defaultdict(int)    # src -> how many of its messages were received
+        self.outbox, self.send_reqs = [], []
+        self.loss = None
+        self.mem = _MemoryMeter(pipe.parameters()) if pipe.track_memory else None
+
+    def receives_for(self, a) -> list:
+        """[(buffer, src)] to receive before action `a`: src's messages in its send order, up to the one `a` needs."""
+        need = pipeline_sim.message_in(self.pipe.schedule, self.pipe.rank, a)
+        recvs = []
+        if need is not None and need[0] not in self.inbox:
+            message, src = need
+            while True:
+                early = self.pipe._incoming[src][self.cursor[src]]
+                self.cursor[src] += 1
+                self.inbox[early] = self.pipe._buffer(early, self.shapes)
+                recvs.append((self.inbox[early], self.pipe.ranks[src]))
+                if early == message:
+                    return recvs
+        return recvs
+
+    def exchange(self, recvs) -> None:
+        """Post the pending sends together with `recvs`; wait for the receives only."""
+        if self.outbox or recvs:
+            reqs = collectives.send_recv(self.outbox, recvs, self.pipe.group)
+            self.send_reqs += reqs[:len(self.outbox)]
+            for req in reqs[len(self.outbox):]:
+                req.wait()
+        self.outbox = []
+
+    def forward(self, a) -> None:
+        """x = input (micro-batch or received activation); y = stage(x); send y, or loss_i / m on the last stage."""
+        pipe, k = self.pipe, self.pipe.stage_of(a.chunk)
+        if k == 0:
+            inp = self.xs[a.microbatch].to(pipe.device)
         else:
-            outbox.append((tensor.contiguous(), self.ranks[dst]))
+            inp = self.inbox.pop(("activation", a.microbatch, k - 1))
+            if inp.is_floating_point():
+                inp.requires_grad_(True)
+        with self.mem.forward(a.microbatch, k) if self.mem else nullcontext():
+            out = pipe.chunks[a.chunk](inp)
+            if k == self.last:
+                out = pipe.loss_fn(out, self.ys[a.microbatch].to(pipe.device)) / pipe.m
+        self.saved[(a.microbatch, k)] = (inp, out)
+        if k == self.last:
+            self.loss = out.detach() if self.loss is None else self.loss + out.detach()
+        else:
+            self.post(("activation", a.microbatch, k), out.detach(), k + 1)
+
+    def backward(self, a) -> None:
+        """y.backward(dL/dy) (the loss's own backward on the last stage); send x.grad to the stage before."""
+        k = self.pipe.stage_of(a.chunk)
+        inp, out = self.saved.pop((a.microbatch, k))
+        if k == self.last:
+            out.backward()
+        else:
+            out.backward(self.inbox.pop(("gradient", a.microbatch, k + 1)))
+        if self.mem:
+            self.mem.backward(a.microbatch, k)
+        if k > 0:
+            self.post(("gradient", a.microbatch, k), inp.grad, k - 1)
+
+    def post(self, message, tensor, stage) -> None:
+        """Queue `tensor` for the owner of `stage` (handed over at once if that is this rank)."""
+        dst = self.pipe.schedule.owner(stage)[0]
+        if dst == self.pipe.rank:
+            self.inbox[message] = tensor.detach()
+        else:
+            self.outbox.append((tensor.contiguous(), self.pipe.ranks[dst]))
 
 
 def _default_device(layers) -> torch.device:
