@@ -107,10 +107,22 @@ def test_receive_order_differs_from_send_order_without_deadlock():
 
 @pytest.mark.parametrize("p,m", SIZES)
 def test_every_generated_schedule_passes(p, m):
-    for name in ("naive", "gpipe", "1f1b"):
-        sim.check(schedules.make(name, p, m))
-    for v in (2, 3):
-        sim.check(schedules.interleaved(p, m, v))
+    """Accepted, and its replay keeps the dependencies: F on stage s+1 after F on s, B on s after B on s+1."""
+    generated = [schedules.make(name, p, m) for name in ("naive", "gpipe", "1f1b")]
+    generated += [schedules.interleaved(p, m, v) for v in (2, 3)]
+    for sched in generated:
+        sim.check(sched)
+        t = sim.simulate(sched, forward=[1 + s % 3 for s in range(sched.num_stages)], backward=2.5, latency=0.25)
+        when = {(x["name"][0], x["microbatch"], x["stage"]): (x["start"], x["end"]) for x in t.spans}
+        assert len(when) == 2 * m * sched.num_stages
+        for (kind, mb, s), (start, end) in when.items():
+            assert start < end
+            if kind == "F" and s > 0:
+                assert start >= when[("F", mb, s - 1)][1] + 0.25
+            if kind == "B" and s < sched.num_stages - 1:
+                assert start >= when[("B", mb, s + 1)][1] + 0.25
+            if kind == "B":
+                assert start >= when[("F", mb, s)][1]
 
 
 def test_random_orders_are_checked_not_trusted():
