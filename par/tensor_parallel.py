@@ -86,7 +86,10 @@ def _param(shape, like: torch.Tensor | None, device=None, dtype=None) -> nn.Para
 
 
 class ColumnParallelLinear(nn.Module):
-    """Y_r = f(X) W_rᵀ + b_r with W split by output features; optionally gather Y = [Y_0 | ... ]."""
+    """Y_r = f(X) W_rᵀ + b_r with W split by output features; optionally gather Y = [Y_0 | ... ].
+
+    The constructor allocates this rank's shard (zeros); `from_dense` fills it from a dense layer.
+    """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, gather_output: bool = False,
                  group=None, impl: str = "ring", label: str = "", device=None, dtype=None):
@@ -123,7 +126,10 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
-    """Y = g(Σ_r X_r W_rᵀ) + b with W split by input features; the bias is added once, after the sum."""
+    """Y = g(Σ_r X_r W_rᵀ) + b with W split by input features; the bias is added once, after the sum.
+
+    With `input_is_parallel=False` the full input is first cut to this rank's features (scatter).
+    """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, input_is_parallel: bool = True,
                  group=None, impl: str = "ring", label: str = "", device=None, dtype=None):
