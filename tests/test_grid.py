@@ -1,0 +1,59 @@
+"""The process grid: rank layout, groups, errors (pure, no process group)."""
+import pytest
+
+from par.grid import GridError, Layout, check_layout, coords, describe, group_ranks, my_group, rank_of, \
+    tp_stays_on_node
+
+
+def test_layout_2x2x2_groups_match_the_docstring():
+    lay = check_layout(8, 2, 2, 2)
+    assert group_ranks("tp", lay) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert group_ranks("dp", lay) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert group_ranks("pp", lay) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+@pytest.mark.parametrize("dp,pp,tp", [(1, 1, 1), (3, 2, 2), (2, 3, 1), (1, 4, 2), (5, 1, 3), (2, 2, 4)])
+def test_groups_partition_the_world_and_coords_invert_rank_of(dp, pp, tp):
+    lay = Layout(dp, pp, tp)
+    for axis, size in (("dp", dp), ("pp", pp), ("tp", tp)):
+        groups = group_ranks(axis, lay)
+        assert len(groups) == lay.size // size and all(len(g) == size for g in groups)
+        assert sorted(r for g in groups for r in g) == list(range(lay.size))
+    for r in range(lay.size):
+        c = coords(r, lay)
+        assert rank_of(c["dp"], c["pp"], c["tp"], lay) == r
+        # the groups of one rank meet only in that rank
+        assert set(my_group("dp", r, lay)) & set(my_group("pp", r, lay)) & set(my_group("tp", r, lay)) == {r}
+        # a tp group is consecutive ranks (TP innermost)
+        tpg = my_group("tp", r, lay)
+        assert tpg == list(range(tpg[0], tpg[0] + tp))
+
+
+def test_tp_stays_on_a_node():
+    assert tp_stays_on_node(Layout(4, 2, 8), gpus_per_node=8)
+    assert not tp_stays_on_node(Layout(1, 1, 16), gpus_per_node=8)
+
+
+def test_wrong_product_is_one_error_naming_the_numbers():
+    with pytest.raises(GridError, match=r"dp 2 × pp 2 × tp 3 = 12 but the world has 8 ranks"):
+        check_layout(8, 2, 2, 3)
+    with pytest.raises(GridError, match="dp=2 with pp=2, tp=2"):
+        check_layout(8, 4, 2, 2)
+    with pytest.raises(GridError, match="positive"):
+        check_layout(8, 0, 2, 4)
+    with pytest.raises(GridError, match="outside"):
+        coords(8, Layout(2, 2, 2))
+
+
+def test_describe_lists_every_rank():
+    text = describe(Layout(2, 2, 2))
+    assert len(text.splitlines()) == 2 + 8
+    assert "[0, 2]" in text and "[0, 4]" in text and "[0, 1]" in text
+
+
+def test_grid_single_process():
+    from par.grid import Grid
+    g = Grid()
+    assert (g.dp_rank, g.stage, g.tp_rank) == (0, 0, 0) and g.tp_group is None and g.pp_ranks == [0]
+    with pytest.raises(GridError, match="world has 1 ranks"):
+        Grid(2, 1, 1)
