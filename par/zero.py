@@ -88,6 +88,7 @@ class Unit:
         self.shard: torch.Tensor | None = None       # stage 3: this rank's partition, kept for good
         self.grad_full: torch.Tensor | None = None   # the unit's full gradient (stages 0-1: kept; 2-3: transient)
         self.grad_shard: torch.Tensor | None = None  # this rank's reduced gradient partition (stages 2-3)
+        self.pending = None                 # stage 3 with prefetch: the all-gather in flight
         self.arrived = 0                    # how many of the unit's parameters have their gradient this backward
         self.reduced = False
         self.gathered = True
@@ -115,15 +116,22 @@ class Zero:
     par.timeline.Recorder to note gathers, reduce-scatters, forward and backward per unit.
     precision: "fp32", "fp16" or "bf16"; scaler: a par.loss_scaler scaler (default: dynamic for
     fp16, static 1.0 for bf16, none for fp32); max_grad_norm: clip the global gradient norm.
+    prefetch (stage 3): start gathering the next unit (forward: k+1, backward: k-1) while this one
+    computes; every collective then runs on par's communication thread, in issue order, and at
+    most two units are gathered at a time.
     """
 
     def __init__(self, model: nn.Module, stage: int = 1, optimizer: str = "adam", lr: float = 1e-3,
                  offload: bool = False, group=None, impl: str = "ring", recorder=None,
-                 precision: str = "fp32", scaler=None, max_grad_norm: float | None = None, **opt_kw):
+                 precision: str = "fp32", scaler=None, max_grad_norm: float | None = None,
+                 prefetch: bool = False, **opt_kw):
         if stage not in STAGES:
             raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage}")
         self.model, self.stage, self.group, self.impl, self.rec = model, stage, group, impl, recorder
         self.offload = offload
+        if prefetch and stage != 3:
+            raise ValueError(f"prefetch gathers parameters ahead of use, which only stage 3 does (stage {stage})")
+        self.prefetch = prefetch
         self.n = dist.get_world_size(group) if dist.is_initialized() else 1
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         if self.rank < 0:
@@ -197,11 +205,29 @@ class Zero:
 
     # ------------------------------------------------------------ collectives, logged and timed
     def _comm(self, name: str, fn, *args, **kw):
+        if self.prefetch:   # one talker per process: everything goes through the communication thread
+            return self._wait(name, self._comm_async(name, fn, *args, **kw))
         with commlog.tag(name):
             if self.rec is None:
                 return fn(*args, group=self.group, impl=self.impl, **kw)
             with self.rec.span(name, lane="comm"):
                 return fn(*args, group=self.group, impl=self.impl, **kw)
+
+    def _comm_async(self, name: str, fn, *args, **kw):
+        out = []
+
+        def job():
+            with commlog.tag(name):
+                out.append(fn(*args, group=self.group, impl=self.impl, **kw))
+        pending = collectives.run_async(job)
+        pending.result = out
+        return pending
+
+    def _wait(self, name: str, pending):
+        pending.wait()
+        if self.rec is not None:
+            self.rec.add(name, pending.start - self.rec.t0, pending.end - self.rec.t0, lane="comm")
+        return pending.result[0]
 
     def _reduce(self, u: Unit) -> None:
         """Average the unit's gradient over the group: all-reduce (stage 0) or reduce-scatter (1-3)."""
@@ -217,13 +243,27 @@ class Zero:
         u.reduced = True
 
     def _all_gather_params(self, u: Unit) -> None:
-        """Stage 3: materialise the unit's full parameters from everyone's shard."""
+        """Stage 3: materialise the unit's full parameters from everyone's shard (or finish the prefetch)."""
+        if u.pending is not None:
+            self._wait(f"AG {u.name} (prefetched)", u.pending)
+            u.pending, u.gathered = None, True
         if u.gathered:
             return
         _alloc(u.full)
         u.flat.partition(u.full).copy_(u.shard)
         self._comm(f"AG {u.name}", collectives.all_gather, u.full)
         u.gathered = True
+
+    def _prefetch(self, index: int) -> None:
+        """Start gathering unit `index` now; the hook that needs it waits for it."""
+        if not self.prefetch or not 0 <= index < len(self.units):
+            return
+        u = self.units[index]
+        if u.gathered or u.pending is not None:
+            return
+        _alloc(u.full)
+        u.flat.partition(u.full).copy_(u.shard)
+        u.pending = self._comm_async(f"AG {u.name} (prefetched)", collectives.all_gather, u.full)
 
     def _free_params(self, u: Unit) -> None:
         _free(u.full)
@@ -238,6 +278,7 @@ class Zero:
 
     def _before_forward(self, u: Unit) -> None:
         self._all_gather_params(u)
+        self._prefetch(u.index + 1)
         u.t_forward = self.rec.now() if self.rec else 0.0
 
     def _after_forward(self, u: Unit, out) -> None:
@@ -252,6 +293,7 @@ class Zero:
 
     def _before_backward(self, u: Unit) -> None:
         self._all_gather_params(u)
+        self._prefetch(u.index - 1)
         u.t_backward = self.rec.now() if self.rec else 0.0
 
     def _install_grad_hooks(self) -> None:
@@ -387,7 +429,8 @@ class Zero:
         return out
 
     def gathered_units(self) -> list[int]:
-        """Indices of units whose full parameters are materialised right now (stage 3: at most the current one)."""
+        """Indices of units whose full parameters are materialised right now (stage 3: at most the current
+        one, plus the next one with prefetch)."""
         return [u.index for u in self.units if u.is_full()]
 
     # ------------------------------------------------------------ the whole model, for checks and checkpoints

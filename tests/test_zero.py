@@ -171,6 +171,15 @@ def test_fp16_overflow_is_skipped_on_every_rank(run):
     assert len({(r["scale"], r["skipped"]) for r in ranks}) == 1
 
 
+def test_stage3_prefetch_same_result_same_bytes_two_units_alive(run):
+    p, n = run["prefetch"], run["world"]
+    assert p["identical"] and p["after"] == []
+    assert p["max_alive"] == 2            # the unit at work and the one being prefetched
+    sent = sum(v["bytes_sent"] for v in p["by_kind"].values())
+    assert sent * n == 2 * 3 * (n - 1) * p["padded"] * 4      # two steps of 3(N-1)/N·Ψ
+    assert p["by_kind"]["all_gather"]["count"] == 2 * 2 * p["units"]
+
+
 def test_checkpoint_resume_is_bit_identical(run):
     assert len(run["resume"]) == 5
     for c in run["resume"]:

@@ -3,7 +3,8 @@
     python -m par.jobs.train_zero --runs 0,1,2,3,3+offload --preset tiny --steps 20
 
 One launch trains the same model from the same seed once per run in `--runs`
-(`S` = stage S, `S+offload` = stage S with the optimizer on the CPU) and rank 0
+(`S` = stage S, `S+offload` = stage S with the optimizer on the CPU, `3+prefetch` =
+stage 3 gathering the next unit while this one computes) and rank 0
 saves, per run: the losses, the per-rank model-state bytes measured after
 backward (params / grads / optimizer) beside `par.memory`'s formula, the
 bytes sent in one step by kind beside 2(N-1)/N·Ψ·bytes (3(N-1)/N for stage 3),
@@ -28,20 +29,21 @@ from par.timeline import Recorder
 from par.zero import Zero
 
 
-def parse_run(label: str) -> tuple[int, bool]:
-    """'2' -> (2, False); '3+offload' -> (3, True)."""
-    stage, _, extra = label.partition("+")
-    if extra not in ("", "offload") or not stage.isdigit():
-        raise ValueError(f"run {label!r}: use a stage 0-3, optionally with '+offload' (e.g. 3+offload)")
-    return int(stage), extra == "offload"
+def parse_run(label: str) -> tuple[int, bool, bool]:
+    """'2' -> (2, False, False); '3+offload' -> (3, True, False); '3+prefetch' -> (3, False, True)."""
+    stage, *extras = label.split("+")
+    if not stage.isdigit() or not set(extras) <= {"offload", "prefetch"}:
+        raise ValueError(f"run {label!r}: use a stage 0-3, optionally with '+offload' and/or '+prefetch' "
+                         f"(e.g. 3+offload, 3+prefetch)")
+    return int(stage), "offload" in extras, "prefetch" in extras
 
 
 def train_run(label: str, args, env, batches) -> dict:
-    stage, offload = parse_run(label)
+    stage, offload, prefetch = parse_run(label)
     model = build(preset(args.preset), seed=args.seed).to(env.device)
     rec = Recorder() if label in args.timeline_runs.split(",") else None
     zero = Zero(model, stage=stage, optimizer=args.optimizer, lr=args.lr, offload=offload, impl=args.impl,
-                recorder=rec, precision=args.precision)
+                recorder=rec, precision=args.precision, prefetch=prefetch)
     n, r = env.world_size, env.rank
     memory.reset_cuda_peak(env.device)
     losses, times, mem, step_bytes = [], [], {}, {}
@@ -70,7 +72,7 @@ def train_run(label: str, args, env, batches) -> dict:
     itemsize = 4 if args.precision == "fp32" else 2
     factor = {0: 2, 1: 2, 2: 2, 3: 3}[stage]
     flag_bytes = step_bytes.pop("overflow flag", 0)
-    out = {"label": label, "stage": stage, "offload": offload, "losses": losses,
+    out = {"label": label, "stage": stage, "offload": offload, "prefetch": prefetch, "losses": losses,
            "memory": mem, "cuda_peak": memory.cuda_peak_bytes(env.device),
            "formula": memory.model_state_bytes(zero.numel, n, stage, args.precision, args.optimizer).to_dict(),
            "skipped": zero.skipped,

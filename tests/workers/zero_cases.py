@@ -161,6 +161,21 @@ def stage3_frees(rank, n, out):
     out["stage3"] = {"before": before, "after": zero.gathered_units(), "checks": checks,
                      "shard_bytes": shard_bytes, "full_bytes": full_bytes,
                      "params_after": zero.memory()["params"]}
+    plain = zero.full_state_dict()
+    # prefetch: the next unit's gather overlaps this one's compute; same numbers, same bytes, <= 2 units alive
+    model = gpt()
+    zero = Zero(model, stage=3, optimizer="adam", lr=LR, prefetch=True)
+    alive = []
+    for u in zero.units:
+        u.module.register_forward_pre_hook(lambda m, a: alive.append(len(zero.gathered_units())))
+        for p in u.params:
+            p.register_post_accumulate_grad_hook(lambda p: alive.append(len(zero.gathered_units())))
+    with commlog.capture() as log:
+        train(zero, model, batches[:2], loss_fn, rank, n)
+    full = zero.full_state_dict()
+    out["prefetch"] = {"identical": all(torch.equal(full[k], plain[k]) for k in full), "max_alive": max(alive),
+                       "after": zero.gathered_units(), "by_kind": log.by_kind(), "padded": zero.padded,
+                       "units": len(zero.units)}
 
 
 def checkpoint_cases(rank, n, root, out):
