@@ -147,3 +147,14 @@ def test_counted_bytes_equal_formula(n):
         _, kind, _, size_bytes, size = case
         calls, phases = rows[case] / size, (2 if kind == "all_reduce" else 1)
         assert total == calls * phases * (size - 1) * size_bytes, "every chunk crosses N-1 links per phase"
+
+
+def test_bench_cli_lists_and_dispatches(capsys):
+    from par.bench import cli, collectives as bench
+    assert "collectives" in cli.available() and "cli" not in cli.available()
+    assert cli.main(["no-such-bench"]) == 2
+    assert "unknown benchmark 'no-such-bench'" in capsys.readouterr().err
+    rows = [{"world_size": 2, "backend": "gloo", "numel": 1 << 20, "ring_s": 0.012, "torch_s": 0.010,
+             "ratio": 1.2, "ring_all": [0.012, 0.011], "torch_all": [0.010, 0.011]}]
+    text = bench.table(rows)
+    assert "1,048,576" in text and "1.20" in text and "1.10" in text and "> 1.15" in text

@@ -4,8 +4,8 @@
 
 For each world size one launch of `par.jobs.collectives --parts timing` times both in alternating
 turns after warm-up and keeps the median of the slowest rank's time. Printed: a table of the
-ratio ring / torch per size (of the medians; in brackets, of the fastest runs, which a loaded
-machine disturbs least). Target: <= 1.15x. Timings on a shared machine are only as quiet as
+ratio ring / torch per size: of the medians, and (column "fastest") of the fastest runs, which a
+loaded machine disturbs least. Target: <= 1.15x. Timings on a shared machine are only as quiet as
 the machine: the load average is printed beside them.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def measure(world_size: int, sizes: str, reps: int, warmup: int, backend: str = 
 
 def table(rows: list[dict]) -> str:
     lines = [f"{'ranks':>5} {'backend':>7} {'floats':>12} {'ring ms':>9} {'torch ms':>9} {'ring/torch':>10}"
-             f" {'(fastest)':>9}"]
+             f" {'fastest':>9}"]
     for r in rows:
         flag = "" if r["ratio"] <= TARGET else f"  > {TARGET}"
         fastest = min(r["ring_all"]) / min(r["torch_all"])
