@@ -141,6 +141,14 @@ def test_assign_buckets_reverse_order_and_cap():
         assign_buckets([4], 0)
 
 
+def test_bad_variant_and_uneven_micro_batches_are_clear_errors():
+    from par.data_parallel import wrap
+    with pytest.raises(ValueError, match="unknown data-parallel variant 'zero9'"):
+        wrap(TinyMLP(), "zero9")
+    with pytest.raises(ValueError, match="per-rank batch 6 is not divisible by grad_accum 4"):
+        split_micro(torch.zeros(6, 10), torch.zeros(6, 5), 4)
+
+
 def test_bucketed_dp_rejects_mixed_dtypes():
     model = TinyMLP(seed=0)
     model.net[0].double()
