@@ -53,15 +53,20 @@ def grade(path: Path) -> int:
         print(f"error: {path} is not a notebook file; try: python -m par grade exercises/00_<topic>.ipynb",
               file=sys.stderr)
         return 2
-    cells = graded_cells(nbformat.read(path, as_version=4))
+    nb = nbformat.read(path, as_version=4)
+    sources = [cell.source for cell in nb.cells if cell.cell_type == "code"]
+    cells = graded_cells(nb)
     with tempfile.TemporaryDirectory(prefix="par-grade-") as tmp:
         report = Path(tmp) / "cells.jsonl"
         code = subprocess.run([*nbval_command(path, strict=False), "-p", "par.grade"],
                               env={**os.environ, "PAR_GRADE_REPORT": str(report)}).returncode
         results = cell_results(report) if report.exists() else {}
     passed = sum(results.get(i, False) for i in cells)
-    failed = [f"Cell {i}" for i in cells if not results.get(i, False)]
-    print(f"\n{path.name}: {passed}/{len(cells)} checks passed" + (f" (failed: {', '.join(failed)})" if failed else ""))
+    print(f"\n{path.name}: {passed}/{len(cells)} checks passed")
+    for i in cells:
+        if not results.get(i, False):
+            first = next((line.strip() for line in sources[i].splitlines() if line.strip()), "")
+            print(f"  FAILED Cell {i}: {first[:70]}")
     return code
 
 

@@ -207,7 +207,7 @@ def test_grade_passes_the_solution_and_fails_the_stub():
     assert "99_example.ipynb: 1/1 checks passed" in passed.stdout
     failed = grade(FIXTURE / "exercises" / "99_example.ipynb")
     assert failed.returncode == 1
-    assert "99_example.ipynb: 0/1 checks passed (failed: Cell 3)" in failed.stdout
+    assert "99_example.ipynb: 0/1 checks passed\n  FAILED Cell 3: assert ring_bytes(1000, 2) == 1000" in failed.stdout
     assert "NotImplementedError" in failed.stdout
 
 
