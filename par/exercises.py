@@ -161,20 +161,31 @@ def record(root: Path = ROOT, names=()) -> int:
     """Execute solutions (all, or those named), keep their outputs, check they reproduce, regenerate."""
     root = Path(root)
     paths = [p for p in solutions(root) if not names or p.name in names or p.stem in names]
-    unstable = []
+    if not paths:
+        print(f"error: no solution matches {list(names) or '*'} in {root / 'solutions'}", file=sys.stderr)
+        return 2
+    failing, unstable = [], []
     for path in paths:
         print(f"recording solutions/{path.name} ...", flush=True)
-        execute_in_place(path)
+        try:
+            execute_in_place(path)
+        except Exception as e:  # nbclient's CellExecutionError carries the cell and its traceback
+            print(str(e)[-3000:], file=sys.stderr)
+            failing.append(path.name)
+            continue
         check = subprocess.run(nbval_command(path, strict=True, root=root), cwd=root,
                                capture_output=True, text=True)
         if check.returncode != 0:
             print(check.stdout[-4000:])
             unstable.append(path.name)
     generate(root)
+    if failing:
+        print(f"\nThese solutions raise (left as they were): {', '.join(failing)}.", file=sys.stderr)
     if unstable:
         print(f"\nThese solutions do not reproduce their own outputs: {', '.join(unstable)}.\n"
               f"Add a line `# NBVAL_IGNORE_OUTPUT` to each cell whose output changes run to run "
               f"(see the diffs above), then record again.", file=sys.stderr)
+    if failing or unstable:
         return 1
     print(f"recorded {len(paths)} solution(s); exercises regenerated")
     return 0

@@ -233,12 +233,16 @@ def test_record_stores_outputs_that_strict_nbval_then_compares(tmp_path, warm_ca
     shutil.copytree(FIXTURE, course)
     (course / "tests").mkdir()
     shutil.copy(ROOT / "tests" / "nbval_sanitize.cfg", course / "tests" / "nbval_sanitize.cfg")
-    assert exercises.main(["record", "--root", str(course)]) == 0  # executes, verifies with strict nbval
-    solution = course / "solutions" / "99_example.ipynb"
+    broken = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("raise ValueError('broken solution')")],
+                                      metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}})
+    nbformat.write(broken, course / "solutions" / "50_broken.ipynb")
+    assert exercises.main(["record", "--root", str(course)]) == 1  # 50_broken raises: reported, left alone
+    assert nbformat.read(course / "solutions" / "50_broken.ipynb", as_version=4) == broken
+    solution = course / "solutions" / "99_example.ipynb"  # recorded (executed, verified with strict nbval)
     nb = nbformat.read(solution, as_version=4)
     assert all(c.execution_count is not None for c in code_cells(nb))
     assert nb.cells[4].outputs[0].text == "world sizes tried: [2, 3, 4]\n"
-    assert exercises.out_of_sync(course) == []  # recording changes no exercise
+    assert exercises.out_of_sync(course) == []  # recording changes no exercise (and generated the new one)
 
     nb.cells[4].outputs[0].text = "world sizes tried: [2, 3]\n"  # a reference the code no longer prints
     nbformat.write(nb, solution)
