@@ -113,7 +113,7 @@ def ring_trace(trace: dict, ax=None, title: str = "ring all-reduce, step by step
     n, ranks = trace["world_size"], trace["ranks"]
     bounds = trace["bounds"]
     steps = len(ranks[0])
-    ax = _ax(ax, (1.1 * steps * (n + 1) / 2 + 1, 0.55 * n + 1.2))
+    ax = _ax(ax, (min(18, 0.55 * steps * (n + 1) + 1), min(8, 0.55 * n + 1.2)))
     cmap = plt.get_cmap("Blues")
     for j in range(steps):
         x0 = j * (n + 1)
