@@ -68,14 +68,16 @@ class Parallel3D:
     """
 
     def __init__(self, model, grid: Grid, microbatches: int = 1, optimizer: str = "adam", lr: float = 1e-3,
-                 zero_stage: int = 0, schedule: str = "1f1b", impl: str = "ring", loss_fn=lm_loss, **opt_kw):
+                 zero_stage: int = 0, schedule: str = "1f1b", impl: str = "ring", loss_fn=lm_loss,
+                 track_memory: bool = False, **opt_kw):
         if zero_stage not in (0, 1):
             raise Parallel3DError(f"ZeRO stage {zero_stage} is not combined with pipeline/tensor parallelism "
                                   f"here (DeepSpeed neither): use zero_stage 0 or 1, or pp = tp = 1 with par.zero")
         self.grid, self.impl, self.zero_stage = grid, impl, zero_stage
         layers = tensor_parallel_layers(model, grid, impl)
         sched = schedules.make(schedule, grid.pp, microbatches)
-        self.pipe = Pipeline(layers, sched, loss_fn, ranks=grid.pp_ranks, group=grid.pp_group)
+        self.pipe = Pipeline(layers, sched, loss_fn, ranks=grid.pp_ranks, group=grid.pp_group,
+                             track_memory=track_memory)
         self.params = list(self.pipe.parameters())
         if zero_stage == 1:
             from par.zero import Zero
@@ -96,7 +98,7 @@ class Parallel3D:
         loss = self.pipe.step(replica_rows(x, g.dp_rank, g.dp), replica_rows(y, g.dp_rank, g.dp))
         with commlog.tag("dp gradients"):
             if self.zero is not None:
-                reduce_zero1(self.zero)
+                reduce_after_backward(self.zero)
                 self.zero.step()
                 self.zero.zero_grad()
             else:
@@ -127,10 +129,12 @@ class Parallel3D:
         return {"params": params, "grads": grads, "optimizer": opt, "model_states": params + grads + opt}
 
 
-def reduce_zero1(zero) -> None:
-    """After the pipeline's backward: what `Zero.backward` does for stages 0-1 once loss.backward()
-    has run (the pipeline ran it, micro-batch by micro-batch): gather each unit's gradients into its
-    flat buffer and reduce-scatter it over the dp group, last unit first."""
+def reduce_after_backward(zero) -> None:
+    """ZeRO stages 0-1 after gradients were accumulated over several backward passes (the pipeline's
+    micro-batches): what `Zero.backward` does once loss.backward() has run, done once per step:
+    gather each unit's gradients into its flat buffer and all-reduce (stage 0) or reduce-scatter
+    (stage 1) it over the dp group, last unit first. Reducing after every micro-batch would be
+    wrong for stage 1: only my partition is averaged, the rest of the buffer keeps local sums."""
     for u in reversed(zero.units):
         zero._collect_grads(u)
         zero._reduce(u)
