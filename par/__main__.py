@@ -13,6 +13,7 @@ COMMANDS = {
     "grade": ("par.grade", "grade one exercise notebook: python -m par grade exercises/NN_topic.ipynb"),
     "bench": ("par.bench.cli", "benchmarks vs the torch built-ins: python -m par bench <name> (collectives, ...)"),
     "batch": ("par.batch", "run every lecture notebook with papermill into runs/<time>/ and summarise"),
+    "train": ("par.jobs.train", "train GPT-lite from a DeepSpeed-style JSON config: --config configs/3d.json --nproc 8"),
     "memory": ("par.memory", "per-rank model-state memory per ZeRO stage (--params 7.5e9 --dp 64 | --model llama-7b)"),
 }
 
