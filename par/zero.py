@@ -90,7 +90,6 @@ class Unit:
         self.grad_shard: torch.Tensor | None = None  # this rank's reduced gradient partition (stages 2-3)
         self.pending = None                 # stage 3 with prefetch: the all-gather in flight
         self.arrived = 0                    # how many of the unit's parameters have their gradient this backward
-        self.reduced = False
         self.gathered = True
 
     def is_full(self) -> bool:
@@ -240,7 +239,6 @@ class Zero:
             u.grad_full = None
             if self.stage == 3:
                 self._free_params(u)
-        u.reduced = True
 
     def _all_gather_params(self, u: Unit) -> None:
         """Stage 3: materialise the unit's full parameters from everyone's shard (or finish the prefetch)."""

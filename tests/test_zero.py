@@ -196,3 +196,39 @@ def test_checkpoint_reshards_to_another_degree(run):
         assert all(c["same_full_model"] for c in loaders)
         assert all(c["load_full_equal"] for c in savers)
         assert all(c["continued_diff"] <= 1e-5 for c in loaders)
+
+
+# ---------------------------------------------------------------- in-process (one rank, no process group)
+def _mlp_batches(steps=3):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(6, 10, generator=g), torch.randn(6, 5, generator=g)) for _ in range(steps)]
+
+
+def test_single_rank_clipping_matches_torch():
+    from par.zero import Zero
+    ref, mine = TinyMLP((10, 33, 17, 5), seed=1), TinyMLP((10, 33, 17, 5), seed=1)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    zero = Zero(mine, stage=1, optimizer="sgd", lr=0.5, max_grad_norm=0.05)
+    for x, y in _mlp_batches():
+        opt.zero_grad()
+        nn.functional.mse_loss(ref(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
+        opt.step()
+        zero.backward(nn.functional.mse_loss(mine(x), y))
+        zero.step()
+        zero.zero_grad()
+    full = zero.full_state_dict()
+    assert max((full[k] - v).abs().max().item() for k, v in ref.state_dict().items()) < 1e-6
+
+
+def test_engine_refuses_what_it_cannot_do():
+    from par.model import GPTLite, preset
+    from par.zero import Zero
+    with pytest.raises(ValueError, match="only stage 3"):
+        Zero(TinyMLP(), stage=1, prefetch=True)
+    with pytest.raises(ValueError, match="stage must be one of"):
+        Zero(TinyMLP(), stage=4)
+    with pytest.raises(ValueError, match="fp16"):
+        Zero(TinyMLP(), stage=1, scaler=object())
+    with pytest.raises(ValueError, match="tied weights"):
+        Zero(GPTLite(preset("tiny", tie_embeddings=True)), stage=3)
