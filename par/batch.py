@@ -124,7 +124,8 @@ def markdown(summary: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m par batch", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m par batch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-size", type=int, default=2, help="ranks per launched job (default 2)")
     parser.add_argument("--backend", default="auto", help="auto | gloo | nccl (default auto)")
     parser.add_argument("--preset", default="tiny", help="GPT-lite preset: tiny | small | gpt3-small")

@@ -192,7 +192,8 @@ def record(root: Path = ROOT, names=()) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m par exercises", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m par exercises", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=["generate", "check", "record"])
     parser.add_argument("names", nargs="*", help="record: only these solutions (file names or stems)")
     parser.add_argument("--root", type=Path, default=ROOT, help="course repository (default: %(default)s)")
