@@ -1,0 +1,123 @@
+"""The parallelism planner: pure predictions checked against par.memory, par.partition and measurements."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from par import memory, partition
+from par.model import GPTConfig, build, lm_loss, preset
+from par.planner import HARDWARE, Hardware, Workload, enumerate_plans, format_plans, group_bandwidth, \
+    largest_model, layouts, predict, rank_plans, stage_params
+from par.grid import Layout
+from par.tensor_parallel import tp_param_count
+
+GPT3S = Workload(preset("gpt3-small"), 512)
+
+
+def test_layouts_are_every_factorisation():
+    got = layouts(12)
+    assert all(dp * pp * tp == 12 for dp, pp, tp in got)
+    assert len(got) == len(set(got)) == 18      # ordered triples with product 12 = 3·3·2
+    assert (12, 1, 1) in got and (1, 1, 12) in got and (2, 3, 2) in got
+
+
+@pytest.mark.parametrize("pp", [1, 2, 3, 4])
+def test_stage_params_is_the_pipeline_partition_of_the_real_model(pp):
+    cfg = preset("tiny", n_layer=5)
+    layers = build(cfg).to_layers()
+    counts = partition.param_counts(layers)
+    want = max(sum(counts[a:b]) for a, b in partition.bounds_for(layers, pp, "parameters"))
+    assert stage_params(cfg, pp, 1)[0] == want
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_tp_params_match_tensor_parallel_count(tp):
+    cfg = preset("tiny")
+    assert stage_params(cfg, 1, tp)[0] == tp_param_count(cfg, tp)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_model_states_are_par_memory_formula(stage):
+    p = predict(GPT3S, 8, 1, 1, stage, 1)
+    want = memory.model_state_bytes(memory.param_count(GPT3S.model), 8, stage, "mixed", "adam")
+    assert (p.memory["params"], p.memory["grads"], p.memory["optimizer"]) == (want.params, want.grads, want.optimizer)
+    off = predict(GPT3S, 8, 1, 1, max(stage, 1), 1, offload=True)
+    assert off.memory["optimizer"] == 0 and off.memory["host"] > 0 and off.time["offload"] > 0
+
+
+@pytest.mark.parametrize("name,batch", [("tiny", 4), ("tiny", 16), ("small", 8)])
+def test_activation_prediction_vs_measured_autograd(name, batch):
+    cfg = preset(name)
+    model = build(cfg)
+    x = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size))
+    _, measured = memory.saved_activation_bytes(lambda a: lm_loss(model(a), x), x, exclude=list(model.parameters()))
+    predicted = predict(Workload(cfg, batch, "fp32"), 1, 1, 1, 0, 1, HARDWARE["cpu"]).memory["activations"]
+    assert abs(predicted / measured - 1) < 0.03, (predicted, measured)
+
+
+def test_time_parts_follow_their_formulas():
+    base = predict(GPT3S, 2, 4, 2, 1, 8)
+    assert base.time["bubble"] == pytest.approx(base.time["compute"] * 3 / 8)
+    more = predict(GPT3S, 2, 4, 2, 1, 16)
+    assert more.time["bubble"] < base.time["bubble"] and more.micro_batch == base.micro_batch // 2
+    z1, z3 = predict(GPT3S, 16, 1, 1, 1, 1), predict(GPT3S, 16, 1, 1, 3, 1)
+    assert z3.time["dp"] == pytest.approx(1.5 * z1.time["dp"])
+    assert predict(GPT3S, 16, 1, 1, 0, 1).time["tp"] == 0 and predict(GPT3S, 4, 1, 4, 0, 1).time["tp"] > 0
+
+
+def test_bandwidth_depends_on_whether_the_group_stays_on_a_node():
+    hw = Hardware(gpus_per_node=8)
+    assert group_bandwidth("tp", Layout(2, 1, 8), hw) == hw.bw_node
+    assert group_bandwidth("dp", Layout(2, 1, 8), hw) == hw.bw_network
+    assert group_bandwidth("tp", Layout(1, 1, 16), hw) == hw.bw_network
+    assert group_bandwidth("dp", Layout(4, 2, 2), hw) == hw.bw_node
+
+
+@pytest.mark.parametrize("args,reason", [
+    ((1, 1, 5, 0, 1), "tp 5 does not divide"),
+    ((2, 2, 2, 3, 4), "ZeRO-3 with pp/tp > 1"),
+    ((8, 1, 1, 0, 128), "not divisible by dp 8 × m 128"),
+    ((8, 1, 1, 0, 1), None),
+])
+def test_invalid_layouts_say_why(args, reason):
+    dp, pp, tp, z, m = args
+    p = predict(GPT3S, dp, pp, tp, z, m)
+    assert p.valid == (reason is None)
+    if reason:
+        assert reason in p.reason
+
+
+def test_ranking_fits_first_fastest_first_and_flags_the_rest():
+    hw = replace(HARDWARE["a100-80gb"], memory=20e9)
+    plans = enumerate_plans(GPT3S, 16, hw, microbatches=(1, 4, 16))
+    ranked = rank_plans(plans)
+    assert len(ranked) == sum(p.valid for p in plans)
+    fits = [p.fits for p in ranked]
+    assert True in fits and False in fits and fits == sorted(fits, reverse=True)
+    ok = [p for p in ranked if p.fits]
+    assert [p.time["total"] for p in ok] == sorted(p.time["total"] for p in ok)
+    assert all(p.memory["total"] <= 20e9 for p in ok) and all(p.memory["total"] > 20e9 for p in ranked if not p.fits)
+    assert "NO" in format_plans(ranked, top=len(ranked))
+
+
+def test_largest_model_fits_and_one_step_wider_does_not():
+    hw = replace(HARDWARE["a100-80gb"], memory=16e9)
+    w = Workload(preset("gpt3-small"), 64)
+    for stage in (0, 3):
+        cfg, psi = largest_model(w, 8, 1, 1, stage, 8, hw)
+        assert predict(replace(w, model=cfg), 8, 1, 1, stage, 8, hw).fits
+        wider = replace(cfg, d_model=cfg.d_model + cfg.n_head)
+        assert not predict(replace(w, model=wider), 8, 1, 1, stage, 8, hw).fits
+        assert psi == memory.param_count(cfg)
+    assert largest_model(w, 8, 1, 1, 3, 8, hw)[1] > largest_model(w, 8, 1, 1, 0, 8, hw)[1]
+    assert largest_model(w, 8, 1, 1, 0, 8, replace(hw, memory=1e6)) == (None, 0)
+
+
+def test_180b_on_800_gpus_needs_all_three_dimensions():
+    cfg = GPTConfig(vocab_size=50257, block_size=2048, n_layer=100, n_head=96, d_model=12288)
+    w = Workload(cfg, 2048, recompute="full")
+    ranked = rank_plans(enumerate_plans(w, 800, HARDWARE["v100-32gb"], stages=(0, 1),
+                                        microbatches=(32, 64, 128, 256), offload=(False,)))
+    best = ranked[0]
+    assert best.fits and best.pp > 1 and best.tp > 1 and best.dp > 1
+    assert not any(p.fits for p in ranked if p.pp == 1 and p.tp == 1)      # data parallelism alone cannot
