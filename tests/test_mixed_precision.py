@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import par.launch
-from par import formats, memory
+from par import collectives, formats, memory
 from par.data import CharDataset, global_batches
 from par.loss_scaler import DynamicLossScaler, StaticLossScaler
 from par.mixed_precision import (MixedPrecision, UnsupportedPrecision, check_supported, saved_activation_bytes,
@@ -281,3 +281,25 @@ def test_data_parallel_hook_averages_16_bit_gradients(ranks):
         # DP averages fp16 gradients of shards, the reference takes the fp16 gradient of the whole batch:
         # the same step up to 16-bit rounding (a sum instead of an average would double the step)
         assert r["diff"] < 0.02 * r["update"], r
+
+
+def test_training_job_reports_skips_memory_and_16_bit_traffic():
+    """par.jobs.train_mp on 2 ranks: inf injected on rank 1 only, 16-bit DP all-reduce, memory = formula."""
+    res = par.launch.run("par.jobs.train_mp", nproc=2, timeout=400, quiet=True, args=[
+        "--dtype", "fp32,fp16,bf16", "--steps", 4, "--batch", 4, "--init-scale", 2 ** 12, "--window", 2,
+        "--inject", "1,2", "--inject-rank", 1, "--max-grad-norm", 1.0, "--warmup", 2])
+    runs = {r["dtype"]: r for r in res["runs"]}
+    numel = runs["fp32"]["numel"]
+    grad_bytes = sum(collectives.ring_all_reduce_bytes(p.numel(), 2, 0, 4) for p in build("tiny").parameters())
+    assert runs["fp32"]["skipped"] == [False] * 4                  # fp32 has no overflow check: no injection
+    assert runs["fp32"]["grad_bytes"] == [grad_bytes] * 4
+    for d in ("fp16", "bf16"):
+        r = runs[d]
+        assert r["skipped"] == [False, True, True, False] and r["same_skips_on_all_ranks"] and r["replicas_identical"]
+        assert r["grad_bytes"] == [grad_bytes // 2] * 4             # 16-bit gradients: half the bytes
+        assert r["memory"]["measured"] == r["memory"]["predicted"] and r["memory"]["measured"]["total"] == 16 * numel
+        assert 0.45 < r["activation_bytes"] / runs["fp32"]["activation_bytes"] < 0.6
+        assert r["grad_norm"][1] is None and r["grad_norm"][0] > 0
+    assert runs["fp16"]["scale"] == [4096.0] * 3 + [2048.0]    # hysteresis 2: forgive step 1, halve after step 2
+    assert runs["bf16"]["scale"] == [1.0] * 4
+    assert runs["fp16"]["lr"][:2] == [1.5e-3, 3e-3]

@@ -6,7 +6,8 @@
 Every run starts from the same fp32 weights and sees the same global batches (rank r takes
 rows r, r+N, ... as DistributedSampler would); the 16-bit gradients are averaged across
 ranks (par.dp_naive.average_gradients) between backward and unscale. `--inject` puts an inf
-into one gradient on `--inject-rank` at the listed steps: every rank must skip them.
+into one gradient on `--inject-rank` at the listed steps of the fp16/bf16 runs: every rank must
+skip them (fp32 training has no overflow check, so an inf there would end the run in nan).
 Rank 0 saves {"runs": [...]}: per step the loss (mean over ranks), the loss scale used,
 skipped or not, gradient norm and learning rate; the model-state bytes measured after a
 backward beside the formula; the bytes autograd saved for backward (activations); the
@@ -46,7 +47,7 @@ def parse(argv=None):
     ap.add_argument("--window", type=int, default=1000)
     ap.add_argument("--hysteresis", type=int, default=2)
     ap.add_argument("--min-scale", type=float, default=1.0)
-    ap.add_argument("--inject", default="", help="comma-separated steps whose gradient gets an inf")
+    ap.add_argument("--inject", default="", help="comma-separated steps whose gradient gets an inf (16-bit runs only)")
     ap.add_argument("--inject-rank", type=int, default=0, help="the rank that injects (-1: every rank)")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
@@ -96,7 +97,7 @@ def train_one(args, dtype: str, env) -> dict:
             loss.backward()
         else:
             mp.backward(loss)                                    # steps 3-4
-        if step in inject and args.inject_rank in (-1, rank):
+        if mp is not None and step in inject and args.inject_rank in (-1, rank):
             poison(params)
         if mem is None and opt.state:                            # after a backward, once the optimizer has state
             mem = {"measured": memory.live_model_state_bytes(model, opt).to_dict(),
