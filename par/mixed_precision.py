@@ -32,7 +32,8 @@ API (`mp = MixedPrecision(model, optimizer_factory, dtype="fp16", scaler=None, r
                        before step 5. Data parallel passes its average here, e.g.
                        `lambda ps: par.dp_naive.average_gradients(ps)` (16-bit all-reduce: half
                        the bytes of fp32), or `lambda ps: dp.sync_gradients()` for a `NaiveDP`
-                       wrapper built after MixedPrecision. None: no communication.
+                       wrapper built BEFORE MixedPrecision (it broadcasts rank 0's fp32 weights,
+                       which then become every rank's masters). None: no communication.
     group              the process group whose ranks must agree on skipping (default: all).
     max_grad_norm      clip the global gradient norm to this in step 6 (None: no clipping).
 
@@ -53,6 +54,9 @@ Typical loop (what par/jobs/train_mp.py runs):
         loss = lm_loss(model(x).float(), y)      # steps 1-2 (the weights were copied already)
         mp.backward(loss)                        # steps 3-4
         mp.step()                                # steps 5-8
+
+Gradient accumulation: call `mp.backward(loss / k)` for each of k micro-batches (the 16-bit
+gradients add up in .grad), then `mp.step()` once.
 """
 from __future__ import annotations
 

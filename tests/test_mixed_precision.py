@@ -303,3 +303,11 @@ def test_training_job_reports_skips_memory_and_16_bit_traffic():
     assert runs["fp16"]["scale"] == [4096.0] * 3 + [2048.0]    # hysteresis 2: forgive step 1, halve after step 2
     assert runs["bf16"]["scale"] == [1.0] * 4
     assert runs["fp16"]["lr"][:2] == [1.5e-3, 3e-3]
+
+
+def test_composes_with_the_naive_data_parallel_wrapper(ranks):
+    n, res = ranks
+    per_rank = [r["naive wrapper"] for r in res["ranks"]]
+    assert len({r["start"] for r in per_rank}) == 1, "NaiveDP broadcast rank 0's weights before the masters were taken"
+    assert len({r["hash"] for r in per_rank}) == 1 and per_rank[0]["hash"] != per_rank[0]["start"]
+    assert all(r["dtype"] == "torch.float16" and r["skipped"] == 0 for r in per_rank)

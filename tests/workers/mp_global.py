@@ -8,7 +8,10 @@ end with identical weights; the local flags show that only one rank saw the over
 Case "dp": GPT-lite in fp16, each rank on its shard (rows r, r+N, ...) of a global batch, the
 16-bit gradients averaged by par.dp_naive.average_gradients through the `reduce_grads` hook.
 Compared with one process training the same fp16 setup on the whole batch (run here on every
-rank, no communication), with SGD so that a wrong average would show. Rank 0 saves the results.
+rank, no communication), with SGD so that a wrong average would show.
+
+Case "naive wrapper": the data-parallel helper's NaiveDP wrapper composes with MixedPrecision
+(its sync_gradients is the reduce hook). Rank 0 saves the results.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import torch
 import par.dist
 from par import collectives, commlog
 from par.data import CharDataset, global_batches
-from par.dp_naive import average_gradients
+from par.dp_naive import NaiveDP, average_gradients
 from par.loss_scaler import DynamicLossScaler
 from par.mixed_precision import MixedPrecision
 from par.model import TinyMLP, build, lm_loss
@@ -71,10 +74,25 @@ def dp_case(env, steps: int = 4, batch: int = 12, lr: float = 0.05) -> dict:
             "skipped": dp.skipped + one.skipped}
 
 
+def naive_wrapper_case(env, steps: int = 3) -> dict:
+    """par.dp_naive.NaiveDP built before MixedPrecision: rank 0's fp32 weights become every rank's masters."""
+    model = TinyMLP((10, 33, 17, 5), seed=100 + env.rank)          # different on purpose
+    dp = NaiveDP(model)
+    mp = MixedPrecision(model, lambda ps: torch.optim.Adam(ps, lr=1e-2), "fp16",
+                        reduce_grads=lambda ps: dp.sync_gradients())
+    start = param_hash(model)
+    for s in range(steps):
+        x = torch.randn(8, 10, generator=torch.Generator().manual_seed(10 * s + env.rank)).to(env.device)
+        mp.backward(dp(mp.cast_inputs(x)).float().pow(2).mean())
+        mp.step()
+    return {"start": start, "hash": param_hash(model), "dtype": str(next(model.parameters()).dtype),
+            "skipped": mp.skipped}
+
+
 def main():
     env = par.dist.init()
     mine = {"overflow fp16": overflow_case(env, "fp16", "inf"), "overflow bf16": overflow_case(env, "bf16", "nan"),
-            "dp": dp_case(env)}
+            "dp": dp_case(env), "naive wrapper": naive_wrapper_case(env)}
     everyone = par.dist.gather_object(mine)
     if env.rank == 0:
         par.dist.save_result({"world_size": env.world_size, "inject": INJECT, "ranks": everyone})
