@@ -95,6 +95,8 @@ class Parallel3D:
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float | None:
         """One optimizer step on the global batch (x, y). Returns the batch's mean loss on the last stage."""
         g = self.grid
+        if self.zero is None:     # gradients stay alive after the step (as in DDP), so memory() sees them
+            self.optimizer.zero_grad(set_to_none=True)
         loss = self.pipe.step(replica_rows(x, g.dp_rank, g.dp), replica_rows(y, g.dp_rank, g.dp))
         with commlog.tag("dp gradients"):
             if self.zero is not None:
@@ -104,7 +106,6 @@ class Parallel3D:
             else:
                 average_gradients(self.params, self.impl, g.dp_group)
                 self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
         if loss is None:
             return None
         if g.dp > 1:  # each replica knows the loss of its rows: their mean is the batch's

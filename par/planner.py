@@ -17,9 +17,14 @@ memory per device (bytes)
 step time (seconds), with nothing overlapped (an upper bound):
     compute    (6·Ψ·B·s + 12·L·B·s²·d) FLOPs / (N · achieved FLOP/s)        (forward 1/3, backward 2/3)
     bubble     compute · (pp - 1)/m                                          (1F1B: (m + p - 1)/m of compute)
-    dp         gradients: 2(dp-1)/dp · g·Ψ_dev bytes (ZeRO-3: 3(dp-1)/dp) / bandwidth of the dp group
+    dp         gradients: c·(dp-1)/dp · g·Ψ_dev bytes / bandwidth of the dp group, with c = 2 for
+               ZeRO-0/1 (all-reduce, or reduce-scatter + all-gather, once per step), m + 1 for ZeRO-2
+               (a reduce-scatter per micro-batch, one all-gather) and 3m for ZeRO-3 (gather twice and
+               reduce-scatter once per micro-batch): sharded gradients cost bytes under accumulation
     tp         4 all-reduces per layer and micro-batch: 4·L_stage·m · 2(tp-1)/tp · b·s·d·e / bandwidth
     pp         one activation forward, one gradient back per micro-batch: 2·m·b·s·d·e / bandwidth
+               (a middle stage; per device on average 2·m·b·s·d·e·(pp-1)/pp bytes are sent)
+    The bytes of dp, tp and pp per device and step are returned in `Plan.bytes`.
     offload    gradient partition down, parameters up, over the host link (`par.offload`)
 
 A group's bandwidth is the node's (NVLink) when its ranks fit in one node under the grid's
@@ -91,6 +96,7 @@ class Plan:
     params_per_device: float = 0.0
     memory: dict = field(default_factory=dict)       # params, grads, optimizer, activations, total, host
     time: dict = field(default_factory=dict)         # compute, bubble, dp, tp, pp, offload, total
+    bytes: dict = field(default_factory=dict)        # sent per device per step: dp, tp, pp, total
     fits: bool = False
     samples_per_s: float = 0.0
 
@@ -206,12 +212,16 @@ def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microba
     e, bp = w.bytes_per_value, memory.bytes_per_param(w.precision, w.optimizer)
     compute = step_flops(w) / (dp * pp * tp * hw.flops)
     bubble = compute * (pp - 1) / microbatches
-    factor = 3 if zero_stage == 3 else 2
-    t_dp = factor * (dp - 1) / dp * bp.grads * psi / group_bandwidth("dp", lay, hw) if dp > 1 else 0.0
+    m = microbatches        # ZeRO-2/3 reduce-scatter every micro-batch's gradients; stage 3 also gathers twice
+    factor = {0: 2, 1: 2, 2: m + 1, 3: 3 * m}[zero_stage]
     act_msg = b * w.seq * cfg.d_model * e
-    t_tp = 4 * blocks_per_stage * microbatches * 2 * (tp - 1) / tp * act_msg / group_bandwidth("tp", lay, hw) \
-        if tp > 1 else 0.0
-    t_pp = 2 * microbatches * act_msg / group_bandwidth("pp", lay, hw) if pp > 1 else 0.0
+    plan.bytes = {"dp": factor * (dp - 1) / dp * bp.grads * psi,
+                  "tp": 4 * blocks_per_stage * microbatches * 2 * (tp - 1) / tp * act_msg,
+                  "pp": 2 * microbatches * act_msg * (pp - 1) / pp}
+    plan.bytes["total"] = sum(plan.bytes.values())
+    t_dp = plan.bytes["dp"] / group_bandwidth("dp", lay, hw)
+    t_tp = plan.bytes["tp"] / group_bandwidth("tp", lay, hw)
+    t_pp = 2 * microbatches * act_msg / group_bandwidth("pp", lay, hw)   # a middle stage: both directions
     t_off = (bp.grads + bp.weights) * math.ceil(psi / dp) / hw.bw_host if offload else 0.0
     plan.time = {"compute": compute, "bubble": bubble, "dp": t_dp, "tp": t_tp, "pp": t_pp, "offload": t_off}
     plan.time["total"] = sum(plan.time.values())

@@ -6,6 +6,7 @@ import pytest
 import par.launch
 from par.grid import Layout, coords
 from par.memory import param_count
+from par.planner import stage_params
 from par.model import preset
 
 WORKER = Path(__file__).parent / "workers" / "p3d_equivalence.py"
@@ -24,6 +25,8 @@ def check(results, spec, world):
     assert [tuple(c) for c in r["coords"]] == [tuple(coords(q, Layout(dp, pp, tp)).values()) for q in range(world)]
     # tensor and pipeline parallelism shrink what one rank holds
     full = param_count(preset("tiny", n_layer=3))
+    # the planner's prediction of the busiest rank's parameters is exact
+    assert max(r["n_local"]) == stage_params(preset("tiny", n_layer=3), pp, tp)[0]
     if pp * tp > 1:
         assert max(r["n_local"]) < full, (spec, r["n_local"], full)
     else:

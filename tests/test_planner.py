@@ -62,6 +62,9 @@ def test_time_parts_follow_their_formulas():
     assert more.time["bubble"] < base.time["bubble"] and more.micro_batch == base.micro_batch // 2
     z1, z3 = predict(GPT3S, 16, 1, 1, 1, 1), predict(GPT3S, 16, 1, 1, 3, 1)
     assert z3.time["dp"] == pytest.approx(1.5 * z1.time["dp"])
+    # under accumulation ZeRO-2 reduce-scatters every micro-batch, ZeRO-3 also gathers twice per micro-batch
+    z1, z2, z3 = (predict(GPT3S, 16, 1, 1, s, 4).bytes["dp"] for s in (1, 2, 3))
+    assert (z2 / z1, z3 / z1) == (pytest.approx(5 / 2), pytest.approx(12 / 2))
     assert predict(GPT3S, 16, 1, 1, 0, 1).time["tp"] == 0 and predict(GPT3S, 4, 1, 4, 0, 1).time["tp"] > 0
 
 
@@ -121,3 +124,18 @@ def test_180b_on_800_gpus_needs_all_three_dimensions():
     best = ranked[0]
     assert best.fits and best.pp > 1 and best.tp > 1 and best.dp > 1
     assert not any(p.fits for p in ranked if p.pp == 1 and p.tp == 1)      # data parallelism alone cannot
+
+
+@pytest.mark.timeout(150)
+def test_predictions_beside_a_measured_benchmark_run():
+    """Smoke run of the benchmark suite (one 4-rank launch): bytes per step are predicted exactly, model
+    states exactly, activations within 15% (the pipeline's in-flight count is the first stage's)."""
+    from par.bench.suite import format_table, run_suite
+    rows = run_suite(["ZeRO-2", "3D"], nproc=4, steps=2, timeout=140)
+    for r in rows:
+        assert "error" not in r, r
+        assert r["bytes_per_step"] == pytest.approx(r["pred_bytes_per_step"], rel=1e-3), r["name"]
+        assert r["model_states_max"] == pytest.approx(r["pred_model_states"], rel=1e-3), r["name"]
+        assert r["activations_peak_max"] == pytest.approx(r["pred_activations"], rel=0.15), r["name"]
+        assert r["samples_per_s"] > 0 and r["largest_params"] > 0 and len(r["losses"]) == 2
+    assert rows[1]["layout"] == "dp1×pp2×tp2" and "3D" in format_table(rows)

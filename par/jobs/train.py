@@ -30,6 +30,7 @@ from par.config import TrainConfig, load, lr_at, model_config
 from par.data import CharDataset, global_batches
 from par.grid import Grid
 from par.memory import cuda_peak_bytes, reset_cuda_peak
+from par.mixed_precision import UnsupportedPrecision
 from par.model import build, lm_loss
 from par.parallel3d import Parallel3D, reduce_after_backward, replica_rows
 
@@ -163,19 +164,29 @@ def _sync(device) -> None:
 
 
 def job(argv=None) -> int:
-    """The torchrun side: parse, train, gather, save."""
+    """The torchrun side: parse, train, gather, save. Several --config run one after the other in the
+    same job (saving the launch start-up); a config that fails before training starts (a precision
+    this device lacks) becomes {"error": ...} and the next one runs."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", required=True, help="a JSON file, or a JSON object as text")
+    ap.add_argument("--config", action="append", required=True, help="a JSON file, or a JSON object as text")
     ap.add_argument("--steps", type=int, default=None)
     args = ap.parse_args(argv)
     env = par.dist.init()
-    source = json.loads(args.config) if args.config.lstrip().startswith("{") else args.config
-    if args.steps is not None:
-        source = {**(source if isinstance(source, dict) else json.loads(open(source).read())), "steps": args.steps}
-    tc = load(source, env.world_size)
-    ranks = par.dist.gather_object(train(tc))
+    rows = []
+    for text in args.config:
+        source = json.loads(text) if text.lstrip().startswith("{") else json.loads(open(text).read())
+        if args.steps is not None:
+            source = {**source, "steps": args.steps}
+        tc = load(source, env.world_size)
+        try:
+            mine = train(tc)
+        except UnsupportedPrecision as e:   # raised identically on every rank, before any collective
+            rows.append({"strategy": tc.strategy, "error": str(e)})
+            continue
+        ranks = par.dist.gather_object(mine)
+        rows.append(summarize(tc, ranks) if env.rank == 0 else None)
     if env.rank == 0:
-        par.dist.save_result(summarize(tc, ranks))
+        par.dist.save_result(rows[0] if len(rows) == 1 else rows)
     par.dist.teardown()
     return 0
 
