@@ -138,3 +138,60 @@ def ring_trace(trace: dict, ax=None, title: str = "ring all-reduce, step by step
     if title:
         ax.set_title(title)
     return ax
+
+
+def process_grid(dp: int, pp: int, tp: int, gpus_per_node: int = 8, ax=None, title: str = ""):
+    """The 3D grid of `par.grid`: one column per pipeline stage, one row per data-parallel replica,
+    tp boxes side by side in each cell; each box names its rank (t + tp·(d + dp·s)) and is
+    coloured by node (ranks numbered node by node)."""
+    ax = _ax(ax, (max(5, 1.1 * pp * tp + 1.5), max(2.2, 0.8 * dp + 1)))
+    cmap = plt.get_cmap("tab20")
+    for s in range(pp):
+        for d in range(dp):
+            for t in range(tp):
+                r = t + tp * (d + dp * s)
+                x, y = s * (tp + 0.6) + t, (dp - 1 - d) * 1.2
+                ax.add_patch(plt.Rectangle((x, y), 0.9, 0.9, color=cmap((r // gpus_per_node) % 20), alpha=0.8))
+                ax.text(x + 0.45, y + 0.45, str(r), ha="center", va="center", fontsize=9)
+            ax.add_patch(plt.Rectangle((s * (tp + 0.6) - 0.08, (dp - 1 - d) * 1.2 - 0.08), tp - 0.1 + 0.16 + 0.0,
+                                       1.06, fill=False, lw=1.2, ls="--", ec="black"))
+    ax.set_xlim(-0.4, pp * (tp + 0.6))
+    ax.set_ylim(-0.4, dp * 1.2 + 0.2)
+    ax.set_xticks([s * (tp + 0.6) + tp / 2 - 0.05 for s in range(pp)])
+    ax.set_xticklabels([f"stage {s}" for s in range(pp)])
+    ax.set_yticks([(dp - 1 - d) * 1.2 + 0.45 for d in range(dp)])
+    ax.set_yticklabels([f"replica {d}" for d in range(dp)])
+    ax.set_title(title or f"dp {dp} × pp {pp} × tp {tp}: dashed box = one tp group, colour = node "
+                          f"({gpus_per_node} GPUs each)", fontsize=9)
+    ax.set_aspect("equal")
+    return ax
+
+
+def benchmark_table(rows: list[dict], axes=None):
+    """The lecture-07 benchmark (`par.bench.suite` rows) in four panels: samples/s; memory per rank
+    (measured average and peak beside the planner's prediction); bytes sent per rank and step,
+    measured and predicted; and the largest model that fits the per-device memory."""
+    rows = [r for r in rows if "error" not in r]
+    if axes is None:
+        axes = plt.subplots(1, 4, figsize=(17, 3.6))[1]
+    names = [r["strategy"].replace(" + ", "+\n").replace(" (", "\n(") for r in rows]
+    x = range(len(rows))
+    axes[0].bar(x, [r["samples_per_s"] for r in rows], color="#4C72B0")
+    axes[0].set_ylabel("samples / s")
+    w = 0.27
+    for i, (key, lab, c) in enumerate((("mem_avg", "measured avg", "#4C72B0"), ("mem_peak", "measured peak", "#DD8452"),
+                                       ("pred_mem", "predicted peak", "#BBBBBB"))):
+        axes[1].bar([k + (i - 1) * w for k in x], [r[key] / 1e6 for r in rows], w, label=lab, color=c)
+    axes[1].set_ylabel("MB per rank")
+    axes[1].legend(fontsize=7)
+    for i, (key, lab, c) in enumerate((("bytes_per_step", "measured", "#8172B2"),
+                                       ("pred_bytes_per_step", "predicted", "#BBBBBB"))):
+        axes[2].bar([k + (i - 0.5) * 0.4 for k in x], [r[key] / 1e6 for r in rows], 0.4, label=lab, color=c)
+    axes[2].set_ylabel("MB sent per rank per step")
+    axes[2].legend(fontsize=7)
+    axes[3].bar(x, [r["largest_params"] / 1e9 for r in rows], color="#55A868")
+    axes[3].set_ylabel("largest model that fits (B params)")
+    for ax in axes:
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(names, fontsize=7, rotation=60, ha="right")
+    return axes
