@@ -156,6 +156,13 @@ def test_mixed_precision_memory_equals_formula(run):
             assert c["optimizer_device"] == 0 and abs(c["optimizer_host"] - f["optimizer"]) <= 0.05 * f["optimizer"]
 
 
+def test_mixed_precision_bytes_per_step_are_16_bit(run):
+    n = run["world"]
+    for c in run["mixed"]:
+        factor = 3 if c["stage"] == 3 else 2
+        assert c["step_bytes"] * n == factor * (n - 1) * c["padded"] * 2, c
+
+
 def test_mixed_precision_sgd_matches_single_process(run):
     assert len(run["mixed_sgd"]) == 4
     for c in run["mixed_sgd"]:   # SGD feels the loss scale: a missing unscale would be off by 2^16

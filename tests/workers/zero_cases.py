@@ -114,7 +114,12 @@ def mixed_precision(rank, n, out):
             train(zero, model, batches, loss_fn, rank, n, on_step=lambda s: s == 2 and seen.update(zero.memory()))
             full = zero.full_state_dict()
             base = base or full
-            out["mixed"].append({"precision": prec, "stage": stage, "offload": offload,
+            with commlog.capture() as log:   # one more step, counted: the model's bytes are 16-bit now
+                x, y = batches[0]
+                zero.backward(loss_fn(model(x[rank::n]).float(), y[rank::n]))
+                zero.step()
+            sent = sum(e.bytes_sent for e in log.events if "overflow flag" not in e.tag)
+            out["mixed"].append({"precision": prec, "stage": stage, "offload": offload, "step_bytes": sent,
                                  "diff_vs_stage0": max_abs_diff(full, base), **seen,
                                  "formula": memory.model_state_bytes(zero.numel, n, stage, "mixed", "adam").to_dict()})
         ref = gpt()
