@@ -173,6 +173,11 @@ def parse(cfg: dict, world_size: int) -> TrainConfig:
     if kind not in OPTIMIZERS:
         raise ConfigError(f"optimizer.type {opt.get('type')!r} is not supported: use Adam, AdamW, SGD or Momentum")
     oparams = dict(opt.get("params", {}))
+    if kind == "momentum" and "momentum" in oparams:
+        raise ConfigError("optimizer.type Momentum fixes momentum = 0.9: for another value use type SGD "
+                          "with params.momentum")
+    if kind in ("sgd", "momentum") and ("betas" in oparams or "eps" in oparams):
+        raise ConfigError(f"optimizer.params betas/eps belong to Adam, not {opt.get('type')}")
     lr = float(oparams.pop("lr", 1e-3))
     if "betas" in oparams:
         oparams["betas"] = tuple(oparams["betas"])

@@ -292,3 +292,33 @@ def from_config(tc, hw: Hardware = Hardware()) -> Plan:
     w = Workload(model_config(tc), tc.train_batch_size, "fp32" if tc.precision == "fp32" else "mixed", tc.optimizer)
     m = tc.grad_accum
     return predict(w, tc.dp, tc.pp, tc.tp, tc.zero_stage, m, hw, tc.offload)
+
+
+def main(argv=None) -> int:
+    """`python -m par plan --model gpt3-small --world 64 --hardware a100-80gb --batch 512 [--recompute]`."""
+    import argparse
+    from par.model import GPTConfig, preset
+    ap = argparse.ArgumentParser(prog="python -m par plan", description="rank (dp, pp, tp, ZeRO, m) layouts")
+    ap.add_argument("--model", default="gpt3-small", help="a GPT-lite preset, or L,H,d (layers,heads,width)")
+    ap.add_argument("--seq", type=int, default=None, help="sequence length (default: the preset's)")
+    ap.add_argument("--world", type=int, default=8)
+    ap.add_argument("--hardware", default="a100-80gb", choices=sorted(HARDWARE))
+    ap.add_argument("--memory", type=float, default=None, help="bytes per device (default: the hardware's)")
+    ap.add_argument("--batch", type=int, default=512, help="global batch (sequences)")
+    ap.add_argument("--precision", default="mixed", choices=("fp32", "mixed", "pure16"))
+    ap.add_argument("--recompute", action="store_true", help="full activation recomputation")
+    ap.add_argument("--top", type=int, default=15)
+    args = ap.parse_args(argv)
+    if "," in args.model:
+        layers, heads, width = (int(v) for v in args.model.split(","))
+        cfg = GPTConfig(vocab_size=50257, block_size=args.seq or 2048, n_layer=layers, n_head=heads, d_model=width)
+    else:
+        cfg = preset(args.model, **({"block_size": args.seq} if args.seq else {}))
+    hw = HARDWARE[args.hardware]
+    hw = replace(hw, memory=args.memory) if args.memory else hw
+    w = Workload(cfg, args.batch, args.precision, recompute="full" if args.recompute else "none")
+    ranked = rank_plans(enumerate_plans(w, args.world, hw, microbatches=(1, 2, 4, 8, 16, 32, 64, 128, 256)))
+    print(f"Ψ = {memory.param_count(cfg):,} on {args.world} × {hw.name} ({memory.format_bytes(hw.memory)}); "
+          f"{sum(p.fits for p in ranked)} of {len(ranked)} valid plans fit")
+    print(format_plans(ranked, args.top))
+    return 0

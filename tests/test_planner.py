@@ -139,3 +139,11 @@ def test_predictions_beside_a_measured_benchmark_run():
         assert r["activations_peak_max"] == pytest.approx(r["pred_activations"], rel=0.15), r["name"]
         assert r["samples_per_s"] > 0 and r["largest_params"] > 0 and len(r["losses"]) == 2
     assert rows[1]["layout"] == "dp1×pp2×tp2" and "3D" in format_table(rows)
+
+
+def test_plan_command(capsys):
+    from par.planner import main
+    assert main(["--model", "100,96,12288", "--world", "800", "--hardware", "v100-32gb", "--batch", "2048",
+                 "--recompute", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "Ψ = 182,470,213,632 on 800 × V100-32GB" in out and len(out.splitlines()) == 1 + 2 + 3 and "28 of 393 valid plans fit" in out
