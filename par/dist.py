@@ -84,7 +84,9 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Env:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29500")
+        if "MASTER_PORT" not in os.environ:  # a plain single process: any free port will do
+            from par.launch import free_port
+            os.environ["MASTER_PORT"] = str(free_port())
         os.environ.setdefault("RANK", str(rank))
         os.environ.setdefault("WORLD_SIZE", str(world_size))
         from datetime import timedelta
