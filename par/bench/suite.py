@@ -87,20 +87,23 @@ def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
               hardware: str = "a100-80gb", timeout: int = 300) -> list[dict]:
     """One row per configuration: measured (par.jobs.train) beside predicted (par.planner).
 
-    Configurations with the same number of ranks run in one launch (start-up costs seconds)."""
+    Configurations with the same number of ranks run in one launch (start-up costs seconds), the
+    data-parallel family (DDP, ZeRO, 16-bit) apart from those with pipeline or tensor parallelism, so
+    that one failing launch does not take every row with it."""
     from par.launch import LaunchError, run
     hw = planner.HARDWARE[hardware]
     rows = {}
-    by_nproc: dict[int, list] = {}
+    by_nproc: dict[tuple, list] = {}
     for name in names:
         cfg, n = config_for(name, nproc, preset, micro_batch, steps)
         rows[name] = {"name": name, "nproc": n, "config": cfg}
         try:
-            rows[name].update(predicted(parse(cfg, n), hw, search_world or nproc, memory))
-            by_nproc.setdefault(n, []).append(name)
+            tc = parse(cfg, n)
+            rows[name].update(predicted(tc, hw, search_world or nproc, memory))
+            by_nproc.setdefault((n, tc.pp * tc.tp > 1), []).append(name)
         except (ConfigError, ValueError) as e:
             rows[name]["error"] = str(e)
-    for n, group in by_nproc.items():
+    for (n, _), group in by_nproc.items():
         args = [a for name in group for a in ("--config", json.dumps(rows[name]["config"]))]
         t0 = time.perf_counter()
         try:
