@@ -84,7 +84,7 @@ def predicted(tc, hw: planner.Hardware, search_world: int, memory: float) -> dic
 
 def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: int = 2, steps: int = 4,
               backend: str = "auto", memory: float = 80e9, search_world: int | None = None,
-              hardware: str = "a100-80gb", timeout: int = 300) -> list[dict]:
+              hardware: str = "a100-80gb", timeout: int = 300, progress: bool = False) -> list[dict]:
     """One row per configuration: measured (par.jobs.train) beside predicted (par.planner).
 
     Configurations with the same number of ranks run in one launch (start-up costs seconds), the
@@ -103,7 +103,11 @@ def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
             by_nproc.setdefault((n, tc.pp * tc.tp > 1), []).append(name)
         except (ConfigError, ValueError) as e:
             rows[name]["error"] = str(e)
-    for (n, _), group in by_nproc.items():
+    launches = list(by_nproc.items())
+    if progress:
+        from tqdm.auto import tqdm
+        launches = tqdm(launches, desc="launches", unit="launch")
+    for (n, _), group in launches:
         args = [a for name in group for a in ("--config", json.dumps(rows[name]["config"]))]
         t0 = time.perf_counter()
         try:
