@@ -57,14 +57,18 @@ def _root_cause_rank(lines: list[str]) -> int | None:
 def _tracebacks(lines: list[str], max_lines: int = 60) -> str:
     """The failing rank's traceback (the root cause torchrun names, else the first one printed)."""
     root = _root_cause_rank(lines)
-    starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
+    starts = [i for i, line in enumerate(lines)  # a rank's traceback, not torchrun's own ChildFailedError
+              if "Traceback (most recent call last)" in line and line.startswith(("[rank", "[default"))]
     mine = [i for i in starts if f"[rank{root}]:" in lines[i] or f"[default{root}]:" in lines[i]]
     for i in mine[:1] or starts[:1]:
         prefix = lines[i][:lines[i].index("Traceback")]
         block = [l for l in lines[i:] if l.startswith(prefix)][:max_lines]
         head = f"rank {root} failed first:\n" if root is not None else ""
         return head + "".join(block)
-    return "".join(lines[-40:])
+    # no Python traceback (a rank killed by a signal, a C++ abort): show what the failing rank said last
+    said = [l for l in lines if root is not None and l.startswith((f"[rank{root}]:", f"[default{root}]:"))]
+    head = f"rank {root} failed first; its last output:\n{''.join(said[-20:])}\n" if said else ""
+    return head + "".join(lines[-40:])
 
 
 def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: str = "auto",
