@@ -22,8 +22,13 @@ Give any two of the three batch numbers and the third is derived; give three tha
 the error states the numbers. A key this file does not know is an error (with the closest known
 key), never silently ignored: a typo such as "zero_optimisation" would otherwise train without ZeRO.
 `pipeline` and `tensor_parallel` are par's (DeepSpeed takes the stages from PipelineModule);
-`model`, `steps` and `seed` say what to train. Keys accepted and ignored for DeepSpeed
-compatibility: `steps_per_print`, `wall_clock_breakdown`.
+`model`, `steps` and `seed` say what to train.
+
+fp16's `loss_scale` (0 = dynamic), `initial_scale_power` (S = 2^power), `loss_scale_window`,
+`hysteresis` and `min_loss_scale` configure `par.loss_scaler`; `zero_optimization.prefetch`
+turns on stage-3 prefetching. Accepted for DeepSpeed compatibility but without effect in par
+(`IGNORED`, listed by `ignored_keys`): `steps_per_print`, `wall_clock_breakdown`, the ZeRO bucket
+sizes, `overlap_comm`, `contiguous_gradients`, `offload_optimizer.pin_memory`.
 """
 from __future__ import annotations
 
@@ -52,6 +57,9 @@ SECTION_KEYS = {
     "tensor_parallel": {"tp_size"},
     "model": {"preset", "vocab_size", "block_size", "n_layer", "n_head", "d_model", "d_ff"},
 }
+IGNORED = {"steps_per_print", "wall_clock_breakdown", "zero_optimization.reduce_bucket_size",
+           "zero_optimization.allgather_bucket_size", "zero_optimization.overlap_comm",
+           "zero_optimization.contiguous_gradients", "zero_optimization.offload_optimizer.pin_memory"}
 OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "momentum": "momentum"}
 SCHEDULERS = ("WarmupLR", "WarmupDecayLR")
 
@@ -82,6 +90,8 @@ class TrainConfig:
     schedule: str = "1f1b"
     partition_method: str = "parameters"
     gradient_clipping: float | None = None
+    loss_scale: dict = field(default_factory=dict)         # fp16: {"static": S} or DynamicLossScaler arguments
+    prefetch: bool = False                                 # ZeRO-3: gather the next unit ahead
     model: dict = field(default_factory=lambda: {"preset": "tiny"})
     steps: int = 10
     seed: int = 0
@@ -214,6 +224,10 @@ def parse(cfg: dict, world_size: int) -> TrainConfig:
     if (pp > 1 or tp > 1) and (precision != "fp32" or offload):
         raise ConfigError(f"{precision if precision != 'fp32' else 'offload'} with pipeline stages {pp} / tensor "
                           f"degree {tp} is not implemented in par: use fp32 without offload, or pp = tp = 1")
+    scale = _loss_scale(cfg.get("fp16", {}))
+    prefetch = bool(zero.get("prefetch", False))
+    if prefetch and stage != 3:
+        raise ConfigError(f"zero_optimization.prefetch gathers parameters ahead, which only stage 3 does (stage {stage})")
     pipe = cfg.get("pipeline", {})
     steps = _int(cfg, "steps", 10)
     return TrainConfig(world_size, dp, pp, tp, b.train_batch_size, b.micro_batch, b.grad_accum,
@@ -221,8 +235,33 @@ def parse(cfg: dict, world_size: int) -> TrainConfig:
                        warmup_min_lr=min_lr, warmup_type=wtype, decay_steps=decay, precision=precision, zero_stage=stage,
                        offload=offload, schedule=pipe.get("schedule", "1f1b"),
                        partition_method=pipe.get("partition_method", "parameters"),
-                       gradient_clipping=cfg.get("gradient_clipping"), model=dict(cfg.get("model", {"preset": "tiny"})),
+                       gradient_clipping=cfg.get("gradient_clipping"), loss_scale=scale, prefetch=prefetch, model=dict(cfg.get("model", {"preset": "tiny"})),
                        steps=steps, seed=int(cfg.get("seed", 0)))
+
+
+def _loss_scale(fp16: dict) -> dict:
+    """DeepSpeed's fp16 keys as `par.loss_scaler` arguments: loss_scale > 0 is a static scale S; 0 (the
+    default) a dynamic one starting at 2^initial_scale_power, raised after loss_scale_window clean steps."""
+    if fp16.get("loss_scale", 0):
+        return {"static": float(fp16["loss_scale"])}
+    keys = {"initial_scale_power": "init_scale", "loss_scale_window": "window", "hysteresis": "hysteresis",
+            "min_loss_scale": "min_scale"}
+    out = {keys[k]: v for k, v in fp16.items() if k in keys}
+    if "init_scale" in out:
+        out["init_scale"] = 2.0 ** out["init_scale"]
+    return out
+
+
+def ignored_keys(cfg: dict) -> list[str]:
+    """The keys of `cfg` that par accepts for compatibility but that change nothing here."""
+    found = []
+    for key in sorted(IGNORED):
+        node = cfg
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            found.append(key)
+    return found
 
 
 def load(source, world_size: int) -> TrainConfig:

@@ -64,6 +64,33 @@ def test_combinations_refused_with_a_reason(extra, world, match):
         parse({**BASE, **extra}, world)
 
 
+def test_fp16_loss_scale_keys_and_prefetch():
+    assert parse({**BASE, "fp16": {"enabled": True, "loss_scale": 128}}, 2).loss_scale == {"static": 128.0}
+    tc = parse({**BASE, "fp16": {"enabled": True, "initial_scale_power": 12, "loss_scale_window": 50}}, 2)
+    assert tc.loss_scale == {"init_scale": 4096.0, "window": 50}
+    from par.jobs.train import loss_scaler
+    s = loss_scaler(tc)
+    assert s.dynamic and s.scale == 4096.0
+    assert parse({**BASE, "zero_optimization": {"stage": 3, "prefetch": True}}, 2).prefetch
+    with pytest.raises(ConfigError, match="only stage 3"):
+        parse({**BASE, "zero_optimization": {"stage": 2, "prefetch": True}}, 2)
+
+
+def test_compatibility_keys_are_listed_as_ignored():
+    from par.config import ignored_keys
+    cfg = {**BASE, "steps_per_print": 10, "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e8}}
+    assert ignored_keys(cfg) == ["steps_per_print", "zero_optimization.reduce_bucket_size"]
+    parse(cfg, 2)
+
+
+def test_cli_reports_a_bad_config_before_launching(tmp_path):
+    from par.jobs.train import main
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**BASE, "train_batch_size": 20}))
+    with pytest.raises(ConfigError, match="train_batch_size 20 != micro_batch 2 × grad_accum 4 × world_size 2"):
+        main(["--config", str(bad), "--nproc", "2"])
+
+
 def test_warmup_log_then_constant_and_decay():
     tc = parse({**BASE, "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.01, "warmup_num_steps": 10}}}, 2)
     assert lr_at(tc, 0) == 0.0 and lr_at(tc, 9) == pytest.approx(0.01) and lr_at(tc, 50) == 0.01

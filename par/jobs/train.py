@@ -26,7 +26,7 @@ import torch
 
 import par.dist
 from par import collectives, commlog
-from par.config import TrainConfig, load, lr_at, model_config
+from par.config import TrainConfig, ignored_keys, load, lr_at, model_config
 from par.data import CharDataset, global_batches
 from par.grid import Grid
 from par.memory import cuda_peak_bytes, reset_cuda_peak
@@ -59,7 +59,7 @@ class ZeroEngine:
         self.tc, self.model, self.grid = tc, model, grid
         self.zero = Zero(model, stage=tc.zero_stage, optimizer=tc.optimizer, lr=tc.lr, offload=tc.offload,
                          group=grid.dp_group, precision=tc.precision, max_grad_norm=tc.gradient_clipping,
-                         **tc.optimizer_params)
+                         scaler=loss_scaler(tc), prefetch=tc.prefetch, **tc.optimizer_params)
         self.optimizer = self.zero.updater.opt
         self.activations = {}
 
@@ -90,6 +90,16 @@ class ZeroEngine:
         """Model states on this device (under offload the optimizer's host bytes are reported apart)."""
         m = self.zero.memory()
         return {**m, "model_states": m["params"] + m["grads"] + m["optimizer_device"]}
+
+
+def loss_scaler(tc: TrainConfig):
+    """The fp16 loss scaler the config asks for (None: par.zero's default for the precision)."""
+    if tc.precision != "fp16" or not tc.loss_scale:
+        return None
+    from par.loss_scaler import DynamicLossScaler, StaticLossScaler
+    if "static" in tc.loss_scale:
+        return StaticLossScaler(tc.loss_scale["static"])
+    return DynamicLossScaler(**tc.loss_scale)
 
 
 def make_engine(tc: TrainConfig, model, grid: Grid):
@@ -210,7 +220,13 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--timeout", type=int, default=600)
     args = ap.parse_args(argv)
-    load(args.config, args.nproc)     # fail here, before starting ranks, with the config's own error
+    tc = load(args.config, args.nproc)     # fail here, before starting ranks, with the config's own error
+    skipped = ignored_keys(json.loads(open(args.config).read()) if not args.config.lstrip().startswith("{")
+                           else json.loads(args.config))
+    if skipped:
+        print(f"note: accepted for DeepSpeed compatibility, no effect in par: {', '.join(skipped)}")
+    print(f"{tc.strategy} on {args.nproc} rank(s): batch {tc.train_batch_size} = micro {tc.micro_batch} × "
+          f"accum {tc.grad_accum} × dp {tc.dp}")
     from par.launch import run
     extra = ["--steps", str(args.steps)] if args.steps is not None else []
     row = run("par.jobs.train", nproc=args.nproc, args=["--config", args.config, *extra], backend=args.backend,
