@@ -250,27 +250,6 @@ OPTIMIZER_STATE_NAMES = {"exp_avg": "momentum", "exp_avg_sq": "variance", "momen
 
 
 # ---------------------------------------------------------------- measurements for the lecture
-def saved_activation_bytes(fn: Callable, exclude=()) -> int:
-    """Bytes of the tensors autograd saves for backward while `fn()` runs (each storage once).
-
-    Parameters passed in `exclude` are not counted (Linear saves its weight, but the
-    weight is a model state, not an activation). This is the residual memory that
-    16-bit compute halves, while the model states stay at 16 bytes per parameter.
-    """
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
-    saved: dict[int, int] = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in skip:
-            saved[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(saved.values())
-
-
 def warmup_cosine_lr(step: int, base_lr: float, warmup: int, total: int, min_lr: float = 0.0) -> float:
     """Learning rate at `step`: linear warm-up from 0 over `warmup` steps, then cosine decay to `min_lr`.
 

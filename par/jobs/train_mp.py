@@ -25,7 +25,8 @@ from par import commlog, memory
 from par.data import CharDataset, global_batches
 from par.dp_naive import average_gradients
 from par.loss_scaler import DynamicLossScaler, StaticLossScaler
-from par.mixed_precision import MixedPrecision, saved_activation_bytes, set_lr, warmup_cosine_lr
+from par.memory import saved_activation_bytes
+from par.mixed_precision import MixedPrecision, set_lr, warmup_cosine_lr
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer, param_hash
 
@@ -122,7 +123,7 @@ def train_one(args, dtype: str, env) -> dict:
             log[k].append(v)
     x, y = next(global_batches(data, args.batch, 1, args.seed))
     x, y = x[rank::n].to(env.device), y[rank::n].to(env.device)
-    activations = saved_activation_bytes(lambda: lm_loss(model(x).float(), y), exclude=params)
+    _, activations = saved_activation_bytes(lambda: lm_loss(model(x).float(), y), exclude=params)
     precision = "fp32" if dtype == "fp32" else "mixed"
     per_rank = par.dist.gather_object({"loss": log["loss"], "time": log["time"], "hash": param_hash(model),
                                        "skipped": log["skipped"]})
