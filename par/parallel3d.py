@@ -99,8 +99,7 @@ class Parallel3D:
             self.optimizer.zero_grad(set_to_none=True)
         loss = self.pipe.step(replica_rows(x, g.dp_rank, g.dp), replica_rows(y, g.dp_rank, g.dp))
         with commlog.tag("dp gradients"):
-            if self.zero is not None:
-                reduce_after_backward(self.zero)
+            if self.zero is not None:   # step() reduces the accumulated gradients once
                 self.zero.step()
                 self.zero.zero_grad()
             else:
@@ -128,17 +127,6 @@ class Parallel3D:
         opt = tensor_bytes([v for s in self.optimizer.state.values() for v in s.values()
                             if isinstance(v, torch.Tensor) and v.dim() > 0])
         return {"params": params, "grads": grads, "optimizer": opt, "model_states": params + grads + opt}
-
-
-def reduce_after_backward(zero) -> None:
-    """ZeRO stages 0-1 after gradients were accumulated over several backward passes (the pipeline's
-    micro-batches): what `Zero.backward` does once loss.backward() has run, done once per step:
-    gather each unit's gradients into its flat buffer and all-reduce (stage 0) or reduce-scatter
-    (stage 1) it over the dp group, last unit first. Reducing after every micro-batch would be
-    wrong for stage 1: only my partition is averaged, the rest of the buffer keeps local sums."""
-    for u in reversed(zero.units):
-        zero._collect_grads(u)
-        zero._reduce(u)
 
 
 def reference_shards(model, grid: Grid, impl: str = "ring") -> dict:

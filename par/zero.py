@@ -147,6 +147,7 @@ class Zero:
         self.padded = sum(u.flat.padded for u in self.units)        # Ψ rounded up per unit
         self._next = len(self.units) - 1   # next unit to reduce in backward (backward runs units in reverse)
         self._hooks = []
+        self._reduced = False  # stages 0-1: gradients of this step already reduced?
         if stage == 3:
             for u in self.units:
                 u.shard = u.flat.partition(u.full).clone()
@@ -331,18 +332,25 @@ class Zero:
 
     # ------------------------------------------------------------ the training step
     def backward(self, loss: torch.Tensor) -> None:
-        """loss.backward() (times the loss scale S in fp16), then make sure every unit's gradient is
-        reduced (stages 0-1 do all of it here)."""
+        """loss.backward() (times the loss scale S in fp16). Stages 2-3 reduce each unit's gradient
+        while backward runs; stages 0-1 let gradients accumulate locally and reduce them once per
+        step (`reduce_gradients`), so accumulating micro-batches averages every partition once."""
         (loss.float() * self.scaler.scale if self.scaler is not None else loss).backward()
-        if self.stage <= 1:
-            for u in reversed(self.units):
-                self._collect_grads(u)
-                self._reduce(u)
-        else:
+        if self.stage >= 2:
             self._reduce_in_order(flush=True)
             for u in self.units:
                 u.arrived = 0
             self._next = len(self.units) - 1
+
+    def reduce_gradients(self) -> None:
+        """Stages 0-1, once per step (`step` calls it): put each unit's accumulated gradients in its flat
+        buffer and all-reduce (stage 0) or reduce-scatter (stage 1) it, last unit first. Stage 1 must
+        not reduce after every micro-batch: only my partition is averaged, the rest keeps local sums."""
+        if self.stage <= 1 and not self._reduced:
+            for u in reversed(self.units):
+                self._collect_grads(u)
+                self._reduce(u)
+            self._reduced = True
 
     def _collect_grads(self, u: Unit) -> None:
         """Stages 0-1: the unit's gradients live in one flat buffer; .grad of each param is a view of it."""
@@ -356,6 +364,7 @@ class Zero:
     def step(self) -> bool:
         """Update this rank's partition (stages 1-2 then all-gather the parameters). Returns False when
         mixed precision skipped the step because some rank's gradients overflowed."""
+        self.reduce_gradients()
         self.updater.load_grads(self.grad_partitions())
         if self.scaler is not None:
             overflow = self._unscale_and_check()
@@ -402,6 +411,7 @@ class Zero:
         return norm
 
     def zero_grad(self) -> None:
+        self._reduced = False
         for u in self.units:
             if u.grad_full is not None and self.stage <= 1:
                 u.grad_full.zero_()

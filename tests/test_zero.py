@@ -82,6 +82,13 @@ def test_every_stage_equals_single_process_adam(run):
         assert c["diff"] <= 1e-5, c
 
 
+def test_every_stage_with_gradient_accumulation_equals_single_process(run):
+    cases = run["accumulation"]
+    assert sorted(c["stage"] for c in cases) == [0, 1, 2, 3]
+    for c in cases:
+        assert c["diff"] <= 1e-5, c
+
+
 def test_zero_stages_equal_plain_data_parallel(run):
     base = {(c["model"], c["opt"]): c["diff"] for c in run["equivalence"] if c["stage"] == 0 and not c["offload"]}
     for c in run["equivalence"]:

@@ -32,7 +32,7 @@ from par.grid import Grid
 from par.memory import cuda_peak_bytes, reset_cuda_peak
 from par.mixed_precision import UnsupportedPrecision
 from par.model import build, lm_loss
-from par.parallel3d import Parallel3D, reduce_after_backward, replica_rows
+from par.parallel3d import Parallel3D, replica_rows
 
 
 @contextmanager
@@ -69,14 +69,8 @@ class ZeroEngine:
         for xm, ym in zip(x.chunk(k), y.chunk(k)):
             with saved_activations(self.model, self.activations):
                 loss = lm_loss(self.model(xm).float(), ym) / k
-            if self.zero.stage >= 2:   # each micro-batch's gradient is reduce-scattered and added to my shard
-                self.zero.backward(loss)
-            else:                      # accumulate locally, reduce once (a partition reduced twice would be wrong)
-                scale = self.zero.scaler.scale if self.zero.scaler is not None else 1.0
-                (loss * scale).backward()
+            self.zero.backward(loss)   # stages 2-3 reduce now; stages 0-1 once, in step()
             total += loss.item()
-        if self.zero.stage <= 1:
-            reduce_after_backward(self.zero)
         self.zero.step()
         self.zero.zero_grad()
         if self.grid.dp > 1:   # the mean over the replicas is the loss of the whole batch

@@ -45,11 +45,15 @@ def data(name):
 MODELS = {"mlp": mlp, "gpt": gpt}
 
 
-def train(zero, model, batches, loss_fn, rank, n, on_step=None):
+def train(zero, model, batches, loss_fn, rank, n, on_step=None, accum=1):
+    """Each rank trains on rows rank, rank+n, ... of every batch, in `accum` micro-batches per step."""
     losses = []
     for s, (x, y) in enumerate(batches):
-        loss = loss_fn(model(x[rank::n]).float(), y[rank::n])
-        zero.backward(loss)
+        loss = 0.0
+        for xm, ym in zip(x[rank::n].chunk(accum), y[rank::n].chunk(accum)):
+            micro = loss_fn(model(xm).float(), ym) / accum
+            zero.backward(micro)
+            loss = loss + micro.detach()
         if on_step:
             on_step(s)
         zero.step()
@@ -72,6 +76,16 @@ def equivalence(rank, n, out):
                     diff = max_abs_diff(zero.full_state_dict(), ref.state_dict())
                     out["equivalence"].append({"model": mname, "opt": opt, "stage": stage, "offload": offload,
                                                "numel": zero.numel, "diff": diff})
+    # gradient accumulation: equal micro-batches per step (2, or 3 when each rank has 3 rows), every stage
+    accum = 2 if (BATCH // n) % 2 == 0 else 3
+    batches, loss_fn = data("mlp")
+    ref = mlp()
+    train_single(ref, batches, loss_fn, "adam", LR)
+    for stage in (0, 1, 2, 3):
+        model = mlp()
+        zero = Zero(model, stage=stage, optimizer="adam", lr=LR)
+        train(zero, model, batches, loss_fn, rank, n, accum=accum)
+        out["accumulation"].append({"stage": stage, "diff": max_abs_diff(zero.full_state_dict(), ref.state_dict())})
 
 
 def bytes_and_memory(rank, n, out):
@@ -245,7 +259,7 @@ def main():
     root = sys.argv[1]
     env = par.dist.init()
     rank, n = env.rank, env.world_size
-    out = {"world": n, "equivalence": [], "bytes": [], "memory": [], "resume": [], "reshard": [],
+    out = {"world": n, "equivalence": [], "accumulation": [], "bytes": [], "memory": [], "resume": [], "reshard": [],
            "mixed": [], "mixed_sgd": []}
     equivalence(rank, n, out)
     bytes_and_memory(rank, n, out)
