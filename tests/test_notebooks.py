@@ -2,6 +2,7 @@
 
 - each notebooks/*.ipynb executes with its own default parameters (world_size = 2, backend "auto", preset
   "tiny", steps = 20) through the same code path as `python -m par batch`; a cell may run at most CELL_TIMEOUT s;
+- it opens with a title, "what you will learn" and "how to run";
 - its parameters cell follows the course convention (the batch overrides exactly those four names);
 - notebooks/ and exercises/ hold no outputs (solutions/ keep theirs: they are strict nbval's reference, see
   tests/test_exercises.py).
@@ -44,6 +45,14 @@ def test_lecture_has_the_parameters_cell(path):
         assert isinstance(statement, ast.Assign), f"only assignments in the parameters cell: {ast.unparse(statement)}"
         values[statement.targets[0].id] = ast.literal_eval(statement.value)
     assert values == PARAMETERS
+
+
+@pytest.mark.parametrize("path", LECTURES, ids=name)
+def test_lecture_opens_with_what_and_how(path):
+    first = nbformat.read(path, as_version=4).cells[0]
+    assert first.cell_type == "markdown" and first.source.startswith("# ")
+    for heading in ("what you will learn", "how to run"):
+        assert heading in first.source.lower(), f"{path.name}: the opening cell needs a '{heading}' part"
 
 
 @pytest.mark.parametrize("path", CLEAN, ids=name)
