@@ -31,7 +31,7 @@ def worker_module():
 def run_worker(n: int) -> dict:
     if n not in _CACHE:
         from par import launch
-        out = launch.run(str(WORKER), nproc=n, timeout=300, quiet=True)
+        out = launch.run(str(WORKER), nproc=n, timeout=300, quiet=True, retries_on_crash=1)
         assert out["world_size"] == n and len(out["ranks"]) == n
         _CACHE[n] = out
     return _CACHE[n]

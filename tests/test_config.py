@@ -118,7 +118,7 @@ def test_train_entry_follows_the_config_and_equals_single_process(stage):
     from par.reference import train_single
     cfg = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam",
            "params": {"lr": 0.001}}, "zero_optimization": {"stage": stage}, "model": {"preset": "tiny"}, "steps": 3}
-    row = par.launch.run("par.jobs.train", nproc=2, args=["--config", json.dumps(cfg)], timeout=110)
+    row = par.launch.run("par.jobs.train", nproc=2, args=["--config", json.dumps(cfg)], timeout=110, retries_on_crash=1)
     assert row["grad_accum"] == 2 and row["strategy"] == f"ZeRO-{stage}"
     ds = CharDataset(block_size=preset("tiny").block_size)
     want = train_single(build("tiny", seed=0), global_batches(ds, 8, 3, seed=0), lm_loss, "adam", 1e-3)

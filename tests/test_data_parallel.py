@@ -31,7 +31,7 @@ LOSSY = ["topk-bucketed", "topk-naive-torch", "randomk-bucketed", "randomk-naive
 
 @functools.lru_cache(maxsize=None)
 def results(n: int) -> dict:
-    return run(str(WORKER), nproc=n, timeout=240, quiet=True)
+    return run(str(WORKER), nproc=n, timeout=240, quiet=True, retries_on_crash=1)
 
 
 # ---------------------------------------------------------------- multi-process (one launch per world size)
@@ -258,7 +258,7 @@ def test_ring_gossip():
 
 # ---------------------------------------------------------------- the training job
 def test_train_dp_job_reports_consistent_runs():
-    out = run("par.jobs.train_dp", nproc=2, timeout=240, quiet=True,
+    out = run("par.jobs.train_dp", nproc=2, timeout=240, quiet=True, retries_on_crash=1,
               args=["--dp", "naive,bucketed", "--compression", "none,int8", "--steps", "3", "--batch", "8",
                     "--accum", "2", "--bucket-kb", "16", "--tie-embeddings", "--lr", "1e-3"])
     runs = {(r["dp"], r["compression"]): r for r in out["runs"]}

@@ -252,7 +252,7 @@ _RESULTS: dict = {}
 def ranks(request):
     n = request.param
     if n not in _RESULTS:
-        _RESULTS[n] = par.launch.run(str(WORKER), nproc=n, timeout=400, quiet=True)
+        _RESULTS[n] = par.launch.run(str(WORKER), nproc=n, timeout=400, quiet=True, retries_on_crash=1)
     return n, _RESULTS[n]
 
 
@@ -285,7 +285,7 @@ def test_data_parallel_hook_averages_16_bit_gradients(ranks):
 
 def test_training_job_reports_skips_memory_and_16_bit_traffic():
     """par.jobs.train_mp on 2 ranks: inf injected on rank 1 only, 16-bit DP all-reduce, memory = formula."""
-    res = par.launch.run("par.jobs.train_mp", nproc=2, timeout=400, quiet=True, args=[
+    res = par.launch.run("par.jobs.train_mp", nproc=2, timeout=400, quiet=True, retries_on_crash=1, args=[
         "--dtype", "fp32,fp16,bf16", "--steps", 4, "--batch", 4, "--init-scale", 2 ** 12, "--window", 2,
         "--inject", "1,2", "--inject-rank", 1, "--max-grad-norm", 1.0, "--warmup", 2])
     runs = {r["dtype"]: r for r in res["runs"]}

@@ -36,7 +36,7 @@ def check(results, spec, world):
 @pytest.mark.timeout(240)
 def test_four_ranks_three_layouts_and_zero1():
     specs = ["2,2,1", "1,2,2", "2,1,2", "2,2,1,1"]
-    results = par.launch.run(str(WORKER), nproc=4, args=specs, timeout=220)
+    results = par.launch.run(str(WORKER), nproc=4, args=specs, timeout=220, retries_on_crash=1)
     for spec in specs:
         check(results, spec, 4)
 
@@ -44,6 +44,6 @@ def test_four_ranks_three_layouts_and_zero1():
 @pytest.mark.timeout(300)
 def test_eight_ranks_2x2x2_dp_and_zero1():
     specs = ["2,2,2", "2,2,2,1"]
-    results = par.launch.run(str(WORKER), nproc=8, args=specs, timeout=280)
+    results = par.launch.run(str(WORKER), nproc=8, args=specs, timeout=280, retries_on_crash=1)
     for spec in specs:
         check(results, spec, 8)

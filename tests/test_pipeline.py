@@ -26,7 +26,7 @@ _RESULTS: dict = {}
 def run(request):
     p = request.param
     if p not in _RESULTS:
-        _RESULTS[p] = par.launch.run(str(WORKER), nproc=p, timeout=500, quiet=True)
+        _RESULTS[p] = par.launch.run(str(WORKER), nproc=p, timeout=500, quiet=True, retries_on_crash=1)
     return p, _RESULTS[p]
 
 

@@ -27,7 +27,8 @@ def run(request, tmp_path_factory):
     n = request.param
     if n not in _RESULTS:
         root = tmp_path_factory.mktemp(f"zero{n}")
-        _RESULTS[n] = par.launch.run(str(WORKER), nproc=n, args=[str(root)], timeout=600, quiet=True)
+        _RESULTS[n] = par.launch.run(str(WORKER), nproc=n, args=[str(root)], timeout=600, quiet=True,
+                                      retries_on_crash=1)
     return _RESULTS[n]
 
 
