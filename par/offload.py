@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from par.memory import tensor_bytes
 from par.reference import make_optimizer
+from par.zero import DeviceUpdate
 
 HOST = torch.device("cpu")
 
@@ -36,8 +37,10 @@ def transfer_bytes_per_step(numel: int, world: int, grad_bytes: int = 4, param_b
     return {"to_host": part * grad_bytes, "to_device": part * param_bytes}
 
 
-class CPUOffload:
-    """fp32 master partitions and their optimizer on the host; `step` moves grads down and params up."""
+class CPUOffload(DeviceUpdate):
+    """fp32 master partitions and their optimizer on the host; `step` moves grads down and params up.
+
+    The same updater as `par.zero.DeviceUpdate` (clear_grads, masters, state_tensors), placed on the host."""
 
     def __init__(self, masters: list[torch.Tensor], optimizer: str, lr: float, recorder=None, **kw):
         """`masters`: this rank's partitions (their fp32 values are copied to the host)."""
@@ -73,17 +76,6 @@ class CPUOffload:
             if any(p.device.type == "cuda" for p in partitions):
                 torch.cuda.current_stream().synchronize()
         self.clear_grads()
-
-    def clear_grads(self) -> None:
-        for m in self.params:
-            m.grad = None
-
-    def masters(self) -> list[torch.Tensor]:
-        return self.params
-
-    def state_tensors(self) -> list[torch.Tensor]:
-        return [v for st in self.opt.state.values() for v in st.values()
-                if isinstance(v, torch.Tensor) and v.dim() > 0]
 
     def state_bytes(self) -> dict:
         """Everything here is on the host: the fp32 masters and the per-element optimizer state."""
