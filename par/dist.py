@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -105,7 +106,12 @@ def env() -> Env:
 
 
 def teardown() -> None:
-    """Leave the process group (waits for everyone first, so no rank exits early)."""
+    """Leave the process group (waits for everyone first, so no rank exits early). Call it last.
+
+    A rank started by torchrun then ends right here with exit code 0 (`os._exit`, after flushing
+    its output): skipping the C++ destructors at interpreter exit avoids a rare abort of a
+    leftover gloo thread there ("terminate called without an active exception").
+    """
     global _ENV
     if dist.is_initialized():
         try:
@@ -113,6 +119,10 @@ def teardown() -> None:
         finally:
             dist.destroy_process_group()
     _ENV = None
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def print0(*args, **kwargs) -> None:
