@@ -61,6 +61,31 @@ def choose_backend(world_size: int, requested: str = "auto", gpus: int | None = 
     return requested
 
 
+def physical_cores() -> int:
+    """CPU cores this process may run on, counting a core once even with hyper-threading.
+
+    Timing experiments never start more ranks than this: an oversubscribed rank waits for a
+    core, and its waiting shows up as a bubble or as slow communication.
+    """
+    try:
+        allowed = os.sched_getaffinity(0)
+    except AttributeError:  # macOS
+        return max(1, (os.cpu_count() or 2) // 2)
+    cores = set()
+    for cpu in allowed:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                cores.add(f.read().strip())
+        except OSError:
+            cores.add(str(cpu))
+    return max(1, len(cores))
+
+
+def default_world_size() -> int:
+    """The course's default number of ranks: min(4, physical cores) (2 on a 2-core CI machine)."""
+    return min(4, physical_cores())
+
+
 def device_for(backend: str, local_rank: int) -> torch.device:
     """One device per rank: cuda:<local_rank> under NCCL, the CPU under gloo."""
     if backend == "nccl":
@@ -94,6 +119,10 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Env:
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s),
                                 **({"device_id": device} if device.type == "cuda" else {}))
+    if backend == "gloo":
+        from par import nccl_emulation
+        if nccl_emulation.enabled():
+            nccl_emulation.install()
     _ENV = Env(rank, local_rank, world_size, backend, device)
     return _ENV
 

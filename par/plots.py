@@ -80,6 +80,45 @@ def curves(series: dict, ax=None, xlabel: str = "step", ylabel: str = "loss", ti
     return ax
 
 
+def curves_with_difference(series: dict, reference: str, axes=None, xlabel: str = "step",
+                           ylabel: str = "loss", title: str = "", diff_label: str | None = None):
+    """Curves that lie on top of each other, and below them a panel of each one minus `reference`.
+
+    When two runs agree to 1e-6 their curves coincide and the eye sees one line; the lower panel
+    shows how far apart they really are. Returns (top axis, difference axis).
+    """
+    if reference not in series:
+        raise ValueError(f"reference {reference!r} is not one of the curves: {', '.join(series)}")
+    if axes is None:
+        fig, axes = plt.subplots(2, 1, figsize=(6.4, 4.4), sharex=True, gridspec_kw={"height_ratios": [2.2, 1]})
+    top, bottom = axes
+
+    def xy(ys):
+        return (ys["x"], ys["y"]) if isinstance(ys, dict) else (list(range(len(ys))), list(ys))
+
+    styles = ["-", "--", ":", "-."]
+    for i, (name, ys) in enumerate(series.items()):
+        x, y = xy(ys)
+        top.plot(x, y, styles[i % len(styles)], label=name, marker="." if len(x) < 40 else None)
+    rx, ry = xy(series[reference])
+    for i, (name, ys) in enumerate(series.items()):
+        if name == reference:
+            continue
+        x, y = xy(ys)
+        n = min(len(y), len(ry))
+        bottom.plot(x[:n], [a - b for a, b in zip(y[:n], ry[:n])], styles[i % len(styles)],
+                    label=name, color=f"C{i}")
+    bottom.axhline(0.0, color="grey", lw=0.8)
+    top.set_ylabel(ylabel)
+    bottom.set_ylabel(diff_label or f"minus {reference}")
+    bottom.set_xlabel(xlabel)
+    bottom.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    top.legend(fontsize=8, loc="best")
+    if title:
+        top.set_title(title)
+    return top, bottom
+
+
 def memory_bars(rows: list[dict], ax=None, unit: float = 1e9, ylabel: str = "GB per rank", title: str = "",
                 parts=("params", "grads", "optimizer")):
     """Stacked bars of model states, one bar per row ({"name", "params", "grads", "optimizer", ...}),
