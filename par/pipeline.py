@@ -1,4 +1,4 @@
-"""The pipeline runtime: every rank executes its action list of a `Schedule`.
+"""The pipeline runtime: every rank executes its part of a `Schedule`'s communication plan.
 
 Setup. The layer list (`model.to_layers()`) is cut into p·v stages (`par.partition`);
 rank r keeps stages r, r+p, ... (its chunks). Before the first step the ranks agree on
@@ -7,29 +7,33 @@ it once on a dummy input and broadcasts the output's shape.
 
 One step = the rank's actions, in order:
 
-    F(i) on stage k:  x = receive activation i from stage k-1   (stage 0: micro-batch i of the batch)
+    F(i) on stage k:  x = activation i from stage k-1           (stage 0: micro-batch i of the batch)
                       y = stage(x)                                keep x, y for the backward
-                      send y to stage k+1                        (last stage: loss_i = loss(y, t_i) / m)
-    B(i) on stage k:  g = receive d loss / d y from stage k+1    (last stage: backward of loss_i)
+                      y goes to stage k+1                        (last stage: loss_i = loss(y, t_i) / m)
+    B(i) on stage k:  g = d loss / d y from stage k+1            (last stage: backward of loss_i)
                       y.backward(g)                              parameter .grad accumulates
-                      send x.grad to stage k-1
+                      x.grad goes to stage k-1
 
 Because loss_i is divided by m and .grad accumulates over the micro-batches, the
 gradients equal those of one process training on the whole batch: ∇(1/m Σ loss_i).
 
-Sends never block: a send is posted together with the next receive (one group, which is
-what NCCL needs to avoid two ranks waiting on each other) and waited for at the end of
-the step. Messages from one rank are read in the order it sent them; one that arrives
-before its action is kept until then. `par.pipeline_sim.check` proves the schedule
-terminates under exactly these rules, and runs before anything else.
+Communication. The sends and receives between the actions follow the plan of
+`par.p2p_plan.build(schedule)`, the very plan `par.pipeline_sim.check` replayed under NCCL's rule
+(groups posted together with one `batch_isend_irecv`; sends that block until matched). The
+runtime keeps one group in flight: it posts a group, goes on computing, and waits for every
+Work of that group before the first action that reads a tensor it receives, before posting
+the next group, and at the end of the step. `executed` lists the groups of the last step as
+they were posted, so a test can compare them with the plan.
 
 A `par.timeline.Recorder` passed to `step` gets one span per action ("F3", "B3@1") on
-every rank; its `gather()` brings the timeline to rank 0.
+every rank (and, with `record_comm`, one "wait" span per blocking wait in lane "comm"); its
+`gather()` brings the timeline to rank 0. `cpu_s` holds each action's CPU time of the last step
+(`time.thread_time()`): what the action cost when ranks share cores and wall time does not tell.
 """
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
+import time
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -37,6 +41,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from par import collectives, commlog, partition, pipeline_sim
+from par.p2p_plan import Group, message_in
 from par.schedules import Schedule
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32]
@@ -71,7 +76,8 @@ class Pipeline:
     def __init__(self, layers, schedule: Schedule, loss_fn, method: str = "parameters",
                  ranks=None, group=None, device=None, track_memory: bool = False):
         layers = list(layers)
-        self.schedule = pipeline_sim.check(schedule)
+        self.plan = pipeline_sim.verified_plan(schedule)
+        self.schedule = schedule
         self.p, self.v, self.m = schedule.num_ranks, schedule.virtual, schedule.microbatches
         self.ranks = list(ranks) if ranks is not None else list(range(self.p))
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -96,13 +102,8 @@ class Pipeline:
         self.track_memory = track_memory
         self._shapes = {}
         self.memory = {}
-        # in the order they are sent: the messages each rank sends to this one
-        self._incoming = defaultdict(list)
-        for src, acts in enumerate(schedule.ranks):
-            for a in acts:
-                out = pipeline_sim.message_out(schedule, src, a)
-                if out is not None and out[1] == self.rank:
-                    self._incoming[src].append(out[0])
+        self.executed = []   # the last step's groups as posted: [[(kind, peer, message), ...], ...]
+        self.cpu_s = {}      # the last step's CPU seconds per action: {"F3": 0.012, ...}
 
     # ------------------------------------------------------------ bookkeeping
     @property
@@ -161,28 +162,31 @@ class Pipeline:
 
     # ------------------------------------------------------------ one step
     def step(self, x: torch.Tensor, y: torch.Tensor, recorder=None, record_comm: bool = False):
-        """Forward and backward of the batch (x, y) by the schedule; gradients accumulate in .grad.
+        """Forward and backward of the batch (x, y) by the plan; gradients accumulate in .grad.
 
         Returns the batch's mean loss on the rank holding the last stage, None elsewhere.
         """
         run = _Step(self, split_microbatches(x, self.m), split_microbatches(y, self.m))
         span = recorder.span if recorder is not None else (lambda *a, **k: nullcontext())
+        run.waiting = (lambda: span("wait", lane="comm")) if record_comm else nullcontext
         with commlog.tag("pipeline"):
-            for a in self.schedule.ranks[self.rank]:
-                recvs = run.receives_for(a)
-                with span("recv", lane="comm") if (record_comm and recvs) else nullcontext():
-                    run.exchange(recvs)          # post pending sends + these receives; wait for the receives
-                with span(str(a)):
-                    if a.kind == "F":
-                        run.forward(a)
+            for item in self.plan.ranks[self.rank]:
+                if isinstance(item, Group):
+                    run.post(item)
+                    continue
+                run.wait_for(item)
+                cpu = time.thread_time()
+                with span(str(item)):
+                    if item.kind == "F":
+                        run.forward(item)
                     else:
-                        run.backward(a)
-            run.exchange([])
-            for req in run.send_reqs:
-                req.wait()
-        if run.saved or run.inbox:
+                        run.backward(item)
+                run.cpu_s[str(item)] = time.thread_time() - cpu
+            run.wait()
+        if run.saved or run.inbox or run.outbox:
             raise RuntimeError(f"rank {self.rank}: step ended with work left: saved {sorted(run.saved)}, "
-                               f"unread messages {sorted(run.inbox)}")
+                               f"unread messages {sorted(run.inbox)}, unsent {sorted(run.outbox)}")
+        self.executed, self.cpu_s = run.executed, run.cpu_s
         if run.mem:
             self.memory = run.mem.summary()
         return float(run.loss) if run.loss is not None else None
@@ -196,35 +200,42 @@ class _Step:
         self.shapes = pipe._boundary_shapes(xs[0].to(pipe.device))
         self.last = pipe.p * pipe.v - 1
         self.saved = {}                   # (micro-batch, stage) -> (input, output or loss)
-        self.inbox = {}                   # message -> tensor that arrived (or was handed over locally)
-        self.cursor = defaultdict(int)    # src -> how many of its messages were received
-        self.outbox, self.send_reqs = [], []
+        self.inbox = {}                   # message -> tensor received (and waited for) or handed over locally
+        self.outbox = {}                  # message -> tensor computed here, waiting for its group
+        self.in_flight = None             # (works, {message: buffer}, tensors sent) of the group posted last
+        self.executed, self.cpu_s = [], {}
+        self.waiting = nullcontext
         self.loss = None
         self.mem = _MemoryMeter(pipe.parameters()) if pipe.track_memory else None
 
-    def receives_for(self, a) -> list:
-        """[(buffer, src)] to receive before action `a`: src's messages in its send order, up to the one `a` needs."""
-        need = pipeline_sim.message_in(self.pipe.schedule, self.pipe.rank, a)
-        recvs = []
-        if need is not None and need[0] not in self.inbox:
-            message, src = need
-            while True:
-                early = self.pipe._incoming[src][self.cursor[src]]
-                self.cursor[src] += 1
-                self.inbox[early] = self.pipe._buffer(early, self.shapes)
-                recvs.append((self.inbox[early], self.pipe.ranks[src]))
-                if early == message:
-                    return recvs
-        return recvs
+    def post(self, group: Group) -> None:
+        """Post `group` as one batch (after the previous group completed); do not wait for it."""
+        self.wait()
+        ranks = self.pipe.ranks
+        sends = [(self.outbox.pop(op.message), ranks[op.peer]) for op in group.sends]
+        buffers = {op.message: self.pipe._buffer(op.message, self.shapes) for op in group.recvs}
+        recvs = [(buffers[op.message], ranks[op.peer]) for op in group.recvs]
+        works = collectives.send_recv(sends, recvs, self.pipe.group)
+        self.in_flight = (works, buffers, sends)
+        self.executed.append([(op.kind, op.peer, op.message) for op in group.sends]
+                             + [(op.kind, op.peer, op.message) for op in group.recvs])
 
-    def exchange(self, recvs) -> None:
-        """Post the pending sends together with `recvs`; wait for the receives only."""
-        if self.outbox or recvs:
-            reqs = collectives.send_recv(self.outbox, recvs, self.pipe.group)
-            self.send_reqs += reqs[:len(self.outbox)]
-            for req in reqs[len(self.outbox):]:
-                req.wait()
-        self.outbox = []
+    def wait(self) -> None:
+        """Wait for every Work of the group in flight; only then are its received tensors valid."""
+        if self.in_flight is None:
+            return
+        works, buffers, _ = self.in_flight
+        with self.waiting():
+            for work in works:
+                work.wait()
+        self.inbox.update(buffers)
+        self.in_flight = None
+
+    def wait_for(self, a) -> None:
+        """Before action `a`: wait for the group in flight if it brings `a`'s input."""
+        need = message_in(self.pipe.schedule, self.pipe.rank, a)
+        if need is not None and self.in_flight is not None and need[0] in self.in_flight[1]:
+            self.wait()
 
     def forward(self, a) -> None:
         """x = input (micro-batch or received activation); y = stage(x); send y, or loss_i / m on the last stage."""
@@ -243,7 +254,7 @@ class _Step:
         if k == self.last:
             self.loss = out.detach() if self.loss is None else self.loss + out.detach()
         else:
-            self.post(("activation", a.microbatch, k), out.detach(), k + 1)
+            self.hand_over(("activation", a.microbatch, k), out.detach(), k + 1)
 
     def backward(self, a) -> None:
         """y.backward(dL/dy) (the loss's own backward on the last stage); send x.grad to the stage before."""
@@ -256,15 +267,14 @@ class _Step:
         if self.mem:
             self.mem.backward(a.microbatch, k)
         if k > 0:
-            self.post(("gradient", a.microbatch, k), inp.grad, k - 1)
+            self.hand_over(("gradient", a.microbatch, k), inp.grad, k - 1)
 
-    def post(self, message, tensor, stage) -> None:
-        """Queue `tensor` for the owner of `stage` (handed over at once if that is this rank)."""
-        dst = self.pipe.schedule.owner(stage)[0]
-        if dst == self.pipe.rank:
+    def hand_over(self, message, tensor, stage) -> None:
+        """`tensor` for the owner of `stage`: into this rank's inbox if it owns it, else out with the plan's next group."""
+        if self.pipe.schedule.owner(stage)[0] == self.pipe.rank:
             self.inbox[message] = tensor.detach()
         else:
-            self.outbox.append((tensor.contiguous(), self.pipe.ranks[dst]))
+            self.outbox[message] = tensor.detach().contiguous()
 
 
 def _default_device(layers) -> torch.device:

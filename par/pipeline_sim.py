@@ -1,27 +1,27 @@
 """Check a pipeline schedule, and simulate it to get its timeline, bubble and memory.
 
-`check(schedule)` proves a schedule can run, the way `par.pipeline` runs it:
+`check(schedule)` proves a schedule can run the way `par.pipeline` runs it:
 
 1. complete: every micro-batch gets exactly one F and one B on every stage;
 2. on each stage, B(i) comes after F(i) (backward needs the forward's saved activations);
-3. it terminates. Each rank runs its list in order. An F on stage s > 0 first *receives*
-   the activation from stage s-1; a B on stage s < S-1 first receives the gradient from
-   stage s+1; a receive blocks until the matching send was posted. Sends never block
-   (they are posted and waited for at the end of the step). Between two ranks messages
-   are read in the order they were sent (NCCL has no tags); one that comes before it is
-   needed is kept until its action runs, so reading in order never waits longer than the
-   message itself. If no rank can move, the schedule deadlocks, and the error names
-   what every stuck rank waits for. Dependencies across stages (F on stage s after F on
-   s-1, B on s after B on s+1) hold because of these receives.
+3. it terminates under NCCL's rule. `par.p2p_plan.build` turns the schedule into each rank's
+   communication plan (its actions, and between them the groups of sends and receives posted
+   together), and `replay` runs that plan the way NCCL would: a group completes only when every
+   peer has posted its matching operations (sends block until matched; the k-th send from A to
+   B meets B's k-th receive from A, so both must name the same message); a rank keeps one group
+   in flight and waits for it before reading what it receives, before its next group and at the
+   end. The replay also checks the plan itself: every action in the schedule's order, every
+   message sent after it was computed and received before it is read. If no rank can move, the
+   error names what every stuck rank waits for.
 
-`simulate(schedule, forward, backward)` runs the same replay with costs and returns
-the timeline. With equal costs f, b on every stage, GPipe and 1F1B both idle
+`simulate(schedule, forward, backward)` is the same replay with costs and returns the timeline.
+With equal costs f, b on every stage, GPipe and 1F1B both idle
 
     bubble = (p-1)/(m+p-1)      of the step (p stages, m micro-batches),
 
-interleaving with v chunks per rank idles (p-1)/(v·m) of the ideal time m(f+b), and
-the peak number of micro-batches in flight (forward done, backward not yet) on stage s
-is m for GPipe but min(p-s, m) for 1F1B: activation memory ∝ that peak.
+interleaving with v chunks per rank idles (p-1)/(v·m) of the ideal time m(f+b), and the peak
+number of micro-batches in flight (forward done, backward not yet) on stage s is m for GPipe
+but min(p-s, m) for 1F1B: activation memory ∝ that peak.
 """
 from __future__ import annotations
 
@@ -29,11 +29,13 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from par.schedules import Action, Schedule
+from par import p2p_plan
+from par.p2p_plan import Group, Plan, describe, message_in, message_out
+from par.schedules import Action, Schedule, ScheduleError
 
-
-class ScheduleError(ValueError):
-    """The schedule cannot run: incomplete, out of order, or deadlocked."""
+__all__ = ["ScheduleError", "check", "check_complete", "verified_plan", "replay", "simulate", "Timeline",
+           "bubble_formula", "interleaved_bubble_ratio", "peak_in_flight_formula", "peak_in_flight",
+           "peak_in_flight_per_rank", "step_time", "busy_times", "bubble_fraction", "bubble_ratio", "stage_costs"]
 
 
 # ---------------------------------------------------------------- formulas
@@ -56,32 +58,6 @@ def peak_in_flight_formula(name: str, p: int, m: int, stage: int) -> int:
     if name == "naive":
         return 1
     raise ValueError(f"no in-flight formula for schedule {name!r}: use gpipe, 1f1b or naive")
-
-
-# ---------------------------------------------------------------- messages
-def message_in(schedule: Schedule, rank: int, a: Action):
-    """(what, source rank) this action must receive before it runs, or None."""
-    s, last = schedule.stage(rank, a), schedule.num_stages - 1
-    if a.kind == "F" and s > 0:
-        return ("activation", a.microbatch, s - 1), schedule.owner(s - 1)[0]
-    if a.kind == "B" and s < last:
-        return ("gradient", a.microbatch, s + 1), schedule.owner(s + 1)[0]
-    return None
-
-
-def message_out(schedule: Schedule, rank: int, a: Action):
-    """(what, destination rank) this action sends when it is done, or None."""
-    s, last = schedule.stage(rank, a), schedule.num_stages - 1
-    if a.kind == "F" and s < last:
-        return ("activation", a.microbatch, s), schedule.owner(s + 1)[0]
-    if a.kind == "B" and s > 0:
-        return ("gradient", a.microbatch, s), schedule.owner(s - 1)[0]
-    return None
-
-
-def _describe(message) -> str:
-    what, mb, stage = message
-    return f"the {what} of micro-batch {mb} from stage {stage}"
 
 
 # ---------------------------------------------------------------- structure
@@ -150,6 +126,7 @@ class Timeline:
     spans: list[dict]
     num_ranks: int
     peak_in_flight: list[int] = field(default_factory=list)
+    plan: Plan | None = None
 
     @property
     def makespan(self) -> float:
@@ -173,65 +150,153 @@ def _costs(value, n: int, label: str) -> list[float]:
     return value
 
 
-def simulate(schedule: Schedule, forward=1.0, backward=2.0, latency: float = 0.0) -> Timeline:
-    """Replay the schedule with per-stage `forward`/`backward` costs (numbers or lists, one per stage).
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
-    A message arrives `latency` after the action that sends it ends. Raises ScheduleError if
-    the schedule is incomplete, out of order or deadlocks (see the module docstring).
+
+def _partners(plan: Plan) -> dict:
+    """{(rank, item index of a group): [(peer, item index of the peer's group that matches each op)]}.
+
+    The k-th send from A to B meets B's k-th receive from A (NCCL has no tags), so both must name
+    the same message; raises ScheduleError for an op that is never matched or meets the wrong one.
     """
-    check_complete(schedule)
+    p = plan.schedule.num_ranks
+    posted = defaultdict(list)           # (kind, rank, peer) -> [(item index, message)] in posting order
+    for r, items in enumerate(plan.ranks):
+        for i, x in enumerate(items):
+            for op in x.ops if isinstance(x, Group) else ():
+                if not (0 <= op.peer < p) or op.peer == r:
+                    raise ScheduleError(f"rank {r}: {op} names rank {op.peer}: a peer must be another of the {p} ranks")
+                posted[(op.kind, r, op.peer)].append((i, op.message))
+    partners = {}
+    for r, items in enumerate(plan.ranks):
+        count = defaultdict(int)
+        for i, x in enumerate(items):
+            if not isinstance(x, Group):
+                continue
+            partners[(r, i)] = []
+            for op in x.ops:
+                n = count[(op.kind, op.peer)]
+                count[(op.kind, op.peer)] += 1
+                other = "recv" if op.kind == "send" else "send"
+                theirs = posted[(other, op.peer, r)]
+                what = f"rank {r}'s {_ordinal(n + 1)} {op.kind} {'to' if op.kind == 'send' else 'from'} rank {op.peer}"
+                if n >= len(theirs):
+                    raise ScheduleError(f"{what} ({describe(op.message)}) is never matched: rank {op.peer} posts "
+                                        f"only {len(theirs)} {other}s {'from' if other == 'recv' else 'to'} rank {r}")
+                j, message = theirs[n]
+                if message != op.message:
+                    raise ScheduleError(f"{what} is {describe(op.message)} but the {other} it meets on rank {op.peer} "
+                                        f"expects {describe(message)}: NCCL pairs the messages of two ranks in order, "
+                                        f"so both must list them in the same order")
+                partners[(r, i)].append((op.peer, j))
+    return partners
+
+
+def replay(plan: Plan, forward=1.0, backward=2.0, latency: float = 0.0) -> Timeline:
+    """Run `plan` under NCCL's rule with per-stage `forward`/`backward` costs (numbers or lists, one per stage).
+
+    A group completes `latency` after the last of its peers posted the matching operations.
+    Raises ScheduleError if the plan deadlocks, pairs messages wrongly, sends what was not
+    computed yet or reads what was not received (one line, every stuck rank named).
+    """
+    schedule = plan.schedule
     p, S = schedule.num_ranks, schedule.num_stages
     cost = {"F": _costs(forward, S, "forward"), "B": _costs(backward, S, "backward")}
-    pos, clock = [0] * p, [0.0] * p
-    sent = defaultdict(dict)          # (src, dst) -> {message: arrival time}
+    for r, items in enumerate(plan.ranks):
+        if [x for x in items if isinstance(x, Action)] != list(schedule.ranks[r]):
+            raise ScheduleError(f"the plan of rank {r} does not run the schedule's actions in their order")
+    partners = _partners(plan)
+    brings = {k: {op.message for op in plan.ranks[k[0]][k[1]].recvs} for k in partners}   # what each group receives
+    pos, clock, pending = [0] * p, [0.0] * p, [None] * p     # pending: item index of the group in flight
+    posted = {}                                              # (rank, item index) -> time it was posted
+    have = [set() for _ in range(p)]                         # messages a rank computed, or received and waited for
     spans = []
+
+    def wait(r) -> bool:
+        """Wait for rank r's group in flight; False while a peer has not posted its part."""
+        g = pending[r]
+        if g is None:
+            return True
+        if any(q not in posted for q in partners[(r, g)]):
+            return False
+        done = max([posted[(r, g)]] + [posted[q] for q in partners[(r, g)]])
+        clock[r] = max(clock[r], done + (latency if partners[(r, g)] else 0.0))
+        have[r].update(brings[(r, g)])
+        pending[r] = None
+        return True
+
     while True:
         moved = False
-        for r, acts in enumerate(schedule.ranks):
-            while pos[r] < len(acts):
-                a = acts[pos[r]]
-                start = clock[r]
-                need = message_in(schedule, r, a)
-                if need is not None:
-                    arrival = _take(sent, need, r)
-                    if arrival is None:
+        for r, items in enumerate(plan.ranks):
+            while pos[r] < len(items) or pending[r] is not None:
+                if pos[r] == len(items):          # the end of the step: wait for the last group
+                    moved |= wait(r)
+                    break
+                x = items[pos[r]]
+                if isinstance(x, Group):
+                    if not wait(r):
                         break
-                    start = max(start, arrival)
-                s = schedule.stage(r, a)
-                end = start + cost[a.kind][s]
-                spans.append({"rank": r, "name": str(a), "lane": "compute", "start": start, "end": end,
-                              "stage": s, "microbatch": a.microbatch})
-                clock[r], pos[r], moved = end, pos[r] + 1, True
-                out = message_out(schedule, r, a)
-                if out is not None:
-                    sent[(r, out[1])][out[0]] = end + latency
-        if all(pos[r] == len(acts) for r, acts in enumerate(schedule.ranks)):
-            return Timeline(spans, p, peak_in_flight(schedule))
+                    for op in x.sends:
+                        if op.message not in have[r]:
+                            raise ScheduleError(f"rank {r} sends {describe(op.message)} before it has computed it")
+                    posted[(r, pos[r])], pending[r] = clock[r], pos[r]
+                else:
+                    need = message_in(schedule, r, x)
+                    if need is not None and need[0] not in have[r]:
+                        g = pending[r]
+                        if g is None or need[0] not in brings[(r, g)]:
+                            raise ScheduleError(f"rank {r} runs {x} before it receives {describe(need[0])}")
+                        if not wait(r):
+                            break
+                    s = schedule.stage(r, x)
+                    end = clock[r] + cost[x.kind][s]
+                    spans.append({"rank": r, "name": str(x), "lane": "compute", "start": clock[r], "end": end,
+                                  "stage": s, "microbatch": x.microbatch})
+                    clock[r] = end
+                    out = message_out(schedule, r, x)
+                    if out is not None:
+                        have[r].add(out[0])
+                pos[r] += 1
+                moved = True
+        if all(pos[r] == len(items) and pending[r] is None for r, items in enumerate(plan.ranks)):
+            return Timeline(spans, p, peak_in_flight(schedule), plan)
         if not moved:
-            raise ScheduleError("deadlock: " + "; ".join(_waiting(schedule, pos)))
+            raise ScheduleError("deadlock under NCCL's rule: " + "; ".join(_stuck(plan, pos, pending, partners, posted)))
 
 
-def _take(sent, need, rank):
-    """Arrival time of the message `need` = (message, src) on `rank`; None while it is not sent yet."""
-    message, src = need
-    return sent[(src, rank)].get(message)
-
-
-def _waiting(schedule: Schedule, pos) -> list[str]:
+def _stuck(plan: Plan, pos, pending, partners, posted) -> list[str]:
     out = []
-    for r, acts in enumerate(schedule.ranks):
-        if pos[r] < len(acts):
-            a = acts[pos[r]]
-            message, src = message_in(schedule, r, a)
-            out.append(f"rank {r} waits at action {pos[r]} ({a}) for {_describe(message)} (rank {src})")
+    for r, items in enumerate(plan.ranks):
+        g = pending[r]
+        if g is None:
+            continue
+        where = f"before {items[pos[r]]}" if pos[r] < len(items) else "at the end of the step"
+        missing = [f"rank {op.peer} has not posted the {'receive' if op.kind == 'send' else 'send'} of "
+                   f"{p2p_plan.short(op.message)}" for op, q in zip(items[g].ops, partners[(r, g)]) if q not in posted]
+        out.append(f"rank {r} waits {where} for its group {items[g]} ({', '.join(missing)})")
     return out
+
+
+def verified_plan(schedule: Schedule) -> Plan:
+    """The communication plan of `schedule` (`par.p2p_plan.build`), after proving it runs to the end."""
+    check_complete(schedule)
+    plan = p2p_plan.build(schedule)
+    replay(plan)
+    return plan
 
 
 def check(schedule: Schedule) -> Schedule:
     """Raise ScheduleError (one line: the rank, the action, the reason) unless the schedule can run."""
-    simulate(schedule)
+    verified_plan(schedule)
     return schedule
 
+
+def simulate(schedule: Schedule, forward=1.0, backward=2.0, latency: float = 0.0) -> Timeline:
+    """The timeline of `schedule` with per-stage `forward`/`backward` costs (numbers or lists, one per stage):
+    its communication plan replayed under NCCL's rule (`replay`). Raises ScheduleError like `check`."""
+    check_complete(schedule)
+    return replay(p2p_plan.build(schedule), forward, backward, latency)
 
 # ---------------------------------------------------------------- measures (simulated or recorded spans)
 def step_time(spans: list[dict], lane: str = "compute") -> float:
@@ -262,18 +327,24 @@ def bubble_ratio(spans: list[dict], lane: str = "compute") -> float:
     return (len(busy) * total - work) / work
 
 
-def stage_costs(spans: list[dict], schedule: Schedule) -> tuple[list[float], list[float]]:
+def stage_costs(spans: list[dict], schedule: Schedule, clock: str = "wall") -> tuple[list[float], list[float]]:
     """Median duration of the F and of the B actions of every stage in a recorded timeline.
 
-    Feed them to `simulate` to get the timeline the schedule would have with those costs and
-    nothing else (no waiting for messages, no noise): simulated next to executed.
+    `clock="wall"` uses each span's start and end; `clock="cpu"` the CPU time the rank's thread
+    spent in the action (`cpu_s`, recorded by `par.pipeline` with `time.thread_time()`), which
+    does not count the time a rank waited for a core when ranks share cores. Feed them to
+    `simulate` to get the timeline the schedule would have with those costs and nothing else
+    (no waiting for messages, no noise): simulated next to executed.
     """
     from par.schedules import parse_action
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"unknown clock {clock!r}: use 'wall' or 'cpu'")
     sums = {"F": defaultdict(list), "B": defaultdict(list)}
     for x in spans:
         if x["lane"] == "compute":
             a = parse_action(x["name"])
-            sums[a.kind][schedule.stage(x["rank"], a)].append(x["end"] - x["start"])
+            sums[a.kind][schedule.stage(x["rank"], a)].append(x["cpu_s"] if clock == "cpu" else x["end"] - x["start"])
+
     def median(xs):  # robust to an action that was descheduled half-way
         return statistics.median(xs) if xs else 0.0
     return ([median(sums["F"][s]) for s in range(schedule.num_stages)],

@@ -19,8 +19,8 @@ Generators (p ranks, m micro-batches; every m >= 1 works, also m < p):
              alternates one forward, one backward, then drains the backwards
 * interleaved  1F1B over v chunks per rank (Megatron-LM order), bubble / v
 
-The same `Schedule` object is checked and simulated by `par.pipeline_sim` and
-executed by `par.pipeline`.
+The same `Schedule` object gets its point-to-point plan from `par.p2p_plan`, is checked
+and simulated by `par.pipeline_sim` and executed by `par.pipeline`.
 """
 from __future__ import annotations
 
@@ -28,6 +28,12 @@ import re
 from dataclasses import dataclass
 
 KINDS = ("F", "B")
+
+
+class ScheduleError(ValueError):
+    """The schedule cannot run: incomplete, out of order, or deadlocked (one line: rank, action, reason)."""
+
+
 _ACTION = re.compile(r"^([FB])(\d+)(?:@(\d+))?$")
 
 

@@ -1,13 +1,18 @@
-"""Schedules as data: text form, generators, the checker, the simulator, partitioning. All in-process."""
+"""Schedules as data: text form, generators, the p2p plan, the NCCL-rule checker, the simulator, partitioning.
+
+All in-process, pure Python. The checker tests are exhaustive over every schedule par can execute.
+"""
 from __future__ import annotations
 
 import itertools
 import random
+from collections import defaultdict
 
 import pytest
 
-from par import partition, pipeline_sim as sim, schedules
+from par import p2p_plan, partition, pipeline_sim as sim, schedules
 from par.model import build
+from par.p2p_plan import Group, Op, Plan
 from par.schedules import Action, from_lists, parse_actions
 
 SIZES = [(p, m) for p in (1, 2, 3, 4, 5) for m in (1, 2, max(1, p - 1), p, p + 1, 2 * p + 1, 3 * p)]
@@ -115,12 +120,13 @@ def test_every_generated_schedule_passes(p, m):
         t = sim.simulate(sched, forward=[1 + s % 3 for s in range(sched.num_stages)], backward=2.5, latency=0.25)
         when = {(x["name"][0], x["microbatch"], x["stage"]): (x["start"], x["end"]) for x in t.spans}
         assert len(when) == 2 * m * sched.num_stages
+        wire = 0.25 if p > 1 else 0.0       # one rank hands its chunks' tensors over in memory
         for (kind, mb, s), (start, end) in when.items():
             assert start < end
             if kind == "F" and s > 0:
-                assert start >= when[("F", mb, s - 1)][1] + 0.25
+                assert start >= when[("F", mb, s - 1)][1] + wire
             if kind == "B" and s < sched.num_stages - 1:
-                assert start >= when[("B", mb, s + 1)][1] + 0.25
+                assert start >= when[("B", mb, s + 1)][1] + wire
             if kind == "B":
                 assert start >= when[("F", mb, s)][1]
 
@@ -143,6 +149,165 @@ def test_random_orders_are_checked_not_trusted():
         accepted += 1
         assert len(t.spans) == 2 * p * m
     assert accepted > 0 and rejected > 0
+
+
+# ---------------------------------------------------------------- the p2p plan under NCCL's rule
+EXECUTABLE = [(name, p, m, 1) for name in ("naive", "gpipe", "1f1b") for p in range(2, 9) for m in range(1, 17)]
+EXECUTABLE += [("interleaved", p, m, v) for v in (2, 3) for p in range(2, 9) for m in range(1, 17)]
+
+
+def test_every_executable_schedule_passes_the_nccl_checker():
+    """naive, GPipe, 1F1B, interleaved (v = 2, 3), p = 2..8, m = 1..16: the plan terminates under NCCL's rule,
+    pairs every send with the receive of the same message, and runs the schedule's actions in order."""
+    for name, p, m, v in EXECUTABLE:
+        sched = schedules.make(name, p, m, v)
+        plan = sim.verified_plan(sched)
+        sends = [op for r in range(p) for g in plan.groups(r) for op in g.sends]
+        remote = sum(1 for r, acts in enumerate(sched.ranks) for a in acts
+                     if (out := p2p_plan.message_out(sched, r, a)) is not None and out[1] != r)
+        assert len(sends) == remote == len({op.message for op in sends}), (name, p, m, v)
+        assert all(len(g.ops) > 0 for r in range(p) for g in plan.groups(r))
+        for r, items in enumerate(plan.ranks):   # at most one group between two actions
+            assert not any(isinstance(a, Group) and isinstance(b, Group) for a, b in zip(items, items[1:]))
+
+
+def old_grouping(sched) -> Plan:
+    """par's grouping before the plan: the sends still pending plus the receives the next action needs
+    (a source's messages in its send order, up to the one needed) posted as one group."""
+    incoming = [defaultdict(list) for _ in range(sched.num_ranks)]
+    for src, acts in enumerate(sched.ranks):
+        for a in acts:
+            out = p2p_plan.message_out(sched, src, a)
+            if out is not None and out[1] != src:
+                incoming[out[1]][src].append(out[0])
+    ranks = []
+    for r, acts in enumerate(sched.ranks):
+        cursor, have, pending, items = defaultdict(int), set(), [], []
+        for a in acts:
+            need, recvs = p2p_plan.message_in(sched, r, a), []
+            if need is not None and need[1] != r and need[0] not in have:
+                while True:
+                    early = incoming[r][need[1]][cursor[need[1]]]
+                    cursor[need[1]] += 1
+                    have.add(early)
+                    recvs.append(Op("recv", need[1], early))
+                    if early == need[0]:
+                        break
+            if pending or recvs:
+                items.append(Group(tuple(pending + recvs)))
+            pending = []
+            items.append(a)
+            out = p2p_plan.message_out(sched, r, a)
+            if out is not None and out[1] != r:
+                pending.append(Op("send", out[1], out[0]))
+        if pending:
+            items.append(Group(tuple(pending)))
+        ranks.append(tuple(items))
+    return Plan(sched, tuple(ranks))
+
+
+def test_the_old_grouping_deadlocks_under_nccl_rule():
+    """Interleaved p=2, m=4, v=2: with sends that block until matched, par's old groups wait on each other."""
+    sched = schedules.interleaved(2, 4, 2)
+    with pytest.raises(sim.ScheduleError) as err:
+        sim.replay(old_grouping(sched))
+    msg = str(err.value)
+    assert msg.startswith("deadlock under NCCL's rule: rank 0 waits") and "rank 1 waits" in msg
+    assert "has not posted the receive of" in msg and "\n" not in msg
+    sim.replay(p2p_plan.build(sched))                       # the plan runs the same schedule to the end
+    # the smallest such case (issue 18 counts 147 of the 336 interleaved (p, m, v) with v = 2..4, p = 2..8)
+    assert [m for m in range(1, 5) if _deadlocks(old_grouping(schedules.interleaved(2, m, 2)))] == [4]
+
+
+def _deadlocks(plan) -> bool:
+    try:
+        sim.replay(plan)
+    except sim.ScheduleError:
+        return True
+    return False
+
+
+def test_1f1b_plan_pairs_forward_sends_with_backward_receives():
+    """Megatron-LM's send_forward_recv_backward / send_backward_recv_forward, found by the plan."""
+    plan = p2p_plan.build(schedules.one_f_one_b(2, 4))
+    assert plan.text().splitlines() == [
+        "rank 0: F0 [send a0.0 to 1] F1 [send a1.0 to 1, recv g0.1 from 1] B0 F2 [recv g1.1 from 1, send a2.0 to 1] "
+        "B1 F3 [recv g2.1 from 1, send a3.0 to 1] B2 [recv g3.1 from 1] B3",
+        "rank 1: [recv a0.0 from 0] F0 [recv a1.0 from 0] B0 [send g0.1 to 0] F1 B1 [recv a2.0 from 0, "
+        "send g1.1 to 0] F2 B2 [recv a3.0 from 0, send g2.1 to 0] F3 B3 [send g3.1 to 0]"]
+
+
+def test_plan_of_one_rank_has_no_messages():
+    plan = sim.verified_plan(schedules.interleaved(1, 3, 3))
+    assert plan.groups(0) == [] and list(plan.ranks[0]) == list(schedules.interleaved(1, 3, 3).ranks[0])
+
+
+def _swap(plan, rank, i, j):
+    items = list(plan.ranks[rank])
+    items[i], items[j] = items[j], items[i]
+    return Plan(plan.schedule, tuple(tuple(items) if r == rank else x for r, x in enumerate(plan.ranks)))
+
+
+def _replace(plan, rank, i, item):
+    items = list(plan.ranks[rank])
+    items[i] = item
+    return Plan(plan.schedule, tuple(tuple(items) if r == rank else x for r, x in enumerate(plan.ranks)))
+
+
+def test_replay_rejects_broken_plans():
+    sched = schedules.gpipe(2, 2)
+    plan = p2p_plan.build(sched)
+    assert plan.text().splitlines() == [
+        "rank 0: F0 [send a0.0 to 1] F1 [send a1.0 to 1, recv g0.1 from 1] B0 [recv g1.1 from 1] B1",
+        "rank 1: [recv a0.0 from 0] F0 [recv a1.0 from 0] F1 B0 [send g0.1 to 0] B1 [send g1.1 to 0]"]
+    r0, r1 = plan.ranks
+    F0, F1, B0, B1 = (Action(k, i) for k in "FB" for i in (0, 1))
+    a0, a1, g0, g1 = ("activation", 0, 0), ("activation", 1, 0), ("gradient", 0, 1), ("gradient", 1, 1)
+
+    def rank0(*items):
+        return Plan(sched, (tuple(items), r1))
+
+    # the two activations sent in the other order: NCCL has no tags, so rank 1 would read them swapped
+    with pytest.raises(sim.ScheduleError, match=r"rank 0's 1st send to rank 1 is the activation of micro-batch 1 "
+                                                r"from stage 0 but the recv it meets on rank 1 expects the "
+                                                r"activation of micro-batch 0 from stage 0"):
+        sim.replay(rank0(F0, F1, Group((Op("send", 1, a1), Op("send", 1, a0))), Group((Op("recv", 1, g0),)), B0,
+                         Group((Op("recv", 1, g1),)), B1))
+    # a send posted before the action that computes it
+    with pytest.raises(sim.ScheduleError, match="rank 0 sends the activation of micro-batch 0 from stage 0 before "
+                                                "it has computed it"):
+        sim.replay(rank0(Group((Op("send", 1, a0),)), *r0[:1], *r0[2:]))
+    # a receive posted after the action that reads it: rank 0 would read a buffer nobody wrote yet
+    with pytest.raises(sim.ScheduleError, match="rank 0 runs B1 before it receives the gradient of micro-batch 1"):
+        sim.replay(rank0(*r0[:-2], B1, r0[-2]))
+    # a send nobody receives
+    with pytest.raises(sim.ScheduleError, match=r"rank 1's 2nd send to rank 0 \(the gradient of micro-batch 1 from "
+                                                r"stage 1\) is never matched: rank 0 posts only 1 recvs from rank 1"):
+        sim.replay(rank0(F0, F1, Group((Op("send", 1, a0), Op("send", 1, a1), Op("recv", 1, g0))), B0, B1))
+    # an action out of the schedule's order
+    with pytest.raises(sim.ScheduleError, match="the plan of rank 1 does not run the schedule's actions"):
+        sim.replay(Plan(sched, (r0, tuple(reversed(r1)))))
+    # a peer that is not another rank
+    with pytest.raises(sim.ScheduleError, match=r"rank 0: send a0.0 to 0 names rank 0: a peer must be another"):
+        sim.replay(rank0(F0, Group((Op("send", 0, a0),)), *r0[2:]))
+
+
+def test_groups_that_wait_on_each_other_deadlock():
+    """Rank 0 waits to receive the gradient before it sends the activation rank 1 waits for."""
+    sched = schedules.from_lists(["F0 B0", "F0 B0"])
+    a, g = ("activation", 0, 0), ("gradient", 0, 1)
+    ok = p2p_plan.build(sched)
+    sim.replay(ok)
+    bad = Plan(sched, ((Action("F", 0), Group((Op("send", 1, a),)), Group((Op("recv", 1, g),)), Action("B", 0)),
+                       (Group((Op("recv", 0, a),)), Action("F", 0), Action("B", 0), Group((Op("send", 0, g),)))))
+    sim.replay(bad)                                          # in this order it completes
+    crossed = Plan(sched, ((Action("F", 0), Group((Op("recv", 1, g),)), Group((Op("send", 1, a),)), Action("B", 0)),
+                           bad.ranks[1]))
+    with pytest.raises(sim.ScheduleError, match=r"deadlock under NCCL's rule: rank 0 waits before \[send a0.0 to 1\] for its "
+                                                r"group \[recv g0.1 from 1\] \(rank 1 has not posted the send of g0.1\); "
+                                                r"rank 1 waits before F0 for its group \[recv a0.0 from 0\] \(rank 0 has "
+                                                r"not posted the send of a0.0\)$"):
+        sim.replay(crossed)
 
 
 # ---------------------------------------------------------------- the simulator
