@@ -2,7 +2,9 @@
 
 One launch per p = 2, 3, 4 (tests/workers/pp_equivalence.py) runs every schedule for
 m in {1, p-1, p, 2p+1}: gradients, losses and parameters after 3 Adam steps against the
-reference, plus the executed timeline and the measured activation memory.
+reference, plus the executed timeline, the measured activation memory and the p2p groups each
+rank posted. Each launch runs twice: plain gloo, and with NCCL's p2p semantics emulated
+(PAR_NCCL_EMULATION=1: one Work per batch, a received tensor holds NaN until that Work is waited).
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 import torch
 
 import par.launch
-from par import pipeline_sim as sim, schedules
+from par import p2p_plan, pipeline_sim as sim, schedules
 from par.data import CharDataset, global_batches
 from par.model import TinyMLP, build, lm_loss, preset
 from par.naive_mp import NaiveModelParallel
@@ -22,18 +24,20 @@ WORKER = Path(__file__).parent / "workers" / "pp_equivalence.py"
 _RESULTS: dict = {}
 
 
-@pytest.fixture(params=(2, 3, 4), ids=lambda p: f"p{p}")
+@pytest.fixture(params=[(p, emulate) for p in (2, 3, 4) for emulate in (False, True)],
+                ids=lambda x: f"p{x[0]}" + ("-nccl-emulation" if x[1] else ""))
 def run(request):
-    p = request.param
-    if p not in _RESULTS:
-        _RESULTS[p] = par.launch.run(str(WORKER), nproc=p, timeout=500, quiet=True, retries_on_crash=1)
-    return p, _RESULTS[p]
+    if request.param not in _RESULTS:
+        p, emulate = request.param
+        env = {"PAR_NCCL_EMULATION": "1"} if emulate else None
+        _RESULTS[request.param] = par.launch.run(str(WORKER), nproc=p, timeout=500, quiet=True, env=env)
+    return request.param[0], _RESULTS[request.param]
 
 
 def expected_cases(p):
     ms = sorted({1, p - 1, p, 2 * p + 1} - {0})
     names = [f"{k} m={m}" for m in ms for k in ("gpipe", "1f1b", "interleaved")]
-    names += [f"naive m={m}" for m in ms if m <= p]
+    names += [f"naive m={m}" for m in ms if m <= p] + [f"interleaved m={2 * p}"]
     return set(names) | {"1f1b mlp"} | ({"dp2 x pp2"} if p == 4 else set())
 
 
@@ -55,6 +59,30 @@ def test_pipeline_equals_single_process(run):
             n_layer = max(4, p * v - 2)
             assert r["n_params"] == sum(x.numel() for x in build(preset("tiny", n_layer=n_layer)).parameters())
     assert res["1f1b mlp"]["n_params"] == sum(x.numel() for x in TinyMLP((10, 33, 17, 29, 5)).parameters())
+
+
+def test_runtime_posts_exactly_the_checked_plan(run):
+    """Every rank's p2p groups, as the runtime posted them in its last step, are the groups of the plan
+    that `pipeline_sim` replayed under NCCL's rule (`p2p_plan.build`, one shared function)."""
+    p, res = run
+    for name, r in res.items():
+        if name == "1f1b mlp":
+            sched = schedules.one_f_one_b(p, p + 1)
+        elif name == "dp2 x pp2":
+            sched = schedules.one_f_one_b(2, 3)
+        else:
+            kind, m = name.split(" m=")
+            sched = schedules.make(kind, p, int(m), 2 if kind == "interleaved" else 1)
+        plan = sim.verified_plan(sched)
+        executed = r["executed"] if name != "dp2 x pp2" else r["executed"][:2]   # replica 0's two stages
+        assert len(executed) == sched.num_ranks
+        for rank, groups in enumerate(executed):
+            posted = [[(kind, peer, tuple(message)) for kind, peer, message in g] for g in groups]
+            assert posted == [[(o.kind, o.peer, o.message) for o in g.sends + g.recvs] for g in plan.groups(rank)], \
+                (name, rank)
+        assert sum(len(g) for groups in executed for g in groups) == 2 * sum(
+            1 for rank, acts in enumerate(sched.ranks) for a in acts
+            if (out := p2p_plan.message_out(sched, rank, a)) is not None and out[1] != rank)
 
 
 def test_executed_timeline_follows_the_schedule(run):

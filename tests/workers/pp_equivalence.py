@@ -1,11 +1,14 @@
 """Worker: pipeline-parallel training equals single-process training (torchrun, p = world size ranks).
 
-For every schedule (naive, GPipe, 1F1B, interleaved v=2) and m in {1, p-1, p, 2p+1} micro-batches:
+For every schedule (naive, GPipe, 1F1B, interleaved v=2) and m in {1, p-1, p, 2p+1} micro-batches
+(interleaved also at m = 2p: p=2, m=4 is where par's old p2p grouping deadlocked under NCCL's rule):
 three Adam steps with `par.pipeline.Pipeline` on GPT-lite (and one TinyMLP case whose stage
 boundaries have different widths), next to the single-process reference trained on the same
 batches. Every rank compares its own stage's parameters with its copy of the reference: the
 gradients of step 1, the loss of every step (last stage), the parameters after step 3. It also
-records one timeline and the measured in-flight peaks. Rank 0 saves {case: result}.
+records one timeline, the measured in-flight peaks, and the p2p groups every rank posted in its
+last step (`Pipeline.executed`). Rank 0 saves {case: result}. The test launches it twice: plain
+gloo, and with PAR_NCCL_EMULATION=1 (one Work per batch, received data valid only after its wait).
 """
 from __future__ import annotations
 
@@ -64,6 +67,7 @@ def run_case(name, sched, make_model, loss_fn, batches, method, lr=LR):
     out["param"] = max(((p - ref_params[n]).abs().max().item() for n, p in pipe.named_parameters()), default=0.0)
     out["n_params"] = sum(p.numel() for p in pipe.parameters())
     out["memory"] = pipe.memory
+    out["executed"] = pipe.executed
     out["spans"] = rec.gather()
     return out
 
@@ -74,9 +78,9 @@ def main():
     ds = CharDataset(block_size=preset("tiny").block_size)
     results = {}
     cases = []
-    for m in sorted({1, p - 1, p, 2 * p + 1} - {0}):
+    for m in sorted({1, p - 1, p, 2 * p, 2 * p + 1} - {0}):
         for kind in ("gpipe", "1f1b", "naive", "interleaved"):
-            if kind == "naive" and m > p:
+            if (kind == "naive" and m > p) or (kind != "interleaved" and m == 2 * p):
                 continue
             cases.append((kind, m))
     for kind, m in cases:
@@ -135,7 +139,7 @@ def dp_times_pp(ds, m=3):
         ref_opt.step()
     out["param"] = max((p - ref_params[n]).abs().max().item() for n, p in pipe.named_parameters())
     out["n_params"] = sum(p.numel() for p in pipe.parameters()) if replica == 0 else 0
-    out["memory"], out["spans"] = {}, []
+    out["memory"], out["executed"], out["spans"] = {}, pipe.executed, []
     return out
 
 
@@ -147,7 +151,7 @@ def gather(res):
     return {"grad": max(r["grad"] for r in parts), "loss": max(r["loss"] for r in parts),
             "param": max(r["param"] for r in parts), "losses": [l for r in parts for l in r["losses"]],
             "n_params": sum(r["n_params"] for r in parts), "memory": [r["memory"] for r in parts],
-            "spans": res["spans"]}
+            "executed": [r["executed"] for r in parts], "spans": res["spans"]}
 
 
 if __name__ == "__main__":
