@@ -201,3 +201,26 @@ def build(schedule: Schedule) -> Plan:
             items.append(Group(tuple(op for _, op in ops[k:])))
         ranks.append(tuple(items))
     return Plan(schedule, tuple(ranks))
+
+
+def one_by_one(schedule: Schedule) -> Plan:
+    """The plan one writes first, for contrast: each receive alone right before the action that reads
+    it, each send alone right after the action that computed it.
+
+    Fine where sends are buffered; under NCCL's rule 1F1B on 2 ranks deadlocks with it from m = 2
+    on: rank 0 sends activation 1 while rank 1 sends gradient 0, and neither send can complete
+    before the other rank posts its receive. `build` pairs them in one group instead.
+    """
+    ranks = []
+    for r, acts in enumerate(schedule.ranks):
+        items = []
+        for a in acts:
+            need = message_in(schedule, r, a)
+            if need is not None and need[1] != r:
+                items.append(Group((Op("recv", need[1], need[0]),)))
+            items.append(a)
+            out = message_out(schedule, r, a)
+            if out is not None and out[1] != r:
+                items.append(Group((Op("send", out[1], out[0]),)))
+        ranks.append(tuple(items))
+    return Plan(schedule, tuple(ranks))

@@ -5,9 +5,15 @@ axis, and returns the axis, so notebooks can put figures side by side.
 """
 from __future__ import annotations
 
+import re
+
 import matplotlib.pyplot as plt
 
 COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868", "comm": "#8172B2", "idle": "#DDDDDD"}
+# one shade per model chunk of an interleaved schedule (chunk 0 first): forwards blue, backwards orange
+CHUNK_COLORS = {"F": ("#4C72B0", "#8CB4E6", "#1D3A6B", "#5FA0C8"), "B": ("#DD8452", "#F4BE8E", "#9A4A16", "#E8A33D")}
+_PIPELINE_ACTION = re.compile(r"^([FB])(\d+)(?:@(\d+))?$")
+NAMES = {"F": "forward", "B": "backward", "W": "other work", "comm": "communication"}
 
 
 def _ax(ax, figsize=(8, 3)):
@@ -15,35 +21,109 @@ def _ax(ax, figsize=(8, 3)):
 
 
 def color_for(name: str, lane: str) -> str:
-    """Forward blue, backward orange, communication purple, anything else grey-green."""
+    """Forward blue, backward orange (a shade per chunk: 'F3@1' is chunk 1), communication purple,
+    anything else green."""
     if lane != "compute":
         return COLORS["comm"]
+    action = _PIPELINE_ACTION.match(name)
+    if action:
+        kind, _, chunk = action.groups()
+        shades = CHUNK_COLORS[kind]
+        return shades[int(chunk or 0) % len(shades)]
     return COLORS.get(name[:1], COLORS["W"])
 
 
-def gantt(spans: list[dict], ax=None, title: str = "", label: bool = True):
-    """One row per (rank, lane); each span a bar from start to end, named inside when it fits.
+def _legend_label(name: str, lane: str, chunked: bool) -> str:
+    if lane != "compute":
+        return NAMES["comm"]
+    action = _PIPELINE_ACTION.match(name)
+    if action:
+        kind, _, chunk = action.groups()
+        return f"{NAMES[kind]}, chunk {chunk or 0}" if chunked else NAMES[kind]
+    return NAMES.get(name[:1], NAMES["W"]) if name[:1] in ("F", "B") else NAMES["W"]
+
+
+def bar_labels(name: str) -> list[str]:
+    """The labels to try in a bar, longest first: 'F12@1' -> ['F12@1', 'F12', '12']; 'all-gather 3' ->
+    ['all-gather 3', 'all-gather']."""
+    action = _PIPELINE_ACTION.match(name)
+    if action:
+        kind, mb, chunk = action.groups()
+        return [name, f"{kind}{mb}", mb] if chunk else [name, mb]
+    words = name.split()
+    return [name] + ([words[0]] if len(words) > 1 else [])
+
+
+def _text_color(hex_color: str) -> str:
+    r, g, b = (int(hex_color[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.6 else "white"
+
+
+def _time_scale(spans, unit: str) -> tuple[float, str]:
+    """Seconds drawn in ms when the whole chart is shorter than 2 s; any other unit as it is."""
+    if unit == "s" and max((s["end"] for s in spans), default=0.0) < 2.0:
+        return 1e3, "ms"
+    return 1.0, unit
+
+
+def gantt(spans: list[dict], ax=None, title: str = "", label: bool = True, unit: str = "s",
+          legend: bool = True, fontsize: float = 7):
+    """One row per (rank, lane); each span a bar from start to end, named inside when the name fits.
 
     `spans` are dicts with rank, lane, name, start, end (what `Recorder.gather()` returns, or a
-    simulated schedule).
+    simulated schedule). A name too long for its bar is shortened ('F12@1' -> 'F12' -> '12'; the
+    chunk is in the colour) or left out, so labels never overlap. `unit` names the time axis:
+    "s" for recorded spans (drawn in ms when the chart is short), or e.g. "forward = 1" for a
+    simulation in cost units. The legend names every colour drawn, outside the bars.
     """
-    ax = _ax(ax, (10, 0.5 + 0.45 * len({(s["rank"], s["lane"]) for s in spans})))
     rows = sorted({(s["rank"], s["lane"]) for s in spans}, key=lambda r: (r[0], r[1] != "compute", r[1]))
+    ax = _ax(ax, (10, 0.9 + 0.42 * len(rows)))
     index = {r: i for i, r in enumerate(rows)}
+    scale, shown_unit = _time_scale(spans, unit)
+    t0 = min((s["start"] for s in spans), default=0.0)
     t_end = max((s["end"] for s in spans), default=1.0)
+    chunked = any((m := _PIPELINE_ACTION.match(s["name"])) and m.group(3) for s in spans)
+    seen = {}
     for s in spans:
         y = index[(s["rank"], s["lane"])]
-        ax.barh(y, s["end"] - s["start"], left=s["start"], height=0.8,
-                color=color_for(s["name"], s["lane"]), edgecolor="white", linewidth=0.5)
-        if label and (s["end"] - s["start"]) > 0.025 * t_end:
-            ax.text((s["start"] + s["end"]) / 2, y, s["name"], ha="center", va="center", fontsize=7, color="white")
+        color = color_for(s["name"], s["lane"])
+        ax.barh(y, (s["end"] - s["start"]) * scale, left=s["start"] * scale, height=0.8,
+                color=color, edgecolor="white", linewidth=0.5)
+        seen.setdefault(_legend_label(s["name"], s["lane"], chunked), color)
+    shared = [a for a in ax.get_shared_x_axes().get_siblings(ax) if a is not ax and a.has_data()]
+    right = max([t_end * scale * 1.005] + [a.get_xlim()[1] for a in shared])   # sharex: fit every chart
+    ax.set_xlim(min(0.0, t0 * scale), right)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    if label:
+        _label_bars(ax, spans, index, scale, fontsize)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"rank {r}" if lane == "compute" else f"rank {r} {lane}" for r, lane in rows])
-    ax.invert_yaxis()
-    ax.set_xlabel("time")
+    ax.set_xlabel(f"time ({shown_unit})")
     if title:
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10)
+    if legend and seen:
+        order = sorted(seen, key=lambda k: (list(NAMES.values()).index(k.split(",")[0]) if k.split(",")[0] in
+                                            NAMES.values() else 9, k))
+        handles = [plt.Rectangle((0, 0), 1, 1, color=seen[k]) for k in order]
+        ax.legend(handles, order, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False,
+                  borderaxespad=0.0)
     return ax
+
+
+def _label_bars(ax, spans, index, scale, fontsize) -> None:
+    """Write each bar's name, shortened or dropped where it would not fit inside the bar."""
+    fig = ax.figure
+    fig.canvas.draw_idle()
+    width_px = 0.85 * (ax.get_window_extent().width or fig.get_figwidth() * fig.dpi * 0.75)  # room for a later tight_layout
+    x0, x1 = ax.get_xlim()
+    px_per_unit = width_px / (x1 - x0)
+    char_px = 0.62 * fontsize * fig.dpi / 72          # a digit or capital letter at this font size
+    for s in spans:
+        room = (s["end"] - s["start"]) * scale * px_per_unit - 3
+        text = next((t for t in bar_labels(s["name"]) if len(t) * char_px <= room), None)
+        if text:
+            ax.text((s["start"] + s["end"]) / 2 * scale, index[(s["rank"], s["lane"])], text, ha="center",
+                    va="center", fontsize=fontsize, color=_text_color(color_for(s["name"], s["lane"])), clip_on=True)
 
 
 def compare_bars(labels, predicted, measured, ax=None, ylabel: str = "bytes", title: str = ""):

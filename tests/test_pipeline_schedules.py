@@ -391,3 +391,11 @@ def test_balanced_partition_is_optimal():
         best = min(max(sum(w[a:b]) for a, b in zip((0,) + cuts, cuts + (n,)))
                    for cuts in itertools.combinations(range(1, n), k - 1))
         assert max(sum(w[a:b]) for a, b in bounds) == best
+
+
+def test_one_send_per_group_deadlocks_1f1b():
+    """The plan one writes first (every send and receive alone) hangs 1F1B on 2 ranks under NCCL's rule."""
+    assert not _deadlocks(p2p_plan.one_by_one(schedules.one_f_one_b(2, 1)))
+    with pytest.raises(sim.ScheduleError, match=r"rank 0 waits before \[recv g0.1 from 1\] for its group "
+                                                r"\[send a1.0 to 1\] \(rank 1 has not posted the receive of a1.0\)"):
+        sim.replay(p2p_plan.one_by_one(schedules.one_f_one_b(2, 2)))

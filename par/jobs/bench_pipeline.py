@@ -1,12 +1,13 @@
 """Time par's 1F1B pipeline against torch.distributed.pipelining's Schedule1F1B, inside one job.
 
-    torchrun --nproc-per-node=4 -m par.jobs.bench_pipeline --preset small --microbatches 8 --micro-batch-size 4
+    torchrun --nproc-per-node=2 -m par.jobs.bench_pipeline --preset small --microbatches 8 --micro-batch-size 4
 
-Both get the same stages (the same layer boundaries, the same initial weights), the same batch
-cut into the same micro-batches, and Adam. They take turns in rounds (the order flips each round)
-so a change in machine load hits both alike. A step's time is the slowest rank's; each reports
-its median. The first step of each is also compared: the gradients must agree. One more par step
-is recorded to measure the bubble. Rank 0 saves {"par": {...}, "torch": {...}, "ratio": par/torch, ...}.
+Both get the same stages (the same layer boundaries, the same initial weights: `par.torch_pipelining`),
+the same batch cut into the same micro-batches, and Adam. They take turns in rounds (the order flips
+each round) so a change in machine load hits both alike. A step's time is the slowest rank's. The
+first step of each is also compared: the gradients must agree. One more par step is recorded to
+measure the bubble. Rank 0 saves {"world_size", "backend", "par": {"steps": [...], "rounds": [median of
+each round]}, "torch": {...}, "round_ratios": [par / torch per round], "grad_diff", "bubble", ...}.
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 import par.dist
 from par import pipeline_sim, schedules
@@ -24,6 +24,7 @@ from par.model import build, lm_loss, preset
 from par.pipeline import Pipeline
 from par.reference import make_optimizer
 from par.timeline import Recorder
+from par.torch_pipelining import TorchPipeline
 
 
 def parse(argv=None):
@@ -39,25 +40,6 @@ def parse(argv=None):
     return ap.parse_args(argv)
 
 
-def torch_runtime(layers, bounds, env, m):
-    """torch.distributed.pipelining on the same stage as par's: PipelineStage + Schedule1F1B."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-    a, b = bounds[env.rank]
-    module = nn.Sequential(*layers[a:b]).to(env.device)
-    stage = PipelineStage(module, env.rank, env.world_size, env.device)
-    return module, Schedule1F1B(stage, n_microbatches=m, loss_fn=lm_loss)
-
-
-def torch_step(sched, env, x, y):
-    if env.rank == 0:
-        sched.step(x)
-    elif env.rank == env.world_size - 1:
-        losses = []
-        sched.step(target=y, losses=losses)
-    else:
-        sched.step()
-
-
 def main(argv=None):
     args = parse(argv)
     env = par.dist.init()
@@ -65,16 +47,17 @@ def main(argv=None):
     cfg = preset(args.preset)
     pipe = Pipeline(build(cfg, seed=args.seed).to_layers(), schedules.one_f_one_b(p, m), lm_loss,
                     method=args.partition)
-    module, sched = torch_runtime(build(cfg, seed=args.seed).to_layers(), pipe.bounds, env, m)
+    theirs = TorchPipeline(build(cfg, seed=args.seed).to_layers(), pipe.bounds, lm_loss, m, "1f1b",
+                           env.rank, p, env.device)
     opts = {"par": make_optimizer(pipe.parameters(), "adam", 1e-4),
-            "torch": make_optimizer(module.parameters(), "adam", 1e-4)}
+            "torch": make_optimizer(theirs.parameters(), "adam", 1e-4)}
     g = torch.Generator().manual_seed(args.seed)
     batch = m * args.micro_batch_size
     x = torch.randint(cfg.vocab_size, (batch, cfg.block_size), generator=g).to(env.device)
     y = torch.randint(cfg.vocab_size, (batch, cfg.block_size), generator=g).to(env.device)
-    steps = {"par": lambda: pipe.step(x, y), "torch": lambda: torch_step(sched, env, x, y)}
+    steps = {"par": lambda: pipe.step(x, y), "torch": lambda: theirs.step(x, y)}
 
-    def run(name, n, timed=True):
+    def run(name, n):
         out = []
         for _ in range(n):
             opts[name].zero_grad(set_to_none=True)
@@ -85,19 +68,19 @@ def main(argv=None):
             if env.device.type == "cuda":
                 torch.cuda.synchronize(env.device)
             out.append(time.perf_counter() - t0)
-        return out if timed else []
+        return out
 
     # same gradients from both runtimes on the first step (before any optimizer step)
     for name in ("par", "torch"):
         opts[name].zero_grad(set_to_none=True)
         steps[name]()
-    grad_diff = max((a.grad - b.grad).abs().max().item() for a, b in zip(pipe.parameters(), module.parameters()))
+    grad_diff = max((a.grad - b.grad).abs().max().item() for a, b in zip(pipe.parameters(), theirs.parameters()))
     for name in ("par", "torch"):
-        run(name, args.warmup, timed=False)
+        run(name, args.warmup)
     times = {"par": [], "torch": []}
     for r in range(args.rounds):
         for name in (("par", "torch") if r % 2 == 0 else ("torch", "par")):
-            times[name] += run(name, args.steps)
+            times[name].append(run(name, args.steps))
     rec = Recorder()
     opts["par"].zero_grad(set_to_none=True)
     pipe.step(x, y, recorder=rec)
@@ -108,15 +91,16 @@ def main(argv=None):
                "micro_batch_size": args.micro_batch_size, "bounds": pipe.bounds,
                "numel": sum(x.numel() for x in build(cfg).parameters()),
                "grad_diff": max(q["grad_diff"] for q in parts)}
-        for name in ("par", "torch"):
-            slowest = [max(ts) for ts in zip(*(q["times"][name] for q in parts))]
-            out[name] = {"median_s": statistics.median(slowest), "min_s": min(slowest), "steps": slowest}
-        out["ratio"] = out["par"]["median_s"] / out["torch"]["median_s"]
+        for name in ("par", "torch"):   # a step lasts as long as its slowest rank
+            rounds = [[max(ts) for ts in zip(*(q["times"][name][r] for q in parts))] for r in range(args.rounds)]
+            out[name] = {"steps": [t for r in rounds for t in r], "rounds": [statistics.median(r) for r in rounds]}
+            out[name]["median_s"] = statistics.median(out[name]["steps"])
+        out["round_ratios"] = [a / b for a, b in zip(out["par"]["rounds"], out["torch"]["rounds"])]
+        out["ratio"] = statistics.median(out["round_ratios"])
+        sched = schedules.one_f_one_b(p, m)
         out["bubble"] = pipeline_sim.bubble_fraction(spans)
         out["bubble_formula"] = pipeline_sim.bubble_formula(p, m)
-        sim = pipeline_sim.simulate(schedules.one_f_one_b(p, m),
-                                    *pipeline_sim.stage_costs(spans, schedules.one_f_one_b(p, m)))
-        out["bubble_simulated"] = sim.bubble_fraction
+        out["bubble_simulated"] = pipeline_sim.simulate(sched, *pipeline_sim.stage_costs(spans, sched)).bubble_fraction
         out["spans"] = spans
         par.dist.save_result(out)
     par.dist.teardown()

@@ -1,16 +1,29 @@
-"""Train GPT-lite pipeline-parallel (one stage per rank) and record what every rank did.
+"""Train GPT-lite pipeline-parallel and record what every rank did.
 
     torchrun --nproc-per-node=4 -m par.jobs.pipeline --schedules gpipe,1f1b --microbatches 1,4,8
 
 One launch runs every (schedule, m) combination in turn, each on a fresh copy of the model:
-`--warmup` untimed steps, then `--steps` timed ones; the last step's timeline is kept. With a
-fixed `--micro-batch-size` the batch grows with m (the GPipe view); with `--batch` the batch is
-fixed and the micro-batches shrink as m grows (the micro-batch size trade-off).
+`--warmup` untimed steps, then `--steps` timed ones. With a fixed `--micro-batch-size` the batch
+grows with m (the GPipe view); with `--batch` the batch is fixed and the micro-batches shrink as m
+grows (the micro-batch size trade-off). `--d-model`, `--block-size`, `--n-head`, `--n-layer` change
+the preset (the lecture's timing experiments use wide blocks, so an action is tens of ms of compute).
+
+With `--dp D` the world is D replicas of a pipeline of world/D stages (`par.parallel3d` with
+tp = 1): every replica runs its rows of the batch through its pipeline, then the D copies of each
+stage average their gradients. Only 1F1B there.
 
 With `--check` every rank also trains the single-process model on the same batches and compares
 its stage: the first step's gradients (max_grad_diff), every step's loss (max_loss_diff) and the
-parameters at the end (max_diff). Rank 0 saves {"runs": [{schedule, m, text, losses, step_s, spans,
-bubble, bubble_formula, memory (per rank), max_*diff}, ...]}.
+parameters at the end (max_diff). The reference runs the batch in the pipeline's micro-batches and
+accumulates their gradients (loss_i / m), so it never holds more than one micro-batch's activations.
+
+Rank 0 saves {"world_size", "backend", "config", "runs": [...]}; each run follows the job result
+contract (losses, step_s, per_rank) and adds: schedule, m, v, dp, batch, micro_batch_size, text,
+bounds, spans (every action of the last timed step, wall clock, with its CPU time `cpu_s`),
+bubble (median over the timed steps of the measured idle fraction) and bubble_steps, bubble_formula,
+costs (median CPU seconds of each stage's forward and backward, for the simulator), memory (per
+rank: activation peak, micro-batches in flight), bytes (per rank and step, by kind:
+pipeline sends, data-parallel gradients) and the max_*diff of --check.
 """
 from __future__ import annotations
 
@@ -22,10 +35,12 @@ import torch
 import torch.distributed as dist
 
 import par.dist
-from par import pipeline_sim, schedules
+from par import commlog, pipeline_sim, schedules
 from par.data import CharDataset, global_batches
+from par.grid import Grid
 from par.model import build, lm_loss, preset
-from par.pipeline import Pipeline
+from par.parallel3d import Parallel3D
+from par.pipeline import Pipeline, split_microbatches
 from par.reference import make_optimizer
 from par.timeline import Recorder
 
@@ -37,81 +52,159 @@ def parse(argv=None):
     ap.add_argument("--virtual", type=int, default=2, help="chunks per rank for 'interleaved'")
     ap.add_argument("--micro-batch-size", type=int, default=4, help="sequences per micro-batch")
     ap.add_argument("--batch", type=int, default=None, help="fixed batch (overrides --micro-batch-size)")
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (1F1B only)")
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--n-layer", type=int, default=None, help="override the preset's number of blocks")
+    ap.add_argument("--d-model", type=int, default=None, help="override the preset's width")
+    ap.add_argument("--n-head", type=int, default=None, help="override the preset's number of heads")
+    ap.add_argument("--block-size", type=int, default=None, help="override the preset's context length")
     ap.add_argument("--partition", default="parameters", choices=["parameters", "uniform"])
     ap.add_argument("--steps", type=int, default=2, help="timed steps per combination")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", action="store_true", help="compare with single-process training")
-    ap.add_argument("--record-comm", action="store_true", help="also record receive waits (lane 'comm')")
+    ap.add_argument("--record-comm", action="store_true", help="also record blocking waits (lane 'comm')")
     return ap.parse_args(argv)
 
 
+def config(args):
+    overrides = {"n_layer": args.n_layer, "d_model": args.d_model, "n_head": args.n_head,
+                 "block_size": args.block_size}
+    return preset(args.preset, **{k: v for k, v in overrides.items() if v is not None})
+
+
+class Reference:
+    """Single-process training of the whole model on every rank, one micro-batch at a time."""
+
+    def __init__(self, cfg, seed, lr, device, m):
+        self.model = build(cfg, seed=seed).to(device)
+        self.opt = make_optimizer(self.model.parameters(), "adam", lr)
+        self.m = m
+        self.params = {f"{i}.{n}": p for i, layer in enumerate(self.model.to_layers())
+                       for n, p in layer.named_parameters()}
+
+    def step(self, x, y) -> float:
+        """∇ (1/m) Σ_i loss(x_i): the whole batch's gradient, accumulated micro-batch by micro-batch."""
+        self.opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for xi, yi in zip(split_microbatches(x, self.m), split_microbatches(y, self.m)):
+            loss = lm_loss(self.model(xi), yi) / self.m
+            loss.backward()
+            total += loss.item()
+        return total
+
+    def max_diff(self, named, grads: bool) -> float:
+        return max(((p.grad if grads else p) - (self.params[n].grad if grads else self.params[n])).abs().max().item()
+                   for n, p in named)
+
+
 def run_one(args, cfg, kind, m, env, ds):
+    """Train one (schedule, m) for warmup + steps steps; rank 0 returns the run's record, the others None."""
     v = args.virtual if kind == "interleaved" else 1
-    sched = schedules.make(kind, env.world_size, m, v)
-    batch = args.batch if args.batch is not None else m * args.micro_batch_size
+    pp = env.world_size // args.dp
+    batch = args.batch if args.batch is not None else args.dp * m * args.micro_batch_size
+    sched = schedules.make(kind, pp, m, v)
     model = build(cfg, seed=args.seed)
-    pipe = Pipeline(model.to_layers(), sched, lm_loss, method=args.partition, track_memory=True)
-    opt = make_optimizer(pipe.parameters(), "adam", args.lr)
-    ref = build(cfg, seed=args.seed).to(env.device) if args.check else None
-    ref_opt = make_optimizer(ref.parameters(), "adam", args.lr) if args.check else None
+    if args.dp > 1:
+        engine = Parallel3D(model, Grid(args.dp, pp, 1), microbatches=m, lr=args.lr, schedule=kind,
+                            track_memory=True)
+        pipe, opt = engine.pipe, None
+    else:
+        pipe = Pipeline(model.to_layers(), sched, lm_loss, method=args.partition, track_memory=True)
+        engine, opt = None, make_optimizer(pipe.parameters(), "adam", args.lr)
+    ref = Reference(cfg, args.seed, args.lr, env.device, args.dp * m) if args.check else None
     rec = Recorder()
-    losses, times = [], []
-    names = ({f"{i}.{n}": p for i, layer in enumerate(ref.to_layers()) for n, p in layer.named_parameters()}
-             if ref is not None else {})
+    losses, times, bubbles, steps_bytes = [], [], [], []
     loss_diff = grad_diff = 0.0
     for step, (x, y) in enumerate(global_batches(ds, batch, args.warmup + args.steps, seed=args.seed)):
         x, y = x.to(env.device), y.to(env.device)
-        opt.zero_grad(set_to_none=True)
+        timed = step >= args.warmup
         rec.reset()                                   # a barrier: every rank starts the step together
-        t0 = time.perf_counter()
-        loss = pipe.step(x, y, recorder=rec, record_comm=args.record_comm)
-        if env.device.type == "cuda":
-            torch.cuda.synchronize(env.device)
-        if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
+        with commlog.capture() as log:
+            t0 = time.perf_counter()
+            if engine is not None:
+                loss = engine.step(x, y)
+            else:
+                opt.zero_grad(set_to_none=True)
+                loss = pipe.step(x, y, recorder=rec, record_comm=args.record_comm)
+                opt.step()
+            if env.device.type == "cuda":
+                torch.cuda.synchronize(env.device)
+            elapsed = time.perf_counter() - t0
         if loss is not None:
             losses.append(loss)
         if ref is not None:
-            ref_opt.zero_grad(set_to_none=True)
-            ref_loss = lm_loss(ref(x), y)
-            ref_loss.backward()
-            loss_diff = max(loss_diff, abs(loss - ref_loss.item()) if loss is not None else 0.0)
+            ref_loss = ref.step(x, y)
+            loss_diff = max(loss_diff, abs(loss - ref_loss) if loss is not None else 0.0)
             if step == 0:
-                grad_diff = max(((p.grad - names[n].grad).abs().max().item() for n, p in pipe.named_parameters()),
-                                default=0.0)
-            ref_opt.step()
-        opt.step()
-    spans = rec.gather()
-    diff = None
-    if ref is not None:
-        diff = max(((p - names[n]).abs().max().item() for n, p in pipe.named_parameters()), default=0.0)
-    parts = par.dist.gather_object({"losses": losses, "times": times, "memory": pipe.memory, "diff": diff,
-                                    "grad_diff": grad_diff, "loss_diff": loss_diff, "bounds": pipe.bounds})
+                grad_diff = ref.max_diff(pipe.named_parameters(), grads=True)
+            ref.opt.step()
+        if timed:
+            times.append(elapsed)
+            steps_bytes.append({k: e["bytes_sent"] for k, e in _bytes_by_tag(log).items()})
+            if engine is None:
+                spans = _with_cpu(rec, pipe)
+                if spans is not None:
+                    bubbles.append(pipeline_sim.bubble_fraction(spans))
+    diff = ref.max_diff(pipe.named_parameters(), grads=False) if ref is not None else None
+    mine = {"losses": losses, "times": times, "memory": pipe.memory, "diff": diff, "grad_diff": grad_diff,
+            "loss_diff": loss_diff, "bounds": pipe.bounds, "cpu_s": pipe.cpu_s,
+            "bytes": steps_bytes[-1] if steps_bytes else {}}
+    parts = par.dist.gather_object(mine)
     if parts is None:
         return None
     step_s = [max(ts) for ts in zip(*(p["times"] for p in parts))]   # a step lasts as long as its slowest rank
-    return {"schedule": kind, "m": m, "v": v, "batch": batch, "micro_batch_size": batch // m,
-            "text": sched.text(), "bounds": parts[0]["bounds"],
-            "losses": [l for p in parts for l in p["losses"]],
-            "step_s": step_s, "median_step_s": statistics.median(step_s) if step_s else None,
-            "spans": spans, "bubble": pipeline_sim.bubble_fraction(spans),
-            "bubble_formula": pipeline_sim.bubble_formula(env.world_size, m),
-            "memory": [p["memory"] for p in parts],
-            "max_diff": max(p["diff"] for p in parts) if args.check else None,
-            "max_grad_diff": max(p["grad_diff"] for p in parts) if args.check else None,
-            "max_loss_diff": max(p["loss_diff"] for p in parts) if args.check else None}
+    record = {"schedule": kind, "m": m, "v": v, "dp": args.dp, "pp": pp, "batch": batch,
+              "micro_batch_size": batch // (args.dp * m), "text": sched.text(), "bounds": parts[0]["bounds"],
+              "losses": next((p["losses"] for p in parts if p["losses"]), []),   # from a last stage
+              "step_s": step_s, "median_step_s": statistics.median(step_s) if step_s else None,
+              "per_rank": [{k: p[k] for k in ("memory", "bytes", "cpu_s")} for p in parts],
+              "memory": [p["memory"] for p in parts],
+              "bubble_formula": pipeline_sim.bubble_formula(pp, m)}
+    if engine is None:
+        record["spans"] = spans
+        record["bubble_steps"] = bubbles
+        record["bubble"] = statistics.median(bubbles) if bubbles else None
+        record["costs"] = dict(zip(("forward", "backward"), pipeline_sim.stage_costs(spans, sched, clock="cpu")))
+    if args.check:
+        record.update({"max_diff": max(p["diff"] for p in parts), "max_grad_diff": max(p["grad_diff"] for p in parts),
+                       "max_loss_diff": max(p["loss_diff"] for p in parts)})
+    return record
+
+
+def _bytes_by_tag(log) -> dict:
+    """{"pipeline": {...}, "dp gradients": {...}}: this rank's bytes sent in the step, by the label par gave them."""
+    out = {}
+    for e in log.events:
+        part = out.setdefault(e.tag.split("/")[0] or "other", {"bytes_sent": 0, "count": 0})
+        part["bytes_sent"] += e.bytes_sent
+        part["count"] += 1
+    return out
+
+
+def _with_cpu(rec: Recorder, pipe: Pipeline):
+    """The step's spans on rank 0 (None elsewhere), each compute span with its CPU seconds `cpu_s`."""
+    spans = rec.gather()
+    cpu = par.dist.gather_object(pipe.cpu_s)
+    if spans is None:
+        return None
+    for s in spans:
+        if s["lane"] == "compute":
+            s["cpu_s"] = cpu[s["rank"]][s["name"]]
+    return spans
 
 
 def main(argv=None):
     args = parse(argv)
     env = par.dist.init()
     torch.manual_seed(args.seed)
-    overrides = {"n_layer": args.n_layer} if args.n_layer else {}
-    cfg = preset(args.preset, **overrides)
+    if env.world_size % args.dp:
+        raise SystemExit(f"error: --dp {args.dp} does not divide the {env.world_size} ranks: "
+                         f"launch a multiple of {args.dp} ranks")
+    if args.dp > 1 and args.schedules != "1f1b":
+        raise SystemExit("error: --dp > 1 runs 1F1B only: pass --schedules 1f1b")
+    cfg = config(args)
     ds = CharDataset(block_size=cfg.block_size)
     runs = []
     for kind in args.schedules.split(","):
@@ -119,8 +212,9 @@ def main(argv=None):
             r = run_one(args, cfg, kind, m, env, ds)
             runs.append(r)
             if r is not None:
+                bubble = f"bubble measured {r['bubble']:.3f}, " if r.get("bubble") is not None else ""
                 print(f"{kind:>11} m={m:<3} step {r['median_step_s'] * 1e3:8.1f} ms   "
-                      f"bubble measured {r['bubble']:.2f}, formula {r['bubble_formula']:.2f}", flush=True)
+                      f"{bubble}formula {r['bubble_formula']:.3f}", flush=True)
     par.dist.save_result({"world_size": env.world_size, "backend": env.backend, "preset": args.preset,
                           "config": cfg.to_dict(), "runs": runs})
     if dist.is_initialized():
