@@ -34,7 +34,8 @@ from par.p2p_plan import Group, Plan, describe, message_in, message_out
 from par.schedules import Action, Schedule, ScheduleError
 
 __all__ = ["ScheduleError", "check", "check_complete", "verified_plan", "replay", "simulate", "Timeline",
-           "bubble_formula", "interleaved_bubble_ratio", "peak_in_flight_formula", "peak_in_flight",
+           "bubble_formula", "interleaved_bubble_ratio", "step_time_formula", "best_microbatches", "fit_step_time",
+           "p2p_bytes_formula", "peak_in_flight_formula", "peak_in_flight",
            "peak_in_flight_per_rank", "step_time", "busy_times", "bubble_fraction", "bubble_ratio", "stage_costs"]
 
 
@@ -47,6 +48,43 @@ def bubble_formula(p: int, m: int) -> float:
 def interleaved_bubble_ratio(p: int, m: int, v: int) -> float:
     """Idle time of interleaved 1F1B over the ideal (bubble-free) time: (p-1)/(v·m)."""
     return (p - 1) / (v * m)
+
+
+def step_time_formula(p: int, m: int, work: float, overhead: float) -> float:
+    """1F1B step time at a fixed batch: (m+p-1)·(work/m + overhead).
+
+    `work` is one stage's forward and backward of the whole batch, so a micro-batch costs work/m
+    plus a fixed `overhead` (Python and kernel launches per action, one message each way); the
+    step lasts m+p-1 micro-batch slots. Fewer, larger micro-batches waste bubble; more, smaller
+    ones pay the overhead more often.
+    """
+    return (m + p - 1) * (work / m + overhead)
+
+
+def best_microbatches(p: int, work: float, overhead: float) -> float:
+    """The m that minimises `step_time_formula`: d/dm = 0 gives m* = sqrt((p-1)·work/overhead)."""
+    return ((p - 1) * work / overhead) ** 0.5 if overhead > 0 else float("inf")
+
+
+def fit_step_time(p: int, ms, times) -> tuple[float, float]:
+    """(work, overhead) that fit measured step times best (least squares; the formula is linear in both):
+    time(m) = work·(m+p-1)/m + overhead·(m+p-1)."""
+    rows = [((m + p - 1) / m, float(m + p - 1)) for m in ms]
+    saa = sum(a * a for a, _ in rows)
+    sab = sum(a * b for a, b in rows)
+    sbb = sum(b * b for _, b in rows)
+    sat = sum(a * t for (a, _), t in zip(rows, times))
+    sbt = sum(b * t for (_, b), t in zip(rows, times))
+    det = saa * sbb - sab * sab
+    if len(rows) < 2 or det == 0:
+        raise ValueError("fitting work and overhead needs step times at two or more different m")
+    return (sat * sbb - sbt * sab) / det, (saa * sbt - sab * sat) / det
+
+
+def p2p_bytes_formula(p: int, m: int, stage: int, activation_bytes: float) -> float:
+    """Bytes stage `stage` of a p-stage pipeline sends per step: m activations forward (unless it is
+    the last stage) and m gradients backward (unless it is the first), each `activation_bytes`."""
+    return m * activation_bytes * ((stage < p - 1) + (stage > 0))
 
 
 def peak_in_flight_formula(name: str, p: int, m: int, stage: int) -> int:

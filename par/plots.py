@@ -60,8 +60,9 @@ def _text_color(hex_color: str) -> str:
 
 
 def _time_scale(spans, unit: str) -> tuple[float, str]:
-    """Seconds drawn in ms when the whole chart is shorter than 2 s; any other unit as it is."""
-    if unit == "s" and max((s["end"] for s in spans), default=0.0) < 2.0:
+    """Spans in seconds: unit "s" draws them in ms when the chart is shorter than 2 s, "ms" always in ms
+    (give charts that share an axis the same unit); any other unit names the simulation's cost unit."""
+    if unit == "ms" or (unit == "s" and max((s["end"] for s in spans), default=0.0) < 2.0):
         return 1e3, "ms"
     return 1.0, unit
 
@@ -74,7 +75,8 @@ def gantt(spans: list[dict], ax=None, title: str = "", label: bool = True, unit:
     simulated schedule). A name too long for its bar is shortened ('F12@1' -> 'F12' -> '12'; the
     chunk is in the colour) or left out, so labels never overlap. `unit` names the time axis:
     "s" for recorded spans (drawn in ms when the chart is short), or e.g. "forward = 1" for a
-    simulation in cost units. The legend names every colour drawn, outside the bars.
+    simulation in cost units; "ms" draws seconds in ms whatever the length (charts sharing an axis
+    must share the unit). The legend names every colour drawn, outside the bars.
     """
     rows = sorted({(s["rank"], s["lane"]) for s in spans}, key=lambda r: (r[0], r[1] != "compute", r[1]))
     ax = _ax(ax, (10, 0.9 + 0.42 * len(rows)))

@@ -399,3 +399,18 @@ def test_one_send_per_group_deadlocks_1f1b():
     with pytest.raises(sim.ScheduleError, match=r"rank 0 waits before \[recv g0.1 from 1\] for its group "
                                                 r"\[send a1.0 to 1\] \(rank 1 has not posted the receive of a1.0\)"):
         sim.replay(p2p_plan.one_by_one(schedules.one_f_one_b(2, 2)))
+
+
+def test_fixed_batch_step_time_formula_and_its_optimum():
+    p, work, overhead = 2, 40.0, 2.0
+    times = [sim.step_time_formula(p, m, work, overhead) for m in (1, 2, 4, 8, 16)]
+    assert times[0] == 2 * (40 + 2) and times[-1] == 17 * (2.5 + 2)
+    assert sim.fit_step_time(p, (1, 2, 4, 8, 16), times) == pytest.approx((work, overhead))
+    best = sim.best_microbatches(p, work, overhead)
+    assert best == pytest.approx(20 ** 0.5)
+    grid = [best * f for f in (0.5, 0.9, 1.0, 1.1, 2.0)]
+    assert min(grid, key=lambda m: sim.step_time_formula(p, m, work, overhead)) == best
+    with pytest.raises(ValueError, match="needs step times at two or more different m"):
+        sim.fit_step_time(p, (4,), (1.0,))
+    assert sim.p2p_bytes_formula(4, 3, 0, 100) == 300 and sim.p2p_bytes_formula(4, 3, 1, 100) == 600
+    assert sim.p2p_bytes_formula(4, 3, 3, 100) == 300 and sim.p2p_bytes_formula(1, 3, 0, 100) == 0

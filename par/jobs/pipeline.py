@@ -3,10 +3,11 @@
     torchrun --nproc-per-node=4 -m par.jobs.pipeline --schedules gpipe,1f1b --microbatches 1,4,8
 
 One launch runs every (schedule, m) combination in turn, each on a fresh copy of the model:
-`--warmup` untimed steps, then `--steps` timed ones. With a fixed `--micro-batch-size` the batch
+`--warmup` untimed steps (only before the first with `--warmup-once`), then `--steps` timed ones. With a fixed `--micro-batch-size` the batch
 grows with m (the GPipe view); with `--batch` the batch is fixed and the micro-batches shrink as m
-grows (the micro-batch size trade-off). `--d-model`, `--block-size`, `--n-head`, `--n-layer` change
-the preset (the lecture's timing experiments use wide blocks, so an action is tens of ms of compute).
+grows (the micro-batch size trade-off). `--d-model`, `--n-head`, `--n-layer`, `--block-size` and
+`--vocab-size` change the preset (the lecture's timing experiments use wide blocks and a small
+vocabulary, so the stages are equal and an action is tens of ms of compute).
 
 With `--dp D` the world is D replicas of a pipeline of world/D stages (`par.parallel3d` with
 tp = 1): every replica runs its rows of the batch through its pipeline, then the D copies of each
@@ -58,9 +59,12 @@ def parse(argv=None):
     ap.add_argument("--d-model", type=int, default=None, help="override the preset's width")
     ap.add_argument("--n-head", type=int, default=None, help="override the preset's number of heads")
     ap.add_argument("--block-size", type=int, default=None, help="override the preset's context length")
+    ap.add_argument("--vocab-size", type=int, default=None, help="override the preset's vocabulary")
     ap.add_argument("--partition", default="parameters", choices=["parameters", "uniform"])
     ap.add_argument("--steps", type=int, default=2, help="timed steps per combination")
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps before each combination's timed ones")
+    ap.add_argument("--warmup-once", action="store_true",
+                    help="warm up before the first combination only (when all have the same micro-batch shapes)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", action="store_true", help="compare with single-process training")
@@ -70,7 +74,7 @@ def parse(argv=None):
 
 def config(args):
     overrides = {"n_layer": args.n_layer, "d_model": args.d_model, "n_head": args.n_head,
-                 "block_size": args.block_size}
+                 "block_size": args.block_size, "vocab_size": args.vocab_size}
     return preset(args.preset, **{k: v for k, v in overrides.items() if v is not None})
 
 
@@ -99,7 +103,7 @@ class Reference:
                    for n, p in named)
 
 
-def run_one(args, cfg, kind, m, env, ds):
+def run_one(args, cfg, kind, m, env, ds, warmup):
     """Train one (schedule, m) for warmup + steps steps; rank 0 returns the run's record, the others None."""
     v = args.virtual if kind == "interleaved" else 1
     pp = env.world_size // args.dp
@@ -117,9 +121,9 @@ def run_one(args, cfg, kind, m, env, ds):
     rec = Recorder()
     losses, times, bubbles, steps_bytes = [], [], [], []
     loss_diff = grad_diff = 0.0
-    for step, (x, y) in enumerate(global_batches(ds, batch, args.warmup + args.steps, seed=args.seed)):
+    for step, (x, y) in enumerate(global_batches(ds, batch, warmup + args.steps, seed=args.seed)):
         x, y = x.to(env.device), y.to(env.device)
-        timed = step >= args.warmup
+        timed = step >= warmup
         rec.reset()                                   # a barrier: every rank starts the step together
         with commlog.capture() as log:
             t0 = time.perf_counter()
@@ -209,7 +213,7 @@ def main(argv=None):
     runs = []
     for kind in args.schedules.split(","):
         for m in map(int, args.microbatches.split(",")):
-            r = run_one(args, cfg, kind, m, env, ds)
+            r = run_one(args, cfg, kind, m, env, ds, 0 if args.warmup_once and runs else args.warmup)
             runs.append(r)
             if r is not None:
                 bubble = f"bubble measured {r['bubble']:.3f}, " if r.get("bubble") is not None else ""
