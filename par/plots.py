@@ -95,7 +95,7 @@ def gantt(spans: list[dict], ax=None, title: str = "", label: bool = True, unit:
     shared = [a for a in ax.get_shared_x_axes().get_siblings(ax) if a is not ax and a.has_data()]
     right = max([t_end * scale * 1.005] + [a.get_xlim()[1] for a in shared])   # sharex: fit every chart
     ax.set_xlim(min(0.0, t0 * scale), right)
-    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_ylim(max(len(rows), 1) - 0.5, -0.5)
     if label:
         _label_bars(ax, spans, index, scale, fontsize)
     ax.set_yticks(range(len(rows)))
