@@ -79,7 +79,9 @@ def tensor_parallel_layers(model, grid: Grid, impl: str = "ring") -> list[nn.Mod
 
 
 def _max_diff(named, want: dict) -> float:
-    return max(((p.detach().float() - want[n].float()).abs().max().item() for n, p in named), default=0.0)
+    """max |p - want[name]| over (name, p); inf when anything is NaN (max() would quietly skip it)."""
+    diffs = [(p.detach().float() - want[n].float()).abs().max().item() for n, p in named]
+    return max(diffs, default=0.0) if all(d == d and d != float("inf") for d in diffs) else float("inf")
 
 
 class DataParallel:

@@ -1,7 +1,7 @@
 """One training loop for every layout: a DeepSpeed-style config names dp × pp × tp, the ZeRO stage and the
 precision; this file builds the grid, stacks the strategies and runs the steps.
 
-    python -m par train --config configs/3d.json --nproc 4     # par/jobs/train.py calls `train` on each rank
+    python -m par train --config configs/3d.json --nproc 8     # par/jobs/train.py calls `train` on each rank
 
 Read it top to bottom, as one rank does (every rank runs the same lines on its own part):
 
@@ -65,32 +65,31 @@ def train(tc: TrainConfig, check: bool = False) -> dict:
     grid = Grid(tc.dp, tc.pp, tc.tp)
     model = build(model_config(tc), seed=tc.seed).to(device)
     engine = stack(tc, model, grid)
-    seconds, losses, sent, allocated = [], [], [], []
+    seconds, cpu, losses, sent, allocated = [], [], [], [], []
     reset_cuda_peak(device)
     for step, (x, y) in enumerate(batches(tc)):
         for group in engine.optimizer.param_groups:
             group["lr"] = lr_at(tc, step)
         _sync(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with commlog.capture() as log:
             loss = engine.step(x.to(device), y.to(device))
         _sync(device)
         seconds.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         sent.append(log.total_bytes())
         if loss is not None:          # pipelines: only the last stage knows the loss
             losses.append(loss)
         if device.type == "cuda":
             allocated.append(torch.cuda.memory_allocated(device))
     mem, act, cuda_peak = engine.memory(), engine.activation_peak(), cuda_peak_bytes(device)
-    timed = seconds[WARMUP_STEPS:] or seconds
     out = {"rank": grid.rank, "coords": [grid.dp_rank, grid.stage, grid.tp_rank], "losses": losses,
-           "step_s": seconds, "bytes_per_step": statistics.mean(sent[WARMUP_STEPS:] or sent),
+           "step_s": seconds, "cpu_s": cpu, "bytes_per_step": statistics.mean(sent[WARMUP_STEPS:] or sent),
            "model_states": mem["model_states"], "params": mem["params"], "grads": mem["grads"],
            "optimizer": mem["optimizer"], "activations_peak": act,
            "mem_avg": statistics.mean(allocated) if allocated else mem["model_states"],
            "mem_peak": cuda_peak if cuda_peak is not None else mem["model_states"] + act,
-           "mem_source": "cuda allocator" if cuda_peak is not None else "live tensors",
-           "median_step_s": statistics.median(timed)}
+           "mem_source": "cuda allocator" if cuda_peak is not None else "live tensors"}
     if check:
         out["max_param_diff"] = engine.max_diff_from(reference(tc, device))
     del engine, model
@@ -115,8 +114,10 @@ def reference(tc: TrainConfig, device) -> torch.nn.Module:
 
 def summarize(tc: TrainConfig, ranks: list[dict], backend: str) -> dict:
     """One row for all ranks, by the job contract (par/jobs/__init__.py): the slowest rank sets each step's
-    time; samples/s = batch / median step time, with the fastest and slowest timed step beside it."""
+    time; samples/s = batch / median step time, with the fastest and slowest timed step beside it.
+    cpu_s: CPU seconds of each timed step, summed over the ranks (the work, whatever else the machine does)."""
     step_s = [max(r["step_s"][i] for r in ranks) for i in range(len(ranks[0]["step_s"]))]
+    cpu_s = [sum(r["cpu_s"][i] for r in ranks) for i in range(len(step_s))]
     timed = step_s[WARMUP_STEPS:] or step_s
     median = statistics.median(timed)
     losses = next((r["losses"] for r in ranks if r["losses"]), [])
@@ -126,6 +127,7 @@ def summarize(tc: TrainConfig, ranks: list[dict], backend: str) -> dict:
            "strategy": tc.strategy, "layout": tc.layout, "precision": tc.precision, "zero_stage": tc.zero_stage,
            "offload": tc.offload, "train_batch_size": tc.train_batch_size, "micro_batch": tc.micro_batch,
            "grad_accum": tc.grad_accum, "model": tc.model, "median_step_s": median,
+           "cpu_s": cpu_s[WARMUP_STEPS:] or cpu_s, "median_cpu_s": statistics.median(cpu_s[WARMUP_STEPS:] or cpu_s),
            "samples_per_s": tc.train_batch_size / median,
            "samples_per_s_range": [tc.train_batch_size / max(timed), tc.train_batch_size / min(timed)],
            "mem_avg": sum(r["mem_avg"] for r in ranks) / n, "mem_peak": max(r["mem_peak"] for r in ranks),

@@ -135,47 +135,61 @@ def one_line(error: BaseException) -> str:
     return lines[0] if not cause or cause in lines[0] else f"{lines[0]} {cause}"
 
 
+def plan_rows(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: int = 2, steps: int = 6,
+              slots: int = 1, model: dict | None = None, check: bool | None = None, memory: float = 80e9,
+              search_world: int | None = None, hardware: str = "a100-80gb") -> dict:
+    """{name: row} before anything runs: its config, its ranks, whether it is timed (ranks <= `slots`) and
+    checked, the planner's prediction; a config that cannot be parsed gets its error.
+
+    Timed rows train `model` (default `timing_model(preset)`). Rows that cannot be timed here train the preset
+    itself, checked (`check=None`) against one process trained on the same batches, every parameter compared:
+    they are there for correctness, bytes and memory, and the preset ('tiny') is where fp32 training matches
+    one process to 1e-5 after several Adam steps (in a wider model Adam's first step, lr·g/(|g|+eps), already
+    turns the rounding of near-zero gradients into differences of ~4e-5, even within one process)."""
+    hw = planner.HARDWARE[hardware]
+    rows = {}
+    for name in names:
+        n = config_for(name, nproc, {"preset": preset}, micro_batch, steps)[1]
+        timed = n <= slots
+        cfg, _ = config_for(name, nproc, (model or timing_model(preset)) if timed else {"preset": preset},
+                            micro_batch, steps)
+        rows[name] = {"name": name, "nproc": n, "config": cfg, "timed": timed,
+                      "checked": (not timed) if check is None else check}
+        try:
+            rows[name].update(predicted(parse(cfg, n), hw, search_world or nproc, memory))
+        except (ConfigError, ValueError) as e:
+            rows[name]["error"] = f"{name}: {e}"
+    return rows
+
+
 def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: int = 2, steps: int = 6,
               backend: str = "auto", memory: float = 80e9, search_world: int | None = None,
               hardware: str = "a100-80gb", timeout: int = 300, progress: bool = False, model: dict | None = None,
-              strict: bool = False) -> list[dict]:
-    """One row per configuration: measured (par.jobs.train) beside predicted (par.planner).
+              check: bool | None = None, strict: bool = False) -> list[dict]:
+    """One row per configuration (`plan_rows`): measured by `par.jobs.train` beside predicted by `par.planner`.
 
-    Rows with the same number of ranks run in one launch (start-up costs seconds). Timed rows train `model`
-    (default `timing_model(preset)`). Rows that cannot be timed here train the preset itself, with the job's
-    --check (one process trained on the same batches, every parameter compared): they are there for
-    correctness, bytes and memory, and the preset ('tiny') is where fp32 training matches one process to
-    1e-5 after several Adam steps (in a wider model Adam's first step, lr·g/(|g|+eps), already turns the
-    rounding of near-zero gradients into differences of ~4e-5, even within one process).
-    `strict`: raise `BenchmarkError` at the first failing launch instead of recording it in its rows."""
+    Rows with the same number of ranks (and the same check) run in one launch (start-up costs seconds).
+    `strict`: raise `BenchmarkError` at the first row that cannot run instead of recording it in the row."""
     from par.launch import LaunchError, run
-    hw = planner.HARDWARE[hardware]
-    slots = timing_slots(backend, nproc)
-    rows, launches = {}, {}
-    for name in names:
-        n = config_for(name, nproc, {"preset": preset}, micro_batch, steps)[1]
-        timed = n <= slots            # timed rows train the timing model; the others the preset, checked
-        cfg, _ = config_for(name, nproc, (model or timing_model(preset)) if timed else {"preset": preset},
-                            micro_batch, steps)
-        rows[name] = {"name": name, "nproc": n, "config": cfg, "timed": timed}
-        try:
-            tc = parse(cfg, n)
-            rows[name].update(predicted(tc, hw, search_world or nproc, memory))
-            launches.setdefault(n, []).append(name)
-        except (ConfigError, ValueError) as e:
-            rows[name]["error"] = str(e)
+    rows = plan_rows(names, nproc, preset, micro_batch, steps, timing_slots(backend, nproc), model, check, memory,
+                     search_world, hardware)
+    launches = {}
+    for name, row in rows.items():
+        if "error" in row:
             if strict:
-                raise BenchmarkError(f"{name}: {e}") from None
+                raise BenchmarkError(row["error"])
+            continue
+        launches.setdefault((row["nproc"], row["checked"]), []).append(name)
     todo = sorted(launches.items())
     if progress:
         from tqdm.auto import tqdm
         todo = tqdm(todo, desc="launches", unit="launch")
-    for n, group in todo:
+    for (n, checked), group in todo:
         args = [a for name in group for a in ("--config", json.dumps(rows[name]["config"]))]
-        check = ["--check"] if n > slots else []
         t0 = time.perf_counter()
         try:
-            got = run("par.jobs.train", nproc=n, args=args + check, backend=backend, timeout=timeout, quiet=True)
+            got = run("par.jobs.train", nproc=n, args=args + (["--check"] if checked else []), backend=backend,
+                      timeout=timeout, quiet=True)
         except LaunchError as e:
             if strict:
                 raise BenchmarkError(f"{', '.join(group)} on {n} ranks: {one_line(e)}") from None
@@ -197,15 +211,35 @@ def measured(rows: list[dict]) -> list[dict]:
     return [r for r in rows if "error" not in r and "skipped" not in r]
 
 
+def single_seconds(single: dict) -> float:
+    """The reference step time of `single`. On gloo its CPU time: one thread that never waits for another
+    rank, so on a quiet core CPU time is its wall time, and on a busy machine other programs cannot make the
+    reference look slow (which would inflate every speed-up). On GPUs its wall time."""
+    return single["median_cpu_s"] if single.get("backend") == "gloo" else single["median_step_s"]
+
+
 def speedups(rows: list[dict]) -> dict:
-    """{row: {"speedup": single's median step time / the row's, "ranks": n}} for the timed rows of single's
-    precision (a 16-bit row changes the arithmetic, not only how it is shared out)."""
+    """{row: {"speedup": single's step time / the row's median step time, "ranks": n}} for the timed rows of
+    single's precision (a 16-bit row changes the arithmetic, not only how it is shared out).
+
+    Bounded by n whenever the row does at least single's work: the row's wall time is at least its CPU
+    seconds summed over the ranks / n, with one thread per rank (`work`)."""
     ran = {r["name"]: r for r in measured(rows)}
     if "single" not in ran or not ran["single"]["timed"]:
         return {}
-    base = ran["single"]
-    return {name: {"speedup": round(base["median_step_s"] / r["median_step_s"], 3), "ranks": r["nproc"]}
-            for name, r in ran.items() if r["timed"] and r["precision"] == base["precision"]}
+    base = single_seconds(ran["single"])
+    return {name: {"speedup": 1.0 if name == "single" else round(base / r["median_step_s"], 3), "ranks": r["nproc"]}
+            for name, r in ran.items() if r["timed"] and r["precision"] == ran["single"]["precision"]}
+
+
+def work(rows: list[dict]) -> dict:
+    """{row: CPU seconds per step summed over its ranks / single's}: >= 1 when no row skips work single does
+    (a row below 1 would be measured unfairly, e.g. a meter only some engines pay)."""
+    ran = {r["name"]: r for r in measured(rows)}
+    if "single" not in ran:
+        return {}
+    return {name: round(r["median_cpu_s"] / ran["single"]["median_cpu_s"], 3) for name, r in ran.items()
+            if r["timed"] and r["precision"] == ran["single"]["precision"]}
 
 
 def layouts_matching_reference(rows: list[dict], tol: float = EXACT) -> list[str]:
@@ -214,8 +248,8 @@ def layouts_matching_reference(rows: list[dict], tol: float = EXACT) -> list[str
 
 
 def format_table(rows: list[dict]) -> str:
-    speed = speedups(rows)
-    head = (f"{'configuration':<26} {'ranks':>5} {'samples/s (min-max)':>21} {'speed-up':>8} {'mem avg':>10} "
+    speed, cpu = speedups(rows), work(rows)
+    head = (f"{'configuration':<26} {'ranks':>5} {'samples/s (min-max)':>21} {'speed-up':>8} {'work':>5} {'mem avg':>10} "
             f"{'mem peak':>10} {'pred mem':>10} {'bytes/step':>10} {'pred bytes':>10} {'largest fits':>12}  model")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -226,7 +260,8 @@ def format_table(rows: list[dict]) -> str:
         lo, hi = r["samples_per_s_range"]
         rate = f"{r['samples_per_s']:.1f} ({lo:.0f}-{hi:.0f})" if r["timed"] else "not timed"
         sp = f"{speed[r['name']]['speedup']:.2f}" if r["name"] in speed else "-"
-        lines.append(f"{r['strategy'][:26]:<26} {r['nproc']:>5} {rate:>21} {sp:>8} {format_bytes(r['mem_avg']):>10} "
+        wk = f"{cpu[r['name']]:.2f}" if r["name"] in cpu else "-"
+        lines.append(f"{r['strategy'][:26]:<26} {r['nproc']:>5} {rate:>21} {sp:>8} {wk:>5} {format_bytes(r['mem_avg']):>10} "
                      f"{format_bytes(r['mem_peak']):>10} {format_bytes(r['pred_mem']):>10} "
                      f"{format_bytes(r['bytes_per_step']):>10} {format_bytes(r['pred_bytes_per_step']):>10} "
                      f"{r['largest_params'] / 1e9:>10.2f} B  {model_label(r['config']['model'])}")
