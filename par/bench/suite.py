@@ -42,6 +42,10 @@ from par.memory import format_bytes
 
 NAMES = ("single", "pipeline", "TP", "DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "ZeRO-3+offload", "fp16", "bf16", "3D")
 EXACT = 1e-5       # max |parameter - single process| for a layout to count as matching the reference
+# Adam's eps, as in the equivalence tests: Adam's step lr·g/(√v + eps) turns a gradient element of eps's size
+# (e.g. the LM-head row of a character absent from the batch, ~1e-8) into an lr-sized step, so with the
+# default 1e-8 two summation orders of the same gradient differ by ~2e-5 after one step, even in one process.
+ADAM_EPS = 1e-6
 
 
 class BenchmarkError(RuntimeError):
@@ -88,7 +92,8 @@ def config_for(name: str, world: int, model: dict, micro_batch: int, steps: int)
     samples; the config derives the accumulation steps (= pipeline micro-batches): 4 for DDP/ZeRO, 4·world on
     the single device, 4·pp·tp/ (replicas) for pipeline, TP and 3D layouts."""
     base = {"train_batch_size": micro_batch * 4 * world, "train_micro_batch_size_per_gpu": micro_batch,
-            "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "model": dict(model), "steps": steps}
+            "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "eps": ADAM_EPS}}, "model": dict(model),
+            "steps": steps}
     zero = lambda stage, **kw: {"zero_optimization": {"stage": stage, **kw}}
     if name == "single":
         return base, 1
@@ -144,8 +149,8 @@ def plan_rows(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
     Timed rows train `model` (default `timing_model(preset)`). Rows that cannot be timed here train the preset
     itself, checked (`check=None`) against one process trained on the same batches, every parameter compared:
     they are there for correctness, bytes and memory, and the preset ('tiny') is where fp32 training matches
-    one process to 1e-5 after several Adam steps (in a wider model Adam's first step, lr·g/(|g|+eps), already
-    turns the rounding of near-zero gradients into differences of ~4e-5, even within one process)."""
+    one process to 1e-5 after several Adam steps (a wider model has more gradient elements of eps's size, see
+    ADAM_EPS: accumulating 8 micro-batches instead of one batch moves it by ~4e-5 after one step)."""
     hw = planner.HARDWARE[hardware]
     rows = {}
     for name in names:
