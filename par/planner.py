@@ -20,7 +20,7 @@ memory per device (bytes)
 step time (seconds), with nothing overlapped (an upper bound):
     compute    (6·Ψ·B·s + 12·L·B·s²·d) FLOPs / (N · achieved FLOP/s)        (forward 1/3, backward 2/3)
     bubble     compute · (pp - 1)/m                                          (1F1B: (m + p - 1)/m of compute)
-    dp         gradients: c·(dp-1)/dp · g·Ψ_dev bytes / bandwidth of the dp group, with c = 2 for
+    dp         gradients (`zero_bytes_per_step`): c·(dp-1)/dp · g·Ψ_dev bytes / bandwidth of the dp group, c = 2 for
                ZeRO-0/1 (all-reduce, or reduce-scatter + all-gather, once per step), m + 1 for ZeRO-2
                (a reduce-scatter per micro-batch, one all-gather) and 3m for ZeRO-3 (gather twice and
                reduce-scatter once per micro-batch): sharded gradients cost bytes under accumulation
@@ -179,6 +179,20 @@ def activation_bytes(w: Workload, micro_batch: int, layers: int, in_flight: int,
     return full * layers * in_flight + logits * in_flight
 
 
+def zero_bytes_per_step(numel: float, dp: int, stage: int, microbatches: int = 1, bytes_per_value: int = 2) -> float:
+    """Bytes one data-parallel rank sends per step for Ψ = `numel` gradient values under ZeRO `stage`:
+    c · (N_d - 1)/N_d · e·Ψ, with c the number of full-size ring passes per step over m micro-batches:
+
+        stage 0, 1   c = 2       all-reduce (or reduce-scatter + all-gather) once per step
+        stage 2      c = m + 1   a reduce-scatter per micro-batch, one all-gather of the parameters
+        stage 3      c = 3m      per micro-batch: gather before forward, again before backward, reduce-scatter
+
+    With m = 1: 2, 2, 2, 3, the ZeRO paper's Ψ, Ψ, Ψ, 1.5Ψ per all-reduce's worth."""
+    m = microbatches
+    passes = {0: 2, 1: 2, 2: m + 1, 3: 3 * m}[stage]
+    return passes * (dp - 1) / dp * bytes_per_value * numel
+
+
 def step_flops(w: Workload) -> float:
     """6·Ψ·tokens + 12·L·B·s²·d: the matmuls of forward and backward (attention scores included);
     × 4/3 with full recomputation (a second forward)."""
@@ -225,10 +239,8 @@ def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microba
     e, bp = w.bytes_per_value, memory.bytes_per_param(w.precision, w.optimizer)
     compute = step_flops(w) / (dp * pp * tp * hw.flops)
     bubble = compute * (pp - 1) / microbatches
-    m = microbatches        # ZeRO-2/3 reduce-scatter every micro-batch's gradients; stage 3 also gathers twice
-    factor = {0: 2, 1: 2, 2: m + 1, 3: 3 * m}[zero_stage]
     act_msg = b * w.seq * cfg.d_model * e
-    plan.bytes = {"dp": factor * (dp - 1) / dp * bp.grads * psi,
+    plan.bytes = {"dp": zero_bytes_per_step(psi, dp, zero_stage, microbatches, bp.grads),
                   "tp": 4 * blocks_per_stage * microbatches * 2 * (tp - 1) / tp * act_msg,
                   "pp": 2 * microbatches * act_msg * (pp - 1) / pp}
     plan.bytes["total"] = sum(plan.bytes.values())
