@@ -85,12 +85,13 @@ def tp_degree(world: int, n_head: int) -> int:
     return max(t for t in range(1, world + 1) if world % t == 0 and n_head % t == 0)
 
 
-def config_for(name: str, world: int, model: dict, micro_batch: int, steps: int) -> tuple[dict, int]:
-    """(DeepSpeed-style config, number of ranks) of one benchmark row.
+def config_for(name: str, world: int, model: dict | str, micro_batch: int, steps: int) -> tuple[dict, int]:
+    """(DeepSpeed-style config, number of ranks) of one benchmark row; `model`: a model section or a preset name.
 
     Every row trains the same global batch B = micro_batch × 4 × world in micro-batches of `micro_batch`
     samples; the config derives the accumulation steps (= pipeline micro-batches): 4 for DDP/ZeRO, 4·world on
     the single device, 4·pp·tp/ (replicas) for pipeline, TP and 3D layouts."""
+    model = {"preset": model} if isinstance(model, str) else model
     base = {"train_batch_size": micro_batch * 4 * world, "train_micro_batch_size_per_gpu": micro_batch,
             "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "eps": ADAM_EPS}}, "model": dict(model),
             "steps": steps}
@@ -167,6 +168,21 @@ def plan_rows(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
     return rows
 
 
+def launches(rows: dict) -> dict:
+    """{(ranks, checked): [row names]}: the launches `run_suite` makes for `plan_rows`' rows, one per group."""
+    out = {}
+    for name, row in rows.items():
+        if "error" not in row:
+            out.setdefault((row["nproc"], row["checked"]), []).append(name)
+    return out
+
+
+def launch_args(rows: dict, group: list[str]) -> list[str]:
+    """The arguments of `par.jobs.train` for one launch: every row's config, and --check when they are checked."""
+    args = [a for name in group for a in ("--config", json.dumps(rows[name]["config"]))]
+    return args + (["--check"] if rows[group[0]]["checked"] else [])
+
+
 def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: int = 2, steps: int = 6,
               backend: str = "auto", memory: float = 80e9, search_world: int | None = None,
               hardware: str = "a100-80gb", timeout: int = 300, progress: bool = False, model: dict | None = None,
@@ -178,23 +194,18 @@ def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
     from par.launch import LaunchError, run
     rows = plan_rows(names, nproc, preset, micro_batch, steps, timing_slots(backend, nproc), model, check, memory,
                      search_world, hardware)
-    launches = {}
-    for name, row in rows.items():
-        if "error" in row:
-            if strict:
-                raise BenchmarkError(row["error"])
-            continue
-        launches.setdefault((row["nproc"], row["checked"]), []).append(name)
-    todo = sorted(launches.items())
+    bad = [row["error"] for row in rows.values() if "error" in row]
+    if strict and bad:
+        raise BenchmarkError(bad[0])
+    todo = sorted(launches(rows).items())
     if progress:
         from tqdm.auto import tqdm
         todo = tqdm(todo, desc="launches", unit="launch")
     for (n, checked), group in todo:
-        args = [a for name in group for a in ("--config", json.dumps(rows[name]["config"]))]
         t0 = time.perf_counter()
         try:
-            got = run("par.jobs.train", nproc=n, args=args + (["--check"] if checked else []), backend=backend,
-                      timeout=timeout, quiet=True)
+            got = run("par.jobs.train", nproc=n, args=launch_args(rows, group), backend=backend, timeout=timeout,
+                      quiet=True)
         except LaunchError as e:
             if strict:
                 raise BenchmarkError(f"{', '.join(group)} on {n} ranks: {one_line(e)}") from None
