@@ -193,3 +193,19 @@ def test_plan_command(capsys):
                  "--recompute", "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert "Ψ = 182,470,213,632 on 800 × V100-32GB" in out and len(out.splitlines()) == 1 + 2 + 3 and "28 of 393 valid plans fit" in out
+
+
+def test_a_failing_benchmark_launch_raises_its_own_error_in_one_line(monkeypatch):
+    """Lecture 07's cell: the launch's error, not an IndexError later; without strict the rows carry it."""
+    import par.launch
+    from par.bench.suite import BenchmarkError, format_table, run_suite
+
+    def fail(module, nproc, args, **kw):
+        raise par.launch.LaunchError(f"{module} on {nproc} ranks failed (exit code 1).\n"
+                                     "[default0]:RuntimeError: Gloo connectFullMesh failed")
+    monkeypatch.setattr(par.launch, "run", fail)
+    with pytest.raises(BenchmarkError, match=r"^single on 1 ranks: .*RuntimeError: Gloo connectFullMesh failed$"):
+        run_suite(["single", "DDP"], nproc=2, strict=True)
+    rows = run_suite(["single", "DDP"], nproc=2)
+    assert all("RuntimeError: Gloo connectFullMesh failed" in r["error"] for r in rows)
+    assert "error" in format_table(rows)
