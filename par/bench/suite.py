@@ -291,16 +291,23 @@ def main(argv=None) -> int:
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6, help="steps per row; the first is a warm-up, not timed")
     ap.add_argument("--backend", default="auto")
-    ap.add_argument("--configs", default=",".join(NAMES), help=f"comma-separated subset of {', '.join(NAMES)}")
+    ap.add_argument("--configs", default=None, help=f"comma-separated subset of {', '.join(NAMES)} (default: all; "
+                                                    f"on CPUs all but fp16 and bf16, whose CPU kernels are slow)")
     ap.add_argument("--memory", type=float, default=80e9, help="bytes per device for the largest-model search")
     ap.add_argument("--world", type=int, default=None, help="devices for the largest-model search (default nproc)")
     ap.add_argument("--hardware", default="a100-80gb", choices=sorted(planner.HARDWARE))
     ap.add_argument("--out", default="runs/bench_suite.json")
     args = ap.parse_args(argv)
+    if args.steps < 4:
+        ap.error(f"--steps {args.steps}: use at least 4 (a warm-up and 3 timed steps for a median and a spread)")
+    import par.dist
     if args.nproc is None:
-        import par.dist
         args.nproc = par.dist.default_world_size()
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    if args.configs is None:
+        gpu = par.dist.choose_backend(args.nproc, args.backend) == "nccl"
+        names = [n for n in NAMES if gpu or n not in ("fp16", "bf16")]
+    else:
+        names = [n.strip() for n in args.configs.split(",") if n.strip()]
     rows = run_suite(names, args.nproc, args.preset, args.micro_batch, args.steps, args.backend, args.memory,
                      args.world, args.hardware)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
