@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from par.batching import BatchSizeError, resolve_batch
+from par.grid import layout_label
 
 TOP_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer",
             "scheduler", "fp16", "bf16", "zero_optimization", "pipeline", "tensor_parallel", "gradient_clipping",
@@ -98,11 +99,13 @@ class TrainConfig:
 
     @property
     def layout(self) -> str:
-        return f"dp{self.dp}×pp{self.pp}×tp{self.tp}"
+        """'dp2xpp2xtp2' (`par.grid.layout_label`)."""
+        return layout_label(self.dp, self.pp, self.tp)
 
     @property
     def strategy(self) -> str:
-        """A short name: 'single', 'DDP', 'ZeRO-2 + offload', 'pipeline', '3D dp2×pp2×tp2 + ZeRO-1', ..."""
+        """A short name: 'single', 'DDP', 'ZeRO-2 + offload', 'pipeline (2 stages)', 'tensor parallel (2)',
+        '2D dp2xpp2xtp1', '3D dp2xpp2xtp2 + ZeRO-1', ... ('3D' only when every degree is > 1)."""
         if self.pp == 1 and self.tp == 1:
             name = "single" if self.dp == 1 and self.zero_stage == 0 else (
                 "DDP" if self.zero_stage == 0 else f"ZeRO-{self.zero_stage}")
@@ -113,7 +116,7 @@ class TrainConfig:
         elif self.dp == 1 and self.pp == 1:
             name = f"tensor parallel ({self.tp})"
         else:
-            name = f"3D {self.layout}"
+            name = f"{sum(n > 1 for n in (self.dp, self.pp, self.tp))}D {self.layout}"
         if self.zero_stage and (self.pp > 1 or self.tp > 1):
             name += f" + ZeRO-{self.zero_stage}"
         return name + ("" if self.precision == "fp32" else f" {self.precision}")
@@ -153,7 +156,7 @@ def _int(cfg: dict, key: str, default=None):
     v = cfg.get(key, default)
     if v is None:
         return None
-    if isinstance(v, bool) or int(v) != v or v < 1:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < 1:
         raise ConfigError(f"{key} must be a positive integer, got {v!r}")
     return int(v)
 
@@ -161,20 +164,31 @@ def _int(cfg: dict, key: str, default=None):
 def degrees(world_size: int, pp: int, tp: int) -> int:
     """dp = world_size / (pp · tp); an error naming the numbers when it is not a whole number."""
     if world_size % (pp * tp):
+        n = pp * tp
         raise ConfigError(f"world size {world_size} is not divisible by pipeline stages {pp} × tensor degree "
-                          f"{tp} = {pp * tp}: launch a multiple of {pp * tp} ranks or change the degrees")
+                          f"{tp} = {n}: launch a multiple of {n} ranks (e.g. --nproc {n} or {2 * n}) or change "
+                          f"pipeline.stages / tensor_parallel.tp_size")
     return world_size // (pp * tp)
 
 
 def parse(cfg: dict, world_size: int) -> TrainConfig:
     """Check a config dict for `world_size` ranks and resolve it into a `TrainConfig`."""
+    try:
+        return _parse(cfg, world_size)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, AttributeError) as e:   # a value of the wrong kind, e.g. "lr": "fast"
+        raise ConfigError(f"a value in the config has the wrong type: {e}") from None
+
+
+def _parse(cfg: dict, world_size: int) -> TrainConfig:
     check_keys(cfg)
     pp = _int(cfg.get("pipeline", {}), "stages", 1)
     tp = _int(cfg.get("tensor_parallel", {}), "tp_size", 1)
     dp = degrees(world_size, pp, tp)
     try:
-        b = resolve_batch(dp, cfg.get("train_batch_size"), cfg.get("train_micro_batch_size_per_gpu"),
-                          cfg.get("gradient_accumulation_steps"))
+        b = resolve_batch(dp, _int(cfg, "train_batch_size"), _int(cfg, "train_micro_batch_size_per_gpu"),
+                          _int(cfg, "gradient_accumulation_steps"))
     except BatchSizeError as e:
         raise ConfigError(f"batch sizes: {e} [world_size here is the data-parallel degree dp = {world_size} ranks "
                           f"/ (pp {pp} × tp {tp}) = {dp}]") from None
@@ -264,16 +278,27 @@ def ignored_keys(cfg: dict) -> list[str]:
     return found
 
 
+def _short(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def read(source) -> dict:
+    """The config as a dict: from a JSON file (path), a JSON object given as text, or a dict."""
+    if isinstance(source, dict):
+        return source
+    text = str(source)
+    try:
+        return json.loads(text if text.lstrip().startswith("{") else Path(source).read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{_short(text)}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config {text}: {e.strerror}; pass a JSON file (e.g. configs/ddp.json) "
+                          f"or a JSON object") from None
+
+
 def load(source, world_size: int) -> TrainConfig:
-    """`parse` a JSON file (path) or an already loaded dict."""
-    if isinstance(source, (str, Path)):
-        try:
-            cfg = json.loads(Path(source).read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{source}: not valid JSON ({e})") from None
-    else:
-        cfg = source
-    return parse(cfg, world_size)
+    """`parse` a JSON file (path), a JSON object given as text, or an already loaded dict."""
+    return parse(read(source), world_size)
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -289,6 +314,17 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     if cfg.decay_steps:
         return cfg.lr * max(0.0, (cfg.decay_steps - step) / max(1, cfg.decay_steps - cfg.warmup_steps))
     return cfg.lr
+
+
+def loss_scaler(cfg: TrainConfig):
+    """The fp16 loss scaler the config asks for (`par.loss_scaler`): StaticLossScaler(S) for loss_scale S > 0,
+    DynamicLossScaler(...) for the dynamic keys; None means par.zero's default for the precision."""
+    if cfg.precision != "fp16" or not cfg.loss_scale:
+        return None
+    from par.loss_scaler import DynamicLossScaler, StaticLossScaler
+    if "static" in cfg.loss_scale:
+        return StaticLossScaler(cfg.loss_scale["static"])
+    return DynamicLossScaler(**cfg.loss_scale)
 
 
 def model_config(cfg: TrainConfig):

@@ -35,6 +35,12 @@ class GridError(ValueError):
     """A layout that does not fit the world: one line naming the numbers."""
 
 
+def layout_label(dp: int, pp: int, tp: int) -> str:
+    """'dp2xpp2xtp2': the one spelling of a layout, used by the config, the planner, the benchmark
+    table and the notebooks' records (a plain 'x', so it can be typed and searched for)."""
+    return f"dp{dp}xpp{pp}xtp{tp}"
+
+
 @dataclass(frozen=True)
 class Layout:
     dp: int
@@ -45,8 +51,13 @@ class Layout:
     def size(self) -> int:
         return self.dp * self.pp * self.tp
 
+    @property
+    def is_3d(self) -> bool:
+        """True when all three degrees are > 1: only then is a run 3D parallel."""
+        return min(self.dp, self.pp, self.tp) > 1
+
     def __str__(self) -> str:
-        return f"dp{self.dp}×pp{self.pp}×tp{self.tp}"
+        return layout_label(self.dp, self.pp, self.tp)
 
 
 def check_layout(world_size: int, dp: int, pp: int, tp: int) -> Layout:

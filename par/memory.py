@@ -356,13 +356,14 @@ def saved_activation_bytes(fn, *inputs, exclude=()):
     """Run `fn(*inputs)` and measure what autograd keeps for backward: the bytes of every tensor
     saved in the graph (each storage once), leaving out the storages of `exclude` (pass the
     module's parameters: weights are model states, not activations). Returns (output, bytes);
-    keep the output alive as long as you want the graph."""
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    keep the output alive as long as you want the graph. `exclude` is matched by storage, not by
+    address, so a parameter whose storage is re-allocated inside `fn` (ZeRO-3 gathers it) stays out."""
+    skip = {t.untyped_storage()._cdata for t in exclude}
     seen: dict[int, int] = {}
 
     def pack(t):
         st = t.untyped_storage()
-        if st.data_ptr() not in skip:
+        if st._cdata not in skip:
             seen[st.data_ptr()] = st.nbytes()
         return t
 

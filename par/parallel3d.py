@@ -24,15 +24,24 @@ summation order.
 ZeRO-2/3 with a pipeline is refused (as in DeepSpeed): a pipeline accumulates gradients
 over m micro-batches, and sharding them would reduce-scatter once per micro-batch.
 Mixed precision is not stacked here (fp32); use `par.zero` with pp = tp = 1 for fp16/bf16.
+
+With pp = tp = 1 the grid is plain data parallelism, and `DataParallel` runs it with every
+ZeRO stage, offload and 16-bit precision (`par.zero`). Both engines have the same face, which
+is all the training loop (`par.train`) sees:
+
+    engine.step(x, y) -> loss      engine.optimizer (its lr is set per step)
+    engine.memory()                engine.activation_peak()        engine.max_diff_from(reference)
 """
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from par import collectives, commlog, schedules
 from par.dp_naive import average_gradients
 from par.grid import Grid
+from par.memory import saved_activation_bytes, tensor_bytes
 from par.model import lm_loss
 from par.pipeline import Pipeline
 from par.reference import make_optimizer
@@ -51,11 +60,85 @@ def replica_rows(x: torch.Tensor, d: int, dp: int) -> torch.Tensor:
     return x[d::dp]
 
 
+def mean_over(value: float, group, device, impl: str = "ring") -> float:
+    """The mean of one number over a process group. Each data-parallel replica knows the mean loss of
+    its own rows (equal shares of the batch), so their mean is the loss of the whole batch."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float32, device=device)
+    with commlog.tag("loss"):
+        collectives.all_reduce(t, op="avg", group=group, impl=impl)
+    return t.item()
+
+
 def tensor_parallel_layers(model, grid: Grid, impl: str = "ring") -> list[nn.Module]:
     """The model's layer list with every block sharded over the tp group (the dense list when tp = 1)."""
     if grid.tp == 1:
         return model.to_layers()
     return TensorParallelGPT.from_dense(model, grid.tp_group, impl).to_layers()
+
+
+def _max_diff(named, want: dict) -> float:
+    """max |p - want[name]| over (name, p); inf when anything is NaN (max() would quietly skip it)."""
+    diffs = [(p.detach().float() - want[n].float()).abs().max().item() for n, p in named]
+    return max(diffs, default=0.0) if all(d == d and d != float("inf") for d in diffs) else float("inf")
+
+
+class DataParallel:
+    """pp = tp = 1: the batch split over the dp group, ZeRO stage 0-3 (+ offload, fp16/bf16) from `par.zero`,
+    and m micro-batches of gradient accumulation on each replica.
+
+        engine = DataParallel(build(cfg), Grid(dp=2), microbatches=4, stage=2)
+        loss = engine.step(x, y)     # x, y: the global batch (the same on every rank)
+
+    One step on replica d: for each of its m micro-batches, backward of loss_i / m (stages 2-3 reduce-scatter
+    the gradients right there, stages 0-1 let them accumulate); then `zero.step()` (stages 0-1 reduce once,
+    every stage updates its partition). Stage 0 is plain data parallelism; with one replica, one process.
+    """
+
+    def __init__(self, model, grid: Grid, microbatches: int = 1, stage: int = 0, optimizer: str = "adam",
+                 lr: float = 1e-3, offload: bool = False, precision: str = "fp32", scaler=None,
+                 max_grad_norm: float | None = None, prefetch: bool = False, loss_fn=lm_loss, **opt_kw):
+        from par.zero import Zero
+        self.model, self.grid, self.m, self.loss_fn = model, grid, microbatches, loss_fn
+        self.zero = Zero(model, stage=stage, optimizer=optimizer, lr=lr, offload=offload, group=grid.dp_group,
+                         precision=precision, max_grad_norm=max_grad_norm, scaler=scaler, prefetch=prefetch,
+                         **opt_kw)
+        self.optimizer = self.zero.updater.opt
+        self.device = next(model.parameters()).device
+        self._activations = 0
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """One optimizer step on the global batch (x, y); returns the batch's mean loss on every rank."""
+        g = self.grid
+        x, y = replica_rows(x, g.dp_rank, g.dp), replica_rows(y, g.dp_rank, g.dp)
+        total = 0.0
+        for xm, ym in zip(x.chunk(self.m), y.chunk(self.m)):
+            loss, saved = saved_activation_bytes(self._micro_loss, xm, ym, exclude=list(self.model.parameters()))
+            self._activations = max(self._activations, saved)
+            self.zero.backward(loss)
+            total += loss.item()
+        self.zero.step()
+        self.zero.zero_grad()
+        return mean_over(total, g.dp_group, self.device)
+
+    def _micro_loss(self, x, y):
+        return self.loss_fn(self.model(x).float(), y) / self.m
+
+    def memory(self) -> dict:
+        """Model states on this device (under offload the optimizer's host bytes are reported apart)."""
+        m = self.zero.memory()
+        return {"params": m["params"], "grads": m["grads"], "optimizer": m["optimizer"],
+                "model_states": m["params"] + m["grads"] + m["optimizer_device"]}
+
+    def activation_peak(self) -> int:
+        """The most bytes autograd kept for one micro-batch's backward (`par.memory.saved_activation_bytes`)."""
+        return self._activations
+
+    def max_diff_from(self, reference: nn.Module) -> float:
+        """Largest |parameter - reference| (the full fp32 parameters; one all-gather under ZeRO)."""
+        want = dict(reference.named_parameters())
+        return _max_diff(self.zero.full_state_dict().items(), want)
 
 
 class Parallel3D:
@@ -74,12 +157,12 @@ class Parallel3D:
             raise Parallel3DError(f"ZeRO stage {zero_stage} is not combined with pipeline/tensor parallelism "
                                   f"here (DeepSpeed neither): use zero_stage 0 or 1, or pp = tp = 1 with par.zero")
         self.grid, self.impl, self.zero_stage = grid, impl, zero_stage
-        layers = tensor_parallel_layers(model, grid, impl)
+        layers = tensor_parallel_layers(model, grid, impl)                      # TP inside every block
         sched = schedules.make(schedule, grid.pp, microbatches)
         self.pipe = Pipeline(layers, sched, loss_fn, ranks=grid.pp_ranks, group=grid.pp_group,
-                             track_memory=track_memory)
+                             track_memory=track_memory)                        # the blocks cut into stages
         self.params = list(self.pipe.parameters())
-        if zero_stage == 1:
+        if zero_stage == 1:                                                     # replicas of each shard
             from par.zero import Zero
             self.zero = Zero(nn.ModuleList(self.pipe.chunks), stage=1, optimizer=optimizer, lr=lr,
                              group=grid.dp_group, impl=impl, **opt_kw)
@@ -107,26 +190,27 @@ class Parallel3D:
                 self.optimizer.step()
         if loss is None:
             return None
-        if g.dp > 1:  # each replica knows the loss of its rows: their mean is the batch's
-            t = torch.tensor([loss], device=self.params[0].device)
-            with commlog.tag("loss"):
-                collectives.all_reduce(t, op="avg", group=g.dp_group, impl=self.impl)
-            loss = t.item()
-        return loss
+        return mean_over(loss, g.dp_group, self.params[0].device, self.impl)
 
     def memory(self) -> dict:
-        """Live bytes of this rank's parameters, gradients and optimizer state, and the pipeline's
-        measured activation peak (`track_memory`)."""
-        from par.memory import tensor_bytes
-        params = tensor_bytes(self.params)
+        """Live bytes of this rank's parameters, gradients and optimizer state."""
         if self.zero is not None:
             z = self.zero.memory()
             return {"params": z["params"], "grads": z["grads"], "optimizer": z["optimizer"],
                     "model_states": z["model_states"]}
+        params = tensor_bytes(self.params)
         grads = tensor_bytes([p.grad for p in self.params if p.grad is not None])
         opt = tensor_bytes([v for s in self.optimizer.state.values() for v in s.values()
                             if isinstance(v, torch.Tensor) and v.dim() > 0])
         return {"params": params, "grads": grads, "optimizer": opt, "model_states": params + grads + opt}
+
+    def activation_peak(self) -> int:
+        """The pipeline's measured activation peak over the micro-batches in flight (`track_memory`)."""
+        return self.pipe.memory.get("peak_bytes", 0)
+
+    def max_diff_from(self, reference: nn.Module) -> float:
+        """Largest |parameter - reference| over this rank's shards (no communication)."""
+        return _max_diff(self.named_parameters(), reference_shards(reference, self.grid, self.impl))
 
 
 def reference_shards(model, grid: Grid, impl: str = "ring") -> dict:

@@ -5,19 +5,22 @@
 
 memory per device (bytes)
     Ψ_dev      parameters on the busiest device: the layer list [embedding, L blocks, head] with each
-               block's matrices split over tp (`par.tensor_parallel.tp_param_count`'s per-layer count),
-               cut into pp stages with the balanced partition of `par.partition` (the largest stage)
+               block's matrices split over tp (`par.memory.gpt_block_params`, its LayerNorms and
+               row-parallel biases replicated, as `par.tensor_parallel` holds them), cut into pp stages
+               with the balanced partition of `par.partition` (the largest stage)
     states     `par.memory.model_state_bytes(Ψ_dev, dp, stage, precision, optimizer)`; with offload the
                optimizer part (fp32 masters + moments) lives on the host instead
     activations  per micro-batch and layer `par.memory.activation_bytes_per_layer` (no dropout) / tp,
                times the layers of a stage, times the micro-batches in flight (1F1B: min(pp, m) on the
                first stage; no pipeline: 1), plus the logits on the last stage (2·b·s·V values).
                Dividing by tp is an approximation: layer norms and the block input stay replicated.
+               Full recomputation keeps each layer's input (2·s·b·h in 16 bits) per micro-batch in flight,
+               plus one layer rebuilt in full during backward: the peak is not L·2·s·b·h alone.
 
 step time (seconds), with nothing overlapped (an upper bound):
     compute    (6·Ψ·B·s + 12·L·B·s²·d) FLOPs / (N · achieved FLOP/s)        (forward 1/3, backward 2/3)
     bubble     compute · (pp - 1)/m                                          (1F1B: (m + p - 1)/m of compute)
-    dp         gradients: c·(dp-1)/dp · g·Ψ_dev bytes / bandwidth of the dp group, with c = 2 for
+    dp         gradients (`zero_bytes_per_step`): c·(dp-1)/dp · g·Ψ_dev bytes / bandwidth of the dp group, c = 2 for
                ZeRO-0/1 (all-reduce, or reduce-scatter + all-gather, once per step), m + 1 for ZeRO-2
                (a reduce-scatter per micro-batch, one all-gather) and 3m for ZeRO-3 (gather twice and
                reduce-scatter once per micro-batch): sharded gradients cost bytes under accumulation
@@ -40,7 +43,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from par import memory, partition
-from par.grid import Layout, group_ranks
+from par.grid import Layout, group_ranks, layout_label
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,7 @@ class Plan:
 
     @property
     def layout(self) -> str:
-        return f"dp{self.dp}×pp{self.pp}×tp{self.tp}"
+        return layout_label(self.dp, self.pp, self.tp)
 
     @property
     def label(self) -> str:
@@ -125,12 +128,20 @@ def layouts(world: int) -> list[tuple[int, int, int]]:
     return out
 
 
+def block_params(cfg, tp: int = 1) -> float:
+    """One block's parameters on one tp rank: `par.memory.gpt_block_params` with everything but the
+    replicated pieces split over tp. Replicated: the 2 LayerNorms (4d) and the biases of the two
+    row-parallel projections (2d), added after the all-reduce (`par.tensor_parallel`)."""
+    d = cfg.d_model
+    replicated = 4 * d + 2 * d
+    return (memory.gpt_block_params(d, cfg.ffn) - replicated) / tp + replicated
+
+
 def layer_params(cfg, tp: int = 1) -> list[float]:
     """Parameters one tp rank holds per entry of [embedding, block × L, head] (blocks split over tp)."""
-    d, f, v, t = cfg.d_model, cfg.ffn, cfg.vocab_size, cfg.block_size
-    block = (3 * d * d + 3 * d) / tp + d * d / tp + d + (d * f + f) / tp + f * d / tp + d + 4 * d
+    d, v, t = cfg.d_model, cfg.vocab_size, cfg.block_size
     head = 2 * d + (0 if cfg.tie_embeddings else v * d)
-    return [v * d + t * d, *([block] * cfg.n_layer), head]
+    return [v * d + t * d, *([block_params(cfg, tp)] * cfg.n_layer), head]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -161,9 +172,25 @@ def activation_bytes(w: Workload, micro_batch: int, layers: int, in_flight: int,
                                              bytes_per_value=e, dropout=False) / tp
     logits = 2 * micro_batch * w.seq * cfg.vocab_size * e if last_stage else 0
     if w.recompute == "full":   # the layer inputs stay; one layer at a time is rebuilt in full during backward
+        # THE ONE CALL SITE for the recomputation peak (lecture 01's formula). When par.memory gets that
+        # formula (zero branch: "L layer inputs + one layer rebuilt"), call it here instead of the next lines.
         kept = memory.activation_bytes_per_layer(w.seq, micro_batch, cfg.d_model, cfg.n_head, "full", e)
         return kept * layers * in_flight + full + logits
     return full * layers * in_flight + logits * in_flight
+
+
+def zero_bytes_per_step(numel: float, dp: int, stage: int, microbatches: int = 1, bytes_per_value: int = 2) -> float:
+    """Bytes one data-parallel rank sends per step for Ψ = `numel` gradient values under ZeRO `stage`:
+    c · (N_d - 1)/N_d · e·Ψ, with c the number of full-size ring passes per step over m micro-batches:
+
+        stage 0, 1   c = 2       all-reduce (or reduce-scatter + all-gather) once per step
+        stage 2      c = m + 1   a reduce-scatter per micro-batch, one all-gather of the parameters
+        stage 3      c = 3m      per micro-batch: gather before forward, again before backward, reduce-scatter
+
+    With m = 1: 2, 2, 2, 3, the ZeRO paper's Ψ, Ψ, Ψ, 1.5Ψ per all-reduce's worth."""
+    m = microbatches
+    passes = {0: 2, 1: 2, 2: m + 1, 3: 3 * m}[stage]
+    return passes * (dp - 1) / dp * bytes_per_value * numel
 
 
 def step_flops(w: Workload) -> float:
@@ -212,10 +239,8 @@ def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microba
     e, bp = w.bytes_per_value, memory.bytes_per_param(w.precision, w.optimizer)
     compute = step_flops(w) / (dp * pp * tp * hw.flops)
     bubble = compute * (pp - 1) / microbatches
-    m = microbatches        # ZeRO-2/3 reduce-scatter every micro-batch's gradients; stage 3 also gathers twice
-    factor = {0: 2, 1: 2, 2: m + 1, 3: 3 * m}[zero_stage]
     act_msg = b * w.seq * cfg.d_model * e
-    plan.bytes = {"dp": factor * (dp - 1) / dp * bp.grads * psi,
+    plan.bytes = {"dp": zero_bytes_per_step(psi, dp, zero_stage, microbatches, bp.grads),
                   "tp": 4 * blocks_per_stage * microbatches * 2 * (tp - 1) / tp * act_msg,
                   "pp": 2 * microbatches * act_msg * (pp - 1) / pp}
     plan.bytes["total"] = sum(plan.bytes.values())

@@ -24,11 +24,16 @@ def make_optimizer(params, name: str = "adam", lr: float = 1e-2, **kw) -> torch.
     raise ValueError(f"unknown optimizer {name!r}: use sgd, momentum, adam or adamw")
 
 
-def train_single(model: nn.Module, batches, loss_fn, optimizer: str = "adam", lr: float = 1e-2) -> list[float]:
-    """Train `model` in place on the (input, target) `batches`; return the loss of each step."""
-    opt = make_optimizer(model.parameters(), optimizer, lr)
+def train_single(model: nn.Module, batches, loss_fn, optimizer: str = "adam", lr: float = 1e-2,
+                 lr_at=None, **opt_kw) -> list[float]:
+    """Train `model` in place on the (input, target) `batches`; return the loss of each step.
+    `lr_at(step)`: a learning-rate schedule (default: `lr` throughout); `opt_kw`: betas, eps, ..."""
+    opt = make_optimizer(model.parameters(), optimizer, lr, **opt_kw)
     losses = []
-    for x, y in batches:
+    for step, (x, y) in enumerate(batches):
+        if lr_at is not None:
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step)
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()

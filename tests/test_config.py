@@ -68,7 +68,7 @@ def test_fp16_loss_scale_keys_and_prefetch():
     assert parse({**BASE, "fp16": {"enabled": True, "loss_scale": 128}}, 2).loss_scale == {"static": 128.0}
     tc = parse({**BASE, "fp16": {"enabled": True, "initial_scale_power": 12, "loss_scale_window": 50}}, 2)
     assert tc.loss_scale == {"init_scale": 4096.0, "window": 50}
-    from par.jobs.train import loss_scaler
+    from par.config import loss_scaler
     s = loss_scaler(tc)
     assert s.dynamic and s.scale == 4096.0
     assert parse({**BASE, "zero_optimization": {"stage": 3, "prefetch": True}}, 2).prefetch
@@ -83,12 +83,48 @@ def test_compatibility_keys_are_listed_as_ignored():
     parse(cfg, 2)
 
 
-def test_cli_reports_a_bad_config_before_launching(tmp_path):
+def test_cli_reports_a_bad_config_before_launching(tmp_path, capsys):
     from par.jobs.train import main
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**BASE, "train_batch_size": 20}))
-    with pytest.raises(ConfigError, match="train_batch_size 20 != micro_batch 2 × grad_accum 4 × world_size 2"):
-        main(["--config", str(bad), "--nproc", "2"])
+    assert main(["--config", str(bad), "--nproc", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: batch sizes: train_batch_size 20 != micro_batch 2 × grad_accum 4 × world_size 2")
+    assert len(err.strip().splitlines()) == 1
+    with pytest.raises(ConfigError, match="train_batch_size 20"):       # --debug: the traceback instead
+        main(["--config", str(bad), "--nproc", "2", "--debug"])
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--config", "configs/3d.json", "--nproc", "3"], "world size 3 is not divisible by pipeline stages 2 × tensor "
+                                                      "degree 2 = 4: launch a multiple of 4 ranks (e.g. --nproc 4 or 8)"),
+    (["--config", "configs/nothing.json", "--nproc", "2"], "cannot read config configs/nothing.json"),
+    (["--config", "{\"train_batch_size\": 8, \"zero_optimisation\": {}}", "--nproc", "2"],
+     "did you mean 'zero_optimization'"),
+    (["--config", "configs/ddp.json", "--nproc", "2", "--backend", "nccl"], "backend 'nccl' needs one GPU per rank"),
+])
+def test_train_command_user_errors_are_one_line_exit_2_before_any_rank(argv, says):
+    """`python -m par train` as a user types it: one line naming the fix, exit code 2, no traceback, fast."""
+    import os
+    import subprocess
+    import sys
+    import time
+    if "nccl" in argv:
+        import torch
+        if torch.cuda.device_count() >= 2:
+            pytest.skip("this machine has the GPUs")
+    env = {k: v for k, v in os.environ.items() if k != "PAR_DEBUG"}
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "par", "train", *argv], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env=env)
+    took = time.monotonic() - t0
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert p.stderr.startswith("error: ") and says in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr + p.stdout
+    assert took < 30, took        # the issue asks for 5 s; a loaded test machine gets slack (torch import)
+    debug = subprocess.run([sys.executable, "-m", "par", "train", *argv], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60, env={**env, "PAR_DEBUG": "1"})
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
 
 
 def test_warmup_log_then_constant_and_decay():
@@ -118,12 +154,15 @@ def test_train_entry_follows_the_config_and_equals_single_process(stage):
     from par.reference import train_single
     cfg = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam",
            "params": {"lr": 0.001}}, "zero_optimization": {"stage": stage}, "model": {"preset": "tiny"}, "steps": 3}
-    row = par.launch.run("par.jobs.train", nproc=2, args=["--config", json.dumps(cfg)], timeout=110, retries_on_crash=1)
+    row = par.launch.run("par.jobs.train", nproc=2, args=["--config", json.dumps(cfg), "--check"], timeout=110)
     assert row["grad_accum"] == 2 and row["strategy"] == f"ZeRO-{stage}"
+    # the job contract (par/jobs/__init__.py), and the parameters of one process trained on the same batches
+    assert row["world_size"] == 2 and row["backend"] == "gloo" and len(row["per_rank"]) == 2
+    assert len(row["step_s"]) == 3 - row["warmup_steps"] and row["max_param_diff"] <= 1e-5, row["max_param_diff"]
     ds = CharDataset(block_size=preset("tiny").block_size)
     want = train_single(build("tiny", seed=0), global_batches(ds, 8, 3, seed=0), lm_loss, "adam", 1e-3)
     assert max(abs(a - b) for a, b in zip(row["losses"], want)) <= 1e-5, (row["losses"], want)
     assert len(row["losses"]) == 3 and row["bytes_per_step"] > 0
     # ZeRO keeps half of the Adam state per rank: the two ranks' optimizer bytes are about half of 8Ψ
     from par.memory import param_count
-    assert all(r["optimizer"] < 0.6 * 8 * param_count(preset("tiny")) for r in row["ranks"])
+    assert all(r["optimizer"] < 0.6 * 8 * param_count(preset("tiny")) for r in row["per_rank"])

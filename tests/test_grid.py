@@ -57,3 +57,20 @@ def test_grid_single_process():
     assert (g.dp_rank, g.stage, g.tp_rank) == (0, 0, 0) and g.tp_group is None and g.pp_ranks == [0]
     with pytest.raises(GridError, match="world has 1 ranks"):
         Grid(2, 1, 1)
+
+
+def test_one_spelling_of_a_layout_for_grid_config_and_planner():
+    from par.config import parse
+    from par.grid import layout_label
+    from par.model import preset
+    from par.planner import Workload, predict
+    assert layout_label(2, 2, 2) == str(Layout(2, 2, 2)) == "dp2xpp2xtp2"
+    tc = parse({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 2},
+                "tensor_parallel": {"tp_size": 2}}, 8)
+    assert tc.layout == "dp2xpp2xtp2" and tc.strategy == "3D dp2xpp2xtp2"
+    assert predict(Workload(preset("tiny"), 16), 2, 2, 2).layout == "dp2xpp2xtp2"
+    # "3D" only when every degree is > 1
+    assert Layout(2, 2, 2).is_3d and not Layout(1, 2, 2).is_3d and not Layout(2, 1, 2).is_3d
+    two = parse({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 2},
+                 "tensor_parallel": {"tp_size": 2}}, 4)
+    assert two.strategy == "2D dp1xpp2xtp2"

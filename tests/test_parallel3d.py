@@ -1,4 +1,6 @@
-"""3D parallelism (dp × pp × tp, 1F1B, DP or ZeRO-1) equals single-process training."""
+"""3D parallelism (dp × pp × tp, 1F1B, DP or ZeRO-1) equals single-process training, on gloo as it is and
+under NCCL's point-to-point semantics (PAR_NCCL_EMULATION=1: one Work per batch of sends and receives,
+received data valid only after it is waited)."""
 from pathlib import Path
 
 import pytest
@@ -33,17 +35,23 @@ def check(results, spec, world):
         assert set(r["n_local"]) == {full}
 
 
+NCCL = pytest.mark.parametrize("env", [None, {"PAR_NCCL_EMULATION": "1"}], ids=["gloo", "nccl-semantics"])
+
+
 @pytest.mark.timeout(240)
-def test_four_ranks_three_layouts_and_zero1():
+@NCCL
+def test_four_ranks_three_layouts_and_zero1(env):
     specs = ["2,2,1", "1,2,2", "2,1,2", "2,2,1,1"]
-    results = par.launch.run(str(WORKER), nproc=4, args=specs, timeout=220, retries_on_crash=1)
+    results = par.launch.run(str(WORKER), nproc=4, args=specs, timeout=220, env=env)
     for spec in specs:
         check(results, spec, 4)
 
 
 @pytest.mark.timeout(300)
-def test_eight_ranks_2x2x2_dp_and_zero1():
+@NCCL
+def test_eight_ranks_2x2x2_dp_and_zero1(env):
+    """Every degree > 1: the layout lecture 07 records in `layouts_3d_run`."""
     specs = ["2,2,2", "2,2,2,1"]
-    results = par.launch.run(str(WORKER), nproc=8, args=specs, timeout=280, retries_on_crash=1)
+    results = par.launch.run(str(WORKER), nproc=8, args=specs, timeout=280, env=env)
     for spec in specs:
         check(results, spec, 8)

@@ -8,6 +8,7 @@ the same way. Rank 0 saves {layout: {"param": max diff, "loss": max loss gap, "g
 """
 from __future__ import annotations
 
+import math
 import sys
 
 import torch
@@ -21,6 +22,12 @@ from par.parallel3d import Parallel3D, reference_shards
 from par.reference import make_optimizer
 
 STEPS, LR, EPS, M, ROWS_PER_MB = 2, 1e-3, 1e-6, 2, 2
+
+
+def worst(values) -> float:
+    """The largest value, or inf when any is NaN/inf (Python's max() silently skips a NaN after the first)."""
+    values = list(values)
+    return max(values, default=0.0) if all(map(math.isfinite, values)) else math.inf
 
 
 def groups_ok(grid: Grid) -> bool:
@@ -40,7 +47,7 @@ def run(dp, pp, tp, zero):
     engine = Parallel3D(build(cfg, seed=3), grid, microbatches=M, lr=LR, zero_stage=zero, eps=EPS)
     ref = build(cfg, seed=3)
     opt = make_optimizer(ref.parameters(), "adam", LR, eps=EPS)
-    loss_gap, losses = 0.0, []
+    gaps, losses = [], []
     for x, y in batches:
         loss = engine.step(x, y)
         opt.zero_grad()
@@ -48,12 +55,12 @@ def run(dp, pp, tp, zero):
         ref_loss.backward()
         opt.step()
         if loss is not None:
-            loss_gap = max(loss_gap, abs(loss - ref_loss.item()))
+            gaps.append(abs(loss - ref_loss.item()))
             losses.append(loss)
     want = reference_shards(ref, grid)
-    diff = max((p.detach() - want[n]).abs().max().item() for n, p in engine.named_parameters())
+    diff = worst((p.detach() - want[n]).abs().max().item() for n, p in engine.named_parameters())
     n_local = sum(p.numel() for p in engine.params)
-    return {"param": diff, "loss": loss_gap, "losses": losses, "groups_ok": groups_ok(grid), "n_local": n_local,
+    return {"param": diff, "loss": worst(gaps), "losses": losses, "groups_ok": groups_ok(grid), "n_local": n_local,
             "coords": (grid.dp_rank, grid.stage, grid.tp_rank)}
 
 
@@ -65,7 +72,7 @@ def main():
         res = run(dp, pp, tp, zero[0] if zero else 0)
         parts = par.dist.gather_object(res)
         if env.rank == 0:
-            results[spec] = {"param": max(r["param"] for r in parts), "loss": max(r["loss"] for r in parts),
+            results[spec] = {"param": worst(r["param"] for r in parts), "loss": worst(r["loss"] for r in parts),
                              "losses": [l for r in parts for l in r["losses"]],
                              "groups_ok": all(r["groups_ok"] for r in parts),
                              "n_local": [r["n_local"] for r in parts], "coords": [r["coords"] for r in parts]}
