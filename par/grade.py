@@ -15,7 +15,7 @@ What decides the grade. The notebook that runs is assembled from the instructor'
     cells the student added                               kept, after the cell the student put them after
     every other cell: setup, demos, the checks            the instructor's, hidden checks included
 
-It runs in a fresh kernel, in a fresh temporary directory, under nbval (`pytest --nbval-lax`:
+up to the last check cell (what would run after it cannot change the grade). It runs in a fresh kernel, in a fresh temporary directory, under nbval (`pytest --nbval-lax`:
 `par.nbval_run`). Whatever the student did to the check cells (emptied, edited, asserts added or
 removed) is ignored. A check cell (tagged `check`) earns the points in its metadata (`"points": 2`,
 default 1) when it runs without error; the grade is points earned / points possible.
@@ -103,7 +103,8 @@ class Grade:
         return {"submission": self.submission, "exercise": self.exercise, "points": _num(self.points),
                 "max_points": _num(self.max_points) if self.checks else "", "percent": f"{pct:.1f}",
                 "status": self.status, "failed_checks": ";".join(self.failed_checks),
-                "reason": " ".join(self.reason.split()), "seconds": f"{self.seconds:.1f}"}
+                "reason": " ".join("; ".join([self.reason, *self.notes] if self.status != "ok" else []).split()),
+                "seconds": f"{self.seconds:.1f}"}
 
 
 def _num(x: float) -> str:
@@ -242,6 +243,8 @@ def assemble(reference, student, official: bool = True) -> Assembled:
             anchor = cid
         elif id(cell) not in used:
             added.setdefault(anchor, []).append(cell.source)
+    last_check = max(i for i, c in enumerate(ref) if is_check(c))
+    ref = ref[:last_check + 1]      # what runs after the last check cannot change the grade: it does not run
     cells, roles = [], []
 
     def put(source, role, cid, metadata=None):
@@ -275,9 +278,11 @@ def score(assembled: Assembled, run: nbval_run.Run, reference, timeout: float, c
         return f"code cell {i} ({role} {cid})"
 
     for i, (role, cid) in enumerate(assembled.roles):
+        res = run.cells.get(i)
+        if role == "answer" and res is not None and res.ran and not res.passed and not res.timed_out:
+            grade.notes.append(f"answer cell {cid} itself failed: {res.error}")
         if role != "check":
             continue
-        res = run.cells.get(i)
         grade.checks.append(Check(cid, points[cid], passed=bool(res and res.passed),
                                   error=(res.error if res else "did not run"), traceback=res.traceback if res else ""))
     grade.seconds = run.seconds
@@ -301,8 +306,6 @@ def score(assembled: Assembled, run: nbval_run.Run, reference, timeout: float, c
         grade.status = "failed"
         first = next(c for c in grade.checks if not c.passed)
         grade.reason = f"{first.id}: {first.error}"
-    if grade.notes and grade.status != "ok":
-        grade.reason = "; ".join([grade.reason, *grade.notes]).strip("; ")
     return grade
 
 
@@ -362,8 +365,14 @@ def grade_many(paths: list[Path], course: Course, timeout: float = TIMEOUT, cell
                          f"{g.seconds:.0f} s", flush=True)
         return g
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
         return list(pool.map(one, paths))
+    except BaseException:  # Ctrl-C: no notebook, kernel or rank outlives the grader
+        nbval_run.stop_all()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def write_report(grades: list[Grade], path: Path) -> None:
@@ -375,6 +384,15 @@ def write_report(grades: list[Grade], path: Path) -> None:
         writer.writeheader()
         for g in grades:
             writer.writerow(g.row())
+
+
+def write_feedback(grades: list[Grade], course: Course, folder: Path) -> None:
+    """One text file per submission, named after its path, holding the report a student reads."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for g in grades:
+        name = re.sub(r"[^\w.-]+", "__", str(Path(g.submission)).lstrip("./")) + ".txt"
+        (folder / name).write_text(format_grade(g, course) + "\n", encoding="utf-8")
 
 
 # ---------------------------------------------------------------- what people read
@@ -421,6 +439,8 @@ def main(argv=None) -> int:
     ap.add_argument("submissions", nargs="+", metavar="SUBMISSION_OR_DIR",
                     help="notebooks, or folders searched recursively for *.ipynb")
     ap.add_argument("--report", type=Path, help="write the gradebook CSV here (one row per submission)")
+    ap.add_argument("--feedback", type=Path, help="write each submission's report (what a student reads) into "
+                                                  "this folder, one .txt per submission")
     ap.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds per notebook (default %(default)s)")
     ap.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT,
                     help="seconds per cell (default %(default)s)")
@@ -452,6 +472,9 @@ def main(argv=None) -> int:
     print(f"grading {len(paths)} notebook(s), {args.jobs} at a time ({describe(course)})", flush=True)
     grades = grade_many(paths, course, args.timeout, args.cell_timeout, args.jobs)
     print(class_summary(grades))
+    if args.feedback is not None:
+        write_feedback(grades, course, args.feedback)
+        print(f"wrote {len(grades)} feedback file(s) to {args.feedback}")
     if args.report is None:
         return 0 if all(g.status == "ok" for g in grades) else 1
     try:

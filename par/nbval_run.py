@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPORT_ENV = "PAR_NBVAL_REPORT"
+_RUNNING: set = set()          # the pytest processes of runs in progress (stop_all ends them)
+_LOCK = threading.Lock()
 KERNEL_DIED_EXIT = 3
 ROOT = Path(__file__).resolve().parents[1]
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -88,6 +90,8 @@ def run(nb, *, timeout: float = 600, cell_timeout: float = 300, name: str = "not
         with open(log, "w") as out:
             proc = subprocess.Popen(cmd, cwd=tmp, env=child_env, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            with _LOCK:
+                _RUNNING.add(proc)
             timed_out = False
             try:
                 proc.wait(timeout=timeout)
@@ -97,11 +101,24 @@ def run(nb, *, timeout: float = 600, cell_timeout: float = 300, name: str = "not
             except BaseException:
                 _kill_tree(proc)
                 raise
+            finally:
+                with _LOCK:
+                    _RUNNING.discard(proc)
         result = parse_report(report)
         result.timed_out, result.exit_code = timed_out, proc.returncode
         result.seconds = time.monotonic() - start
         result.output = log.read_text(errors="replace")[-4000:]
         return result
+
+
+def stop_all() -> None:
+    """Kill every run in progress, with its kernel and what that launched (Ctrl-C in the grader)."""
+    from par.launch import _kill_tree
+    with _LOCK:
+        running = list(_RUNNING)
+    for proc in running:
+        if proc.poll() is None:
+            _kill_tree(proc)
 
 
 def parse_report(path: Path) -> Run:
@@ -128,6 +145,9 @@ def parse_report(path: Path) -> Run:
                                         traceback=first.get("traceback", ""),
                                         timed_out=any(e.get("timed_out") for e in events),
                                         seconds=sum(e.get("duration", 0.0) for e in events))
+    dead = [c for c, r in sorted(result.cells.items()) if "Kernel dead on test start" in r.traceback + r.error]
+    if result.kernel_died is None and dead:  # it died between two cells, where the watchdog does not look
+        result.kernel_died = dead[0]
     finished = {c for c, events in phases.items() if any(e["when"] == "teardown" for e in events)}
     unfinished = [c for c in started if c not in finished]
     result.running = unfinished[-1] if unfinished else None

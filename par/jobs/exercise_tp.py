@@ -32,12 +32,13 @@ OFF_LIMITS = [("par.tp_ops", "_all_reduce"), ("par.collectives", "all_reduce"), 
 WHY = "write f and g yourself with torch.distributed.all_reduce"
 
 
-def dense(d: int, ffn: int, shape, seed: int = 0):
+def dense(d: int, ffn: int, shape, device, seed: int = 0):
     """The dense MLP's pieces, its input and upstream gradient, and its output and gradients."""
     g = torch.Generator().manual_seed(seed)
     fc_w, fc_b = torch.randn(ffn, d, generator=g) / d ** 0.5, torch.randn(ffn, generator=g)
     proj_w, proj_b = torch.randn(d, ffn, generator=g) / ffn ** 0.5, torch.randn(d, generator=g) + 3.0
     x, upstream = torch.randn(*shape, d, generator=g), torch.randn(*shape, d, generator=g)
+    x, fc_w, fc_b, proj_w, proj_b, upstream = (t.to(device) for t in (x, fc_w, fc_b, proj_w, proj_b, upstream))
     leaves = [t.clone().requires_grad_() for t in (x, fc_w, fc_b, proj_w, proj_b)]
     y = F.linear(F.gelu(F.linear(leaves[0], leaves[1], leaves[2])), leaves[3], leaves[4])
     (y * upstream).sum().backward()
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
     n, r = env.world_size, env.rank
     with answers.forbidden(OFF_LIMITS, WHY):
         module = answers.load(args.answer)
-    (x, fc_w, fc_b, proj_w, proj_b), upstream, y, grads = dense(args.d, args.ffn, (3, 5))
+    (x, fc_w, fc_b, proj_w, proj_b), upstream, y, grads = dense(args.d, args.ffn, (3, 5), env.device)
     mine = [x.clone(), column_shard(fc_w, n, r).clone(), column_shard(fc_b, n, r).clone(),
             row_shard(proj_w, n, r).clone(), proj_b.clone()]
     mine = [t.requires_grad_() for t in mine]
