@@ -251,7 +251,7 @@ def assemble(reference, student, official: bool = True) -> Assembled:
         cells.append(nbformat.v4.new_code_cell(source, id=f"c{len(cells)}", metadata=metadata or {}))
         roles.append((role, cid))
 
-    for number, source in enumerate(added.get(None, [])):
+    for source in added.get(None, []):
         put(source, "added", f"added-{len(roles)}")
     for cell in ref:
         cid = cell.get("id")

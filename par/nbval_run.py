@@ -6,7 +6,8 @@
 The notebook runs as `pytest --nbval-lax` does it: one fresh kernel of this interpreter, cells top to
 bottom, a cell fails when it raises (outputs are not compared). The kernel's working directory is the
 temporary directory, so a cell that writes a file (`%%writefile my_ring.py`) writes it there, and a job
-the cell launches finds it there.
+the cell launches finds it there; this `par` comes first on the kernel's PYTHONPATH, so the notebook and
+the ranks it launches use the same code as the grader.
 
 Nothing can hang or crash the caller:
 
