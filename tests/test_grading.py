@@ -278,6 +278,24 @@ def test_the_grade_command_refuses_bad_usage(tmp_path):
     assert grade.main([str(tmp_path), "--solutions", str(tmp_path)]) == 2
 
 
+def test_answer_modules_load_with_collectives_off_and_calls_counted(tmp_path, monkeypatch):
+    import torch.distributed as dist
+    from par import answers
+    (tmp_path / "mine.py").write_text("import torch.distributed as dist\n\ndef ring(t):\n    dist.all_reduce(t)\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(answers.AnswerError, match="run the exercise's %%writefile cell first"):
+        answers.load("missing.py")
+    module = answers.load("mine.py")
+    with answers.forbidden(answers.COLLECTIVES, "build it from sends and receives"):
+        with pytest.raises(answers.AnswerError, match="your code called torch.distributed.all_reduce: build it"):
+            module.ring(None)
+    monkeypatch.setattr(dist, "all_reduce", lambda t: None)   # no process group here: a stand-in that works
+    with answers.counted(dist, "all_reduce") as calls:
+        module.ring(None)
+        module.ring(None)
+    assert calls == {"all_reduce": 2}
+
+
 # ---- the student bundle ----------------------------------------------------------------------------------------
 
 def test_release_writes_the_bundle_without_answers_and_refuses_to_overwrite(tmp_path):
