@@ -9,8 +9,8 @@ import sys
 
 COMMANDS = {
     # name: (module, one-line help). The module's main(argv) does the work.
-    "exercises": ("par.exercises", "generate | check | record: exercises/ from solutions/ (answer regions -> stubs)"),
-    "grade": ("par.grade", "grade one exercise notebook: python -m par grade exercises/NN_topic.ipynb"),
+    "exercises": ("par.exercises", "generate | check | record | release DIR: exercises/ from solutions/, the student bundle"),
+    "grade": ("par.grade", "grade with the instructor's checks: python -m par grade NB_OR_DIR... [--report grades.csv]"),
     "bench": ("par.bench.cli", "benchmarks vs the torch built-ins: python -m par bench <name> (collectives, ...)"),
     "batch": ("par.batch", "run every lecture notebook with papermill into runs/<time>/ and summarise"),
     "train": ("par.jobs.train", "train GPT-lite from a DeepSpeed-style JSON config: --config configs/3d.json --nproc 8"),

@@ -1,35 +1,53 @@
 """Exercises: `solutions/` is the source of truth, `exercises/` is generated from it.
 
-An answer is the lines between a `### BEGIN SOLUTION` line and a `### END SOLUTION`
-line inside a function body of a code cell. The exercise notebook is the solution
-with every such region replaced by one line, at the marker's indentation,
+A solution notebook has three kinds of cells the tools care about:
 
-    raise NotImplementedError("your code here")
+* **answer cells**: code cells with answer regions, the lines between a `### BEGIN SOLUTION` line and a
+  `### END SOLUTION` line inside a function body. In the exercise each region becomes one line, at the
+  marker's indentation,
 
-and with outputs and execution counts stripped. Cells tagged `check` assert on the
-student's functions; `python -m par grade exercises/NN_topic.ipynb` runs them.
+      raise NotImplementedError("your code here")
+
+* **check cells**: code cells tagged `check`. They assert on the student's functions, import the reference
+  they compare with inside the cell, and carry their points in the cell metadata (`"points": 2`;
+  1 when absent). A check cell may hold hidden checks between `### BEGIN HIDDEN CHECKS` and
+  `### END HIDDEN CHECKS`: the exercise shows one comment line in their place, and only the official
+  grade (`python -m par grade` with `solutions/` at hand) runs them.
+* every other cell (text, setup, demos) is copied as it is.
+
+The exercise is the solution with answers stubbed, hidden checks removed, outputs and execution counts
+stripped, and a note on top. Cell ids are kept: they are how `par.grade` matches a student's answer cells
+with the instructor's.
 
     python -m par exercises generate   # write exercises/NN.ipynb for every solutions/NN.ipynb (and delete
                                        # exercises that have no solution any more)
     python -m par exercises check      # exit 1 naming every exercise out of sync (missing, stale, extra)
     python -m par exercises record [NN_topic ...]   # execute solutions, keep their outputs, then generate
+    python -m par exercises release DIR             # the student bundle, without solutions/ (par.release)
 
 `record` stores each solution's outputs in the notebook: they are the reference that
 `tests/test_exercises.py` compares with strict nbval (`pytest --nbval`, sanitized by
 `tests/nbval_sanitize.cfg`). Mark a cell whose output changes run to run (timings,
-random ports) with a `# NBVAL_IGNORE_OUTPUT` comment line.
+random ports) with a `# NBVAL_IGNORE_OUTPUT` comment line. Notebooks run in a temporary
+directory, so files a cell writes (`%%writefile my_ring.py`) never land in solutions/.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 STUB = 'raise NotImplementedError("your code here")'
+HIDDEN_BEGIN = "### BEGIN HIDDEN CHECKS"
+HIDDEN_END = "### END HIDDEN CHECKS"
+HIDDEN_NOTE = "# (hidden checks: they run when your instructor grades this notebook)"
+CHECK = "check"
 NOTE_ID = "par-generated-note"
 ROOT = Path(__file__).resolve().parents[1]
 SANITIZE = Path("tests") / "nbval_sanitize.cfg"
@@ -39,48 +57,112 @@ class ExerciseError(ValueError):
     """A solution notebook whose answer regions cannot be turned into stubs."""
 
 
-def stub_source(source: str, where: str = "cell") -> str:
-    """The cell source with every BEGIN/END SOLUTION region replaced by the stub line."""
+# ---------------------------------------------------------------- cell roles
+def is_check(cell) -> bool:
+    """A code cell tagged `check`: its asserts decide the grade."""
+    return cell.cell_type == "code" and CHECK in (cell.metadata.get("tags") or [])
+
+
+def is_answer(cell) -> bool:
+    """A code cell the student fills in: answer regions in the solution, the stub line in the exercise."""
+    return cell.cell_type == "code" and not is_check(cell) and any(
+        line.strip().startswith(BEGIN) or line.strip() == STUB for line in cell.source.split("\n"))
+
+
+def points(cell) -> float:
+    """The points a check cell is worth (metadata `points`, default 1)."""
+    value = cell.metadata.get("points", 1)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ExerciseError(f"cell {cell.get('id')}: metadata 'points' must be a number >= 0, got {value!r}")
+    return value
+
+
+def exercise_name(nb) -> str | None:
+    """The exercise a generated notebook says it belongs to (its metadata), if any."""
+    meta = nb.metadata.get("par")
+    return meta.get("exercise") if isinstance(meta, dict) else None
+
+
+# ---------------------------------------------------------------- regions
+def _regions(source: str, begin: str, end: str, replacement: str | None, where: str, top_level_ok: bool) -> str:
+    """`source` with every begin/end region replaced by `replacement` at the marker's indentation."""
     out, opened = [], None
     for number, line in enumerate(source.split("\n"), start=1):
         text = line.strip()
-        if text.startswith(BEGIN):
+        if text.startswith(begin):
             if opened is not None:
-                raise ExerciseError(f"{where}, line {number}: {BEGIN!r} inside the region opened at line "
-                                    f"{opened}; close it with {END!r} first.")
+                raise ExerciseError(f"{where}, line {number}: {begin!r} inside the region opened at line "
+                                    f"{opened}; close it with {end!r} first.")
             indent = line[:len(line) - len(line.lstrip())]
-            if not indent:
+            if not indent and not top_level_ok:
                 raise ExerciseError(f"{where}, line {number}: answer region at top level; put it inside a "
                                     f"function body so the stub raises only when the function is called.")
-            out.append(indent + STUB)
+            out.append(indent + replacement)
             opened = number
-        elif text.startswith(END):
+        elif text.startswith(end):
             if opened is None:
-                raise ExerciseError(f"{where}, line {number}: {END!r} without a {BEGIN!r} before it.")
+                raise ExerciseError(f"{where}, line {number}: {end!r} without a {begin!r} before it.")
             opened = None
         elif opened is None:
             out.append(line)
     if opened is not None:
-        raise ExerciseError(f"{where}, line {opened}: {BEGIN!r} is never closed by {END!r}.")
+        raise ExerciseError(f"{where}, line {opened}: {begin!r} is never closed by {end!r}.")
     return "\n".join(out)
 
 
+def stub_source(source: str, where: str = "cell") -> str:
+    """The cell source with every BEGIN/END SOLUTION region replaced by the stub line."""
+    return _regions(source, BEGIN, END, STUB, where, top_level_ok=False)
+
+
+def visible_source(source: str, where: str = "cell") -> str:
+    """A check cell's source with every hidden-checks region replaced by one comment line."""
+    return _regions(source, HIDDEN_BEGIN, HIDDEN_END, HIDDEN_NOTE, where, top_level_ok=True)
+
+
+def check_solution(nb, name: str) -> None:
+    """Raise ExerciseError naming the cell when a solution's cells break the rules above."""
+    checks = 0
+    for number, cell in enumerate(nb.cells, start=1):
+        where = f"solutions/{name}, cell {number}"
+        if cell.cell_type != "code":
+            continue
+        has_answer = BEGIN in cell.source
+        has_hidden = HIDDEN_BEGIN in cell.source
+        if is_check(cell):
+            checks += 1
+            points(cell)
+            if has_answer:
+                raise ExerciseError(f"{where}: a check cell holds an answer region; move the answer to its own cell")
+        elif has_hidden:
+            raise ExerciseError(f"{where}: hidden checks outside a check cell; tag the cell `check`")
+        elif "points" in cell.metadata:
+            raise ExerciseError(f"{where}: 'points' on a cell that is not tagged `check`")
+    if not checks:
+        raise ExerciseError(f"solutions/{name}: no code cell is tagged `check`, so nothing can be graded")
+
+
+# ---------------------------------------------------------------- generation
 def note_cell(solution_name: str):
     import nbformat
     text = (f"*Generated from `solutions/{solution_name}`: edit the solution, then run "
             f"`python -m par exercises generate`.*\n\n"
             f"Fill in every `raise NotImplementedError(\"your code here\")`, then grade your work with "
-            f"`python -m par grade exercises/{solution_name}`.")
+            f"`python -m par grade exercises/{solution_name}`. The cells tagged `check` hold the checks; each "
+            f"is worth the `points` in its metadata. Your instructor grades with their own copy of the check "
+            f"cells, so editing them here changes nothing.")
     return nbformat.v4.new_markdown_cell(text, id=NOTE_ID)
 
 
 def exercise_notebook(solution, solution_name: str):
     """The exercise notebook (an nbformat node) generated from a solution notebook."""
+    check_solution(solution, solution_name)
     nb = copy.deepcopy(solution)
     for number, cell in enumerate(nb.cells, start=1):
         cell.metadata.pop("execution", None)  # timings left by nbclient / papermill
         if cell.cell_type == "code":
-            cell.source = stub_source(cell.source, where=f"solutions/{solution_name}, cell {number}")
+            where = f"solutions/{solution_name}, cell {number}"
+            cell.source = visible_source(cell.source, where) if is_check(cell) else stub_source(cell.source, where)
             cell.outputs = []
             cell.execution_count = None
     nb.cells = [c for c in nb.cells if c.get("id") != NOTE_ID]
@@ -90,6 +172,7 @@ def exercise_notebook(solution, solution_name: str):
         cell.setdefault("id", f"cell-{number}")
     for key in ("papermill", "widgets"):
         nb.metadata.pop(key, None)
+    nb.metadata["par"] = {"exercise": Path(solution_name).stem}
     return nb
 
 
@@ -141,20 +224,32 @@ def out_of_sync(root: Path = ROOT) -> list[str]:
     return problems
 
 
+# ---------------------------------------------------------------- recording the solutions' outputs
 def execute_in_place(path: Path, timeout: float = 300) -> None:
-    """Run a notebook top to bottom (kernel python3, cwd = its folder) and save its outputs in it."""
+    """Run a notebook top to bottom (kernel python3, in a fresh temporary directory) and save its outputs in it."""
     import nbformat
     from nbclient import NotebookClient
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    with tempfile.TemporaryDirectory(prefix="par-record-") as tmp:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+                       resources={"metadata": {"path": tmp}}).execute()
     nbformat.write(nb, path)
 
 
 def nbval_command(path: Path, strict: bool, root: Path = ROOT) -> list[str]:
-    """`pytest --nbval-lax` (grading) or strict `pytest --nbval` with the sanitizer, on one notebook."""
+    """`pytest --nbval-lax` or strict `pytest --nbval` with the sanitizer, on one notebook."""
     mode = ["--nbval", "--nbval-sanitize-with", str(Path(root) / SANITIZE)] if strict else ["--nbval-lax"]
     return [sys.executable, "-m", "pytest", *mode, "--nbval-current-env", "-p", "no:cacheprovider", str(path)]
+
+
+def strict_nbval(path: Path, root: Path = ROOT, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Strict nbval on a copy of the notebook in a fresh temporary directory (where its kernel runs)."""
+    with tempfile.TemporaryDirectory(prefix="par-nbval-") as tmp:
+        copy_ = Path(tmp) / Path(path).name
+        shutil.copy(path, copy_)
+        (Path(tmp) / "pytest.ini").write_text("[pytest]\n")  # no ini or conftest from the repository
+        return subprocess.run(nbval_command(copy_, strict=True, root=root), cwd=tmp, capture_output=True,
+                              text=True, timeout=timeout)
 
 
 def record(root: Path = ROOT, names=()) -> int:
@@ -173,8 +268,7 @@ def record(root: Path = ROOT, names=()) -> int:
             print(str(e)[-3000:], file=sys.stderr)
             failing.append(path.name)
             continue
-        check = subprocess.run(nbval_command(path, strict=True, root=root), cwd=root,
-                               capture_output=True, text=True)
+        check = strict_nbval(path, root)
         if check.returncode != 0:
             print(check.stdout[-4000:])
             unstable.append(path.name)
@@ -194,9 +288,11 @@ def record(root: Path = ROOT, names=()) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m par exercises", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["generate", "check", "record"])
-    parser.add_argument("names", nargs="*", help="record: only these solutions (file names or stems)")
+    parser.add_argument("action", choices=["generate", "check", "record", "release"])
+    parser.add_argument("names", nargs="*", help="record: only these solutions (file names or stems); "
+                                                 "release: the folder to write the bundle into")
     parser.add_argument("--root", type=Path, default=ROOT, help="course repository (default: %(default)s)")
+    parser.add_argument("--force", action="store_true", help="release: replace an existing bundle folder")
     args = parser.parse_args(argv)
     try:
         if args.action == "generate":
@@ -213,6 +309,12 @@ def main(argv=None) -> int:
                 return 1
             print("in sync")
             return 0
+        if args.action == "release":
+            from par import release
+            if len(args.names) != 1:
+                print("error: name one folder: python -m par exercises release DIR", file=sys.stderr)
+                return 2
+            return release.main(Path(args.names[0]), root=args.root, force=args.force)
         return record(args.root, args.names)
     except ExerciseError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,20 +1,23 @@
-"""Exercises: every solution passes, every stub fails its checks, exercises/ is generated from solutions/.
+"""Exercises: every solution passes strictly, exercises/ is generated from solutions/, the generator's rules.
 
 How solutions are checked (strict nbval where outputs are stable):
 - `solutions/NN_topic.ipynb` keep their outputs. `python -m par exercises record` executes them, stores the
   outputs, verifies that a second run reproduces them, and regenerates exercises/. Those outputs are the reference.
-- `test_solution_passes_and_reproduces_its_outputs` runs, per solution, in a subprocess,
-  `pytest --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg`: every cell must run without error (all that
-  `pytest --nbval-lax`, i.e. `python -m par grade`, asks) AND print what it printed when recorded, after the
-  sanitizer has removed what changes run to run (timings, tqdm bars, lines streamed by launched ranks, ports,
-  addresses). Figures are not compared (nbval skips images). A cell whose output is unstable in another way
-  carries a `# NBVAL_IGNORE_OUTPUT` line. nbval does not compare a cell that was never executed, so a solution not
-  yet recorded is checked exactly as `--nbval-lax` would, and `test_solutions_are_recorded` fails naming the fix.
+- `test_solution_passes_and_reproduces_its_outputs` runs, per solution, in a subprocess and a fresh temporary
+  directory, `pytest --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg`: every cell must run without error
+  AND print what it printed when recorded, after the sanitizer has removed what changes run to run (timings,
+  tqdm bars, lines streamed by launched ranks, ports, addresses). Figures are not compared (nbval skips
+  images). A cell whose output is unstable in another way carries a `# NBVAL_IGNORE_OUTPUT` line. nbval does not
+  compare a cell that was never executed, so a solution not yet recorded is checked as `--nbval-lax` would,
+  and `test_solutions_are_recorded` fails naming the fix.
 - Exercises and lecture notebooks are stored without outputs (tests/test_notebooks.py).
+- That the instructor's checks grade every solution full marks and every untouched exercise zero, and that
+  they catch the wrong answers kept in tests/fixtures/wrong_answers, is tests/test_grading.py.
 
-The parametrised tests pick up whatever solutions/ and exercises/ hold (none: pytest reports them skipped).
-The unit tests use the fixture course in tests/fixtures/course (one solution, its generated exercise).
+The parametrised tests pick up whatever solutions/ holds (none: pytest reports them skipped). The unit tests
+use the fixture course in tests/fixtures/course (one solution with a hidden check, its generated exercise).
 """
+import re
 import shutil
 import subprocess
 import sys
@@ -22,51 +25,17 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
-from par import exercises
-from par.exercises import ExerciseError, stub_source
+from par import exercises, grade
+from par.exercises import ExerciseError, stub_source, visible_source
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "course"
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
-EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
 
 
 def code_cells(nb):
     return [cell for cell in nb.cells if cell.cell_type == "code"]
-
-
-def execute(path: Path, timeout: float = 180):
-    """Run a notebook in a fresh kernel, going on past errors; return the executed node."""
-    nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True, record_timing=False,
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
-    return nb
-
-
-def stub_problems(nb) -> list[str]:
-    """What is wrong with an executed exercise notebook: its checks must fail, and fail first."""
-    cells = code_cells(nb)
-    checks = [i for i, c in enumerate(cells) if "check" in c.metadata.get("tags", [])]
-    errors = {i: o for i, c in enumerate(cells) for o in c.outputs if o.output_type == "error"}
-    if not checks:
-        return ["no code cell is tagged `check`"]
-    if not errors:
-        return ["every cell ran without error: the stubs do not make the checks fail"]
-    first = min(errors)
-    problems = []
-    if first not in checks:
-        problems.append(f"the first failing cell (code cell {first}: {cells[first].source.splitlines()[0]!r}) "
-                        f"is not a check: {errors[first].ename}: {errors[first].evalue}")
-    elif errors[first].ename not in ("NotImplementedError", "AssertionError") \
-            and "NotImplementedError" not in errors[first].evalue:  # e.g. a LaunchError carrying the stub's
-        problems.append(f"the first check fails with {errors[first].ename}: {errors[first].evalue} "
-                        f"(expected the stub's NotImplementedError or an AssertionError)")
-    passing = [i for i in checks if i not in errors]
-    if passing:
-        problems.append(f"check cells {passing} pass on the stubs: they cannot fail")
-    return problems
 
 
 # ---- the course's own notebooks -------------------------------------------------------------------------------
@@ -89,14 +58,27 @@ def warm_caches():
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
 def test_solution_passes_and_reproduces_its_outputs(path, warm_caches):
-    run = subprocess.run(exercises.nbval_command(path, strict=True, root=ROOT), cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    run = exercises.strict_nbval(path, ROOT)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
 
 
-@pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.name)
-def test_exercise_stub_fails_its_checks(path):
-    assert stub_problems(execute(path)) == []
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
+def test_solution_follows_the_grading_rules(path):
+    nb = nbformat.read(path, as_version=4)
+    exercises.check_solution(nb, path.name)
+    checks = [c for c in nb.cells if exercises.is_check(c)]
+    ids = [c.id for c in nb.cells]
+    assert len(ids) == len(set(ids)) and all(i.startswith("check-") for i in (c.id for c in checks)), \
+        "check cells carry readable ids (check-...): the gradebook names the failed ones"
+    assert all("points" in c.metadata for c in checks), "every check cell states its points"
+    answers = [c for c in nb.cells if exercises.is_answer(c)]
+    setup = "\n".join(c.source for c in nb.cells if c.cell_type == "code" and not exercises.is_check(c)
+                      and not exercises.is_answer(c))
+    for cell in answers:  # a stub never hands the student par's copy of the function it asks for
+        for name in grade.defined_names(cell.source):
+            if isinstance(name, str):
+                assert not re.search(rf"\bimport\b[^\n]*\b{name}\b", setup), f"{path.name}: setup imports {name}"
+                assert not re.search(rf"\bimport\b[^\n]*\b{name}\b", exercises.stub_source(cell.source)), name
 
 
 # ---- the generator, on the fixture course -----------------------------------------------------------------------
@@ -194,38 +176,63 @@ def test_generate_refuses_an_unbalanced_solution_and_writes_nothing(tmp_path, ca
     assert not list((course / "exercises").glob("*.ipynb"))
 
 
-# ---- grading, stubs failing and strict nbval, on the fixture course (these start kernels) -----------------------
+# ---- hidden checks, points and grading, on the fixture course ---------------------------------------------------
 
-def grade(path: Path):
-    return subprocess.run([sys.executable, "-m", "par", "grade", str(path)], capture_output=True, text=True,
+def test_hidden_checks_and_points_stay_out_of_the_exercise():
+    source = "assert f(1) == 1\n### BEGIN HIDDEN CHECKS\nassert f(2) == 4\n### END HIDDEN CHECKS\nprint('ok')"
+    assert visible_source(source) == f"assert f(1) == 1\n{exercises.HIDDEN_NOTE}\nprint('ok')"
+    nb = nbformat.read(FIXTURE / "exercises" / "99_example.ipynb", as_version=4)
+    text = nbformat.writes(nb)
+    assert "600, 3" not in text and exercises.HIDDEN_NOTE in text
+    assert [exercises.points(c) for c in nb.cells if exercises.is_check(c)] == [1, 2]
+    assert exercises.exercise_name(nb) == "99_example"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda nb: nb.cells[5].metadata.update(points=-1), "'points' must be a number >= 0"),
+    (lambda nb: nb.cells[5].metadata.update(points="2"), "'points' must be a number >= 0"),
+    (lambda nb: setattr(nb.cells[5], "source", "def f():\n    ### BEGIN SOLUTION\n    pass\n    ### END SOLUTION"),
+     "a check cell holds an answer region"),
+    (lambda nb: setattr(nb.cells[4], "source", "### BEGIN HIDDEN CHECKS\n### END HIDDEN CHECKS"),
+     "hidden checks outside a check cell"),
+    (lambda nb: setattr(nb, "cells", [c for c in nb.cells if not exercises.is_check(c)]),
+     "no code cell is tagged `check`"),
+])
+def test_a_solution_breaking_the_grading_rules_is_refused(change, message):
+    nb = nbformat.read(FIXTURE / "solutions" / "99_example.ipynb", as_version=4)
+    change(nb)
+    with pytest.raises(ExerciseError, match=message):
+        exercises.exercise_notebook(nb, "99_example.ipynb")
+
+
+def grade_cli(path: Path, *more):
+    return subprocess.run([sys.executable, "-m", "par", "grade", str(path), *more], capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
 
 
-def test_grade_passes_the_solution_and_fails_the_stub():
-    passed = grade(FIXTURE / "solutions" / "99_example.ipynb")
-    assert passed.returncode == 0, passed.stdout[-3000:]
-    assert "99_example.ipynb: 1/1 checks passed" in passed.stdout
-    failed = grade(FIXTURE / "exercises" / "99_example.ipynb")
+def test_grade_passes_the_solution_and_fails_the_stub_with_a_readable_report():
+    official = ["--solutions", str(FIXTURE / "solutions")]
+    passed = grade_cli(FIXTURE / "solutions" / "99_example.ipynb", *official)
+    assert passed.returncode == 0, passed.stdout[-3000:] + passed.stderr[-3000:]
+    assert "official grade" in passed.stdout and "99_example.ipynb: 3/3 points (100%), status ok" in passed.stdout
+    failed = grade_cli(FIXTURE / "exercises" / "99_example.ipynb", *official)
     assert failed.returncode == 1
-    assert "99_example.ipynb: 0/1 checks passed\n  FAILED Cell 3: assert ring_bytes(1000, 2) == 1000" in failed.stdout
-    assert "NotImplementedError" in failed.stdout
+    assert "FAIL  99-example-5" in failed.stdout and "NotImplementedError: your code here" in failed.stdout
+    assert "99_example.ipynb: 0/3 points (0%), status failed" in failed.stdout
 
 
-def test_stub_check_on_the_fixture_exercise():
-    assert stub_problems(execute(FIXTURE / "exercises" / "99_example.ipynb")) == []
-
-
-def test_stub_check_rejects_checks_that_cannot_fail_or_fail_late():
+def test_hidden_checks_count_in_the_official_grade_only(tmp_path):
     nb = nbformat.read(FIXTURE / "exercises" / "99_example.ipynb", as_version=4)
-    assert stub_problems(nb) == ["every cell ran without error: the stubs do not make the checks fail"]
-    cells = code_cells(nb)
-    error = nbformat.v4.new_output("error", ename="ImportError", evalue="no module x", traceback=[])
-    cells[0].outputs = [error]  # the setup cell fails before any check
-    assert "is not a check: ImportError" in stub_problems(nb)[0]
-    cells[0].outputs, cells[3].outputs = [], [error]  # the check fails, but not for the stub's reason
-    assert "expected the stub's NotImplementedError" in stub_problems(nb)[0]
-    cells[3].metadata["tags"] = []
-    assert stub_problems(nb) == ["no code cell is tagged `check`"]
+    answers = {c.id: c.source for c in nbformat.read(FIXTURE / "solutions" / "99_example.ipynb", as_version=4).cells}
+    nb.cells[4].source = answers["99-example-3"].replace(  # hard-codes the two visible cases of ring_bytes
+        "### BEGIN SOLUTION\n    return 2 * (world_size - 1) * size_bytes / world_size",
+        "### BEGIN SOLUTION\n    return {(1000, 2): 1000, (1200, 4): 1800}[size_bytes, world_size]")
+    nbformat.write(nb, tmp_path / "99_example.ipynb")
+    official = grade.grade_one(tmp_path / "99_example.ipynb", grade.load_course(FIXTURE / "solutions"))
+    assert (official.status, official.points, official.max_points, official.failed_checks) == \
+           ("failed", 2, 3, ["99-example-5"]), official.reason
+    practice = grade.grade_one(tmp_path / "99_example.ipynb", grade.load_course(practice=True, root=FIXTURE))
+    assert (practice.status, practice.points, practice.max_points, practice.official) == ("ok", 3, 3, False)
 
 
 def test_record_stores_outputs_that_strict_nbval_then_compares(tmp_path, warm_caches):
@@ -233,7 +240,8 @@ def test_record_stores_outputs_that_strict_nbval_then_compares(tmp_path, warm_ca
     shutil.copytree(FIXTURE, course)
     (course / "tests").mkdir()
     shutil.copy(ROOT / "tests" / "nbval_sanitize.cfg", course / "tests" / "nbval_sanitize.cfg")
-    broken = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("raise ValueError('broken solution')")],
+    broken = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("raise ValueError('broken solution')",
+                                                                      metadata={"tags": ["check"], "points": 1})],
                                       metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}})
     nbformat.write(broken, course / "solutions" / "50_broken.ipynb")
     assert exercises.main(["record", "--root", str(course)]) == 1  # 50_broken raises: reported, left alone

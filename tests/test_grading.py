@@ -1,0 +1,342 @@
+"""Grading an instructor can trust (`python -m par grade`, `par.grade`).
+
+- The class run: one `par.grade.grade_many` over a folder holding, for every exercise, every wrong answer of
+  tests/fixtures/wrong_answers (see its README), a solved notebook whose check cells the student tampered
+  with (emptied, `assert False` added, asserts appended) and an unsolved one whose checks were replaced by
+  `pass`. Every wrong answer must lose points and fail the checks its file names; the tampered notebooks
+  keep their true grade (full marks, nothing); the checks that run on real gloo ranks pass with the
+  solution and fail with the stub, on a rank.
+- The class folder through the command line: solved, unsolved, hanging, crashing, malformed, not a notebook,
+  no exercise: one CSV row each with the right status, exit code 0, within the timeouts.
+- A notebook that ignores the cell timeout is killed at the notebook timeout, with what it started.
+- Assembly without a kernel: answers matched by cell id or by what they define, added cells kept in place,
+  missing answers graded as stubs; exercises recognised by metadata, file name or cell ids.
+- The student bundle (`python -m par exercises release`): no answers in it, practice grading there, and the
+  instructor's grading of its submissions.
+"""
+import copy
+import csv
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from par import exercises, grade, nbval_run, release
+from par.exercises import is_answer, is_check
+
+ROOT = Path(__file__).resolve().parents[1]
+WRONG = Path(__file__).parent / "fixtures" / "wrong_answers"
+NAMES = [p.stem for p in sorted((ROOT / "solutions").glob("*.ipynb"))]
+CLASS_RUN_TIMEOUT = 1800   # the first test that needs the class run grades ~47 notebooks (about 5 min on 2 quiet cores)
+REAL_RANKS = {"00_ring_chunks": ["check-ring-ranks"], "07_layout": ["check-config-run"],
+              "04_tensor_parallel": ["check-tp-forward", "check-tp-backward", "check-tp-traffic"]}
+
+
+def read(path):
+    return nbformat.read(path, as_version=4)
+
+
+def solution(name):
+    return read(ROOT / "solutions" / f"{name}.ipynb")
+
+
+def solved(name, replace: dict | None = None):
+    """The exercise with every answer cell filled from the solution (or from `replace`, by cell id)."""
+    nb, answers = read(ROOT / "exercises" / f"{name}.ipynb"), {c.id: c.source for c in solution(name).cells}
+    for cell in nb.cells:
+        if is_answer(cell):
+            cell.source = (replace or {}).get(cell.id, answers[cell.id])
+    return nb
+
+
+def wrong_answers():
+    """[(exercise, fixture name, answer cell id, checks that must fail, cell source)] from the fixture files."""
+    out = []
+    for path in sorted(WRONG.glob("*/*.py")):
+        text = path.read_text()
+        head = dict(re.findall(r"^# (cell|must fail|why): (.*)$", text, re.M))
+        body = "\n".join(line for line in text.splitlines() if not re.match(r"^# (cell|must fail|why): ", line))
+        cell = next(c for c in solution(path.parent.name).cells if c.id == head["cell"])
+        magic = cell.source.split("\n", 1)[0]
+        source = (magic + "\n" if magic.startswith("%%writefile") else "") + body.strip("\n")
+        out.append((path.parent.name, path.stem, head["cell"], [s.strip() for s in head["must fail"].split(",")],
+                    source))
+    return out
+
+
+WRONG_ANSWERS = wrong_answers()
+
+
+def tampered_solved(name):
+    """Solved, but every check cell edited: emptied, `assert False`, or an assert appended; a failing cell added."""
+    nb = solved(name)
+    for i, cell in enumerate(c for c in nb.cells if is_check(c)):
+        cell.source = ["", "assert False, 'the student added this'",
+                       cell.source + "\nassert 1 == 2, 'appended by the student'"][i % 3]
+        cell.metadata["points"] = 0
+    nb.cells.append(nbformat.v4.new_code_cell("raise RuntimeError('a cell the student added')"))
+    return nb
+
+
+def tampered_unsolved(name):
+    """Unsolved, with every check cell's asserts deleted, its tag removed and its points raised."""
+    nb = read(ROOT / "exercises" / f"{name}.ipynb")
+    for cell in (c for c in nb.cells if is_check(c)):
+        cell.source, cell.metadata = "pass", {"points": 100}
+    return nb
+
+
+@pytest.fixture(scope="module")
+def course():
+    return grade.load_course()
+
+
+@pytest.fixture(scope="module")
+def class_run(tmp_path_factory, course):
+    """Grade every wrong answer and tampered notebook in one go, 2 at a time: {file stem: Grade}."""
+    folder = tmp_path_factory.mktemp("class")
+    for name in NAMES:
+        nbformat.write(tampered_solved(name), folder / f"tampered-solved__{name}.ipynb")
+        nbformat.write(tampered_unsolved(name), folder / f"tampered-unsolved__{name}.ipynb")
+    for name, fixture, cell, _, source in WRONG_ANSWERS:
+        nbformat.write(solved(name, {cell: source}), folder / f"wrong__{name}__{fixture}.ipynb")
+    paths = sorted(folder.glob("*.ipynb"))
+    start = time.monotonic()
+    grades = grade.grade_many(paths, course, timeout=600, cell_timeout=300, jobs=2)
+    print(f"\ngraded {len(paths)} notebooks in {time.monotonic() - start:.0f} s")
+    return {Path(g.submission).stem: g for g in grades}
+
+
+# ---- the fixtures themselves (no kernel) ------------------------------------------------------------------------
+
+def test_every_exercise_keeps_three_wrong_answers_naming_real_cells():
+    for name in NAMES:
+        mine = [w for w in WRONG_ANSWERS if w[0] == name]
+        assert len(mine) >= 3, f"{name}: {len(mine)} wrong answers in {WRONG / name}, at least 3 wanted"
+        cells = {c.id: c for c in solution(name).cells}
+        for _, fixture, cell, must_fail, _ in mine:
+            assert cell in cells and is_answer(cells[cell]), f"{name}/{fixture}: {cell} is not an answer cell"
+            assert all(c in cells and is_check(cells[c]) for c in must_fail), f"{name}/{fixture}: {must_fail}"
+
+
+# ---- the class run -------------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(CLASS_RUN_TIMEOUT)
+@pytest.mark.parametrize("name, fixture, cell, must_fail, source", WRONG_ANSWERS,
+                         ids=[f"{name}/{fixture}" for name, fixture, *_ in WRONG_ANSWERS])
+def test_every_wrong_answer_loses_points(class_run, name, fixture, cell, must_fail, source):
+    g = class_run[f"wrong__{name}__{fixture}"]
+    assert g.exercise == name and g.status == "failed", (g.status, g.reason)
+    assert g.points < g.max_points
+    assert set(must_fail) <= set(g.failed_checks), f"failed {g.failed_checks}, expected at least {must_fail}"
+    broken = [(c.id, c.error) for c in g.checks if re.match(r"(NameError|SyntaxError|ImportError)", c.error)]
+    assert not broken, f"the fixture itself is broken: {broken}"
+
+
+@pytest.mark.timeout(CLASS_RUN_TIMEOUT)
+@pytest.mark.parametrize("name", NAMES)
+def test_tampered_checks_keep_the_true_grade(class_run, name):
+    full = class_run[f"tampered-solved__{name}"]
+    assert full.status == "ok" and full.points == full.max_points > 0, (full.reason, full.failed_checks)
+    assert full.max_points == sum(exercises.points(c) for c in solution(name).cells if is_check(c))
+    nothing = class_run[f"tampered-unsolved__{name}"]
+    assert nothing.status == "failed" and nothing.points == 0 and nothing.max_points == full.max_points
+    assert len(nothing.failed_checks) == len(nothing.checks) > 0
+    for check in nothing.checks:  # the stub's own error (or a check's assert), never a broken check
+        assert re.search(r"NotImplementedError|AssertionError", check.error), (check.id, check.error)
+
+
+@pytest.mark.timeout(CLASS_RUN_TIMEOUT)
+@pytest.mark.parametrize("name", sorted(REAL_RANKS))
+def test_real_rank_checks_pass_with_the_solution_and_fail_on_a_rank_with_the_stub(class_run, name):
+    full, nothing = class_run[f"tampered-solved__{name}"], class_run[f"tampered-unsolved__{name}"]
+    for check in REAL_RANKS[name]:
+        assert check not in full.failed_checks
+        assert check in nothing.failed_checks
+    first = next(c for c in nothing.checks if c.id == REAL_RANKS[name][0])
+    if name != "07_layout":  # 07's stub raises in the notebook, before the launch
+        assert re.search(r"NotImplementedError: your code here \(rank \d\)", first.error), first.error
+
+
+# ---- a class folder through the command line -----------------------------------------------------------------
+
+def test_a_class_folder_gives_a_complete_gradebook_within_the_timeouts(tmp_path):
+    folder, name = tmp_path / "submissions", "01_model_state_bytes"
+    (folder / "alice").mkdir(parents=True)
+    nbformat.write(solved(name), folder / "alice" / f"{name}.ipynb")
+    nbformat.write(read(ROOT / "exercises" / f"{name}.ipynb"), folder / f"bob_{name}.ipynb")
+    hang = 'import time\n    while True:\n        time.sleep(0.01)'
+    nbformat.write(solved(name, {"bytes-per-param": f"def bytes_per_param(precision, optimizer):\n    {hang}"}),
+                   folder / f"carol_{name}.ipynb")
+    crash = "import os, signal\n    os.kill(os.getpid(), signal.SIGKILL)"
+    nbformat.write(solved(name, {"states-per-rank": f"def model_state_bytes_per_rank(*args, **kw):\n    {crash}"}),
+                   folder / f"dave_{name}.ipynb")
+    (folder / f"erin_{name}.ipynb").write_text(nbformat.writes(solved(name))[:500])
+    (folder / "frank.ipynb").write_text('{"just": "json"}')
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('hello')")]), folder / "gina.ipynb")
+    (folder / "notes.txt").write_text("not a notebook")
+    report = tmp_path / "grades.csv"
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "par", "grade", str(folder), "--report", str(report),
+                          "--timeout", "240", "--cell-timeout", "20", "--jobs", "2"],
+                         capture_output=True, text=True, timeout=900, cwd=ROOT)
+    took = time.monotonic() - start
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = {Path(r["submission"]).name: r for r in csv.DictReader(report.open())}
+    assert set(rows) == {f"{name}.ipynb", f"bob_{name}.ipynb", f"carol_{name}.ipynb", f"dave_{name}.ipynb",
+                         f"erin_{name}.ipynb", "frank.ipynb", "gina.ipynb"}, rows.keys()
+    assert list(csv.reader(report.open()))[0] == grade.COLUMNS
+    status = {k: (r["status"], r["points"], r["max_points"]) for k, r in rows.items()}
+    assert status[f"{name}.ipynb"] == ("ok", "7", "7"), rows[f"{name}.ipynb"]
+    assert status[f"bob_{name}.ipynb"] == ("failed", "0", "7")
+    assert status[f"carol_{name}.ipynb"][0] == "timeout" and "20 s cell limit" in rows[f"carol_{name}.ipynb"]["reason"]
+    assert "check-bytes-per-param" in rows[f"carol_{name}.ipynb"]["reason"]
+    assert status[f"carol_{name}.ipynb"][1] == "5", "the checks after the hanging one still ran and count"
+    assert status[f"dave_{name}.ipynb"][0] == "error" and "kernel died" in rows[f"dave_{name}.ipynb"]["reason"]
+    assert status[f"dave_{name}.ipynb"][1] == "2", "the check before the crash counts"
+    assert status[f"erin_{name}.ipynb"][0] == "error" and "not valid JSON" in rows[f"erin_{name}.ipynb"]["reason"]
+    assert status["frank.ipynb"][0] == "error" and "not a Jupyter notebook" in rows["frank.ipynb"]["reason"]
+    assert status["gina.ipynb"][0] == "error" and "belongs to no exercise" in rows["gina.ipynb"]["reason"]
+    assert "notes.txt" in run.stdout and "1 ok, 1 failed, 1 timeout, 4 error" in run.stdout
+    assert took < 240, f"the folder took {took:.0f} s"
+
+
+def test_a_notebook_past_its_timeout_is_killed_with_what_it_started(tmp_path):
+    pids = tmp_path / "pids"
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("x = 1"),
+        nbformat.v4.new_code_cell(
+            "import os, signal, subprocess, time\n"
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cell timeout's interrupt cannot stop it\n"
+            "child = subprocess.Popen(['sleep', '1000'])\n"
+            f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+            "while True:\n    time.sleep(0.1)"),
+        nbformat.v4.new_code_cell("y = 2")])
+    start = time.monotonic()
+    result = nbval_run.run(nb, timeout=45, cell_timeout=1000)
+    assert time.monotonic() - start < 90
+    assert result.timed_out and result.running == 1 and result.cells[0].passed
+    time.sleep(0.5)
+    for pid in map(int, pids.read_text().split()):
+        state = Path(f"/proc/{pid}/stat")
+        assert not state.exists() or state.read_text().rsplit(")", 1)[1].split()[0] in "ZX", f"process {pid} survived"
+
+
+# ---- assembling and recognising, without a kernel ------------------------------------------------------------
+
+def test_assembly_takes_answers_by_id_or_by_what_they_define_and_keeps_added_cells(course):
+    name = "02_gradient_buckets"
+    nb = solved(name)
+    answer = next(c for c in nb.cells if c.get("id") == "bytes-per-step")
+    answer.id = "a-new-id"                               # the student re-created the answer cell
+    nb.cells.remove(next(c for c in nb.cells if c.get("id") == "topk"))   # and deleted another one
+    helper = nbformat.v4.new_code_cell("def helper():\n    return 42", id="student-helper")
+    nb.cells.insert(nb.cells.index(answer), helper)      # a helper just above it
+    setup = next(c for c in nb.cells if c.get("id") == "setup")
+    setup.source = "import os\nos.environ['CHEAT'] = '1'"   # edits to the instructor's cells are ignored
+    out = grade.assemble(course.notebooks[name], nb)
+    sources = [c.source for c in out.notebook.cells]
+    roles = dict(zip([cid for _, cid in out.roles], [role for role, _ in out.roles]))
+    assert roles["bytes-per-step"] == "answer" and answer.source in sources
+    assert sources.index(helper.source) == sources.index(answer.source) - 1 == \
+        [cid for _, cid in out.roles].index("assign-buckets") + 2, "the helper stays after the cell before it"
+    topk = next(c for c in out.notebook.cells if out.roles[out.notebook.cells.index(c)][1] == "topk")
+    assert exercises.STUB in topk.source, "a missing answer is graded as unanswered, never with the solution"
+    assert "CHEAT" not in "".join(sources)
+    assert any("bytes-per-step matched by what it defines" in n for n in out.notes)
+    assert any("answer cell topk is missing" in n for n in out.notes)
+    for cell in course.notebooks[name].cells:                 # every check is the instructor's, unchanged
+        if is_check(cell):
+            assert cell.source in sources
+
+
+def test_exercise_recognised_by_metadata_file_name_or_cell_ids(course, tmp_path):
+    nb = solved("03_pipelines")
+    assert grade.identify(nb, Path("whatever.ipynb"), course) == "03_pipelines"     # metadata
+    del nb.metadata["par"]
+    assert grade.identify(nb, Path("alice-03_pipelines-v2.ipynb"), course) == "03_pipelines"   # file name
+    assert grade.identify(nb, Path("alice.ipynb"), course) == "03_pipelines"        # cell ids
+    other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")])
+    with pytest.raises(grade.SubmissionError, match="belongs to no exercise"):
+        grade.identify(other, Path("alice.ipynb"), course)
+    bad = tmp_path / "bad.ipynb"
+    bad.write_text("{not json")
+    with pytest.raises(grade.SubmissionError, match="not valid JSON"):
+        grade.read_submission(bad)
+
+
+def test_the_grade_command_refuses_bad_usage(tmp_path):
+    assert grade.main([str(tmp_path / "missing.ipynb")]) == 2
+    assert grade.main([str(tmp_path)]) == 2                  # an empty folder: nothing to grade
+    assert grade.main([str(tmp_path), "--jobs", "0"]) == 2
+    assert grade.main([str(tmp_path), "--solutions", str(tmp_path)]) == 2
+
+
+def test_answer_modules_load_with_collectives_off_and_calls_counted(tmp_path, monkeypatch):
+    import torch.distributed as dist
+    from par import answers
+    (tmp_path / "mine.py").write_text("import torch.distributed as dist\n\ndef ring(t):\n    dist.all_reduce(t)\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(answers.AnswerError, match="run the exercise's %%writefile cell first"):
+        answers.load("missing.py")
+    module = answers.load("mine.py")
+    with answers.forbidden(answers.COLLECTIVES, "build it from sends and receives"):
+        with pytest.raises(answers.AnswerError, match="your code called torch.distributed.all_reduce: build it"):
+            module.ring(None)
+    monkeypatch.setattr(dist, "all_reduce", lambda t: None)   # no process group here: a stand-in that works
+    with answers.counted(dist, "all_reduce") as calls:
+        module.ring(None)
+        module.ring(None)
+    assert calls == {"all_reduce": 2}
+
+
+# ---- the student bundle ----------------------------------------------------------------------------------------
+
+def test_release_writes_the_bundle_without_answers_and_refuses_to_overwrite(tmp_path):
+    dest = tmp_path / "course"
+    assert exercises.main(["release", str(dest)]) == 0
+    for path in ("README.md", "requirements.txt", "pyproject.toml", "par/grade.py", "par/jobs/exercise_ring.py",
+                 "notebooks/00_distributed_basics.ipynb", "configs/3d.json", release.MARKER):
+        assert (dest / path).is_file(), path
+    assert not (dest / "solutions").exists() and not (dest / "tests").exists()
+    assert not list(dest.rglob("__pycache__"))
+    assert sorted(p.name for p in (dest / "exercises").glob("*.ipynb")) == [f"{n}.ipynb" for n in NAMES]
+    for name in NAMES:
+        assert (dest / "exercises" / f"{name}.ipynb").read_text() == (ROOT / "exercises" / f"{name}.ipynb").read_text()
+    assert release.leaks(dest) == []
+    hidden = "cases = [*cases, *product("                   # a hidden check of exercise 01
+    assert hidden in (ROOT / "solutions" / "01_model_state_bytes.ipynb").read_text()
+    assert not any(hidden in p.read_text() for p in dest.rglob("*.ipynb"))
+    assert exercises.main(["release", str(dest)]) == 2       # not empty
+    assert exercises.main(["release", str(dest), "--force"]) == 0   # an earlier bundle may be replaced
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("precious")
+    assert exercises.main(["release", str(tmp_path / "mine"), "--force"]) == 2
+    assert (tmp_path / "mine" / "thesis.tex").exists()
+    assert exercises.main(["release", str(ROOT / "solutions" / "x")]) == 2
+
+
+def test_bundle_submissions_are_graded_from_the_checkout_and_practice_there(tmp_path, course):
+    dest = tmp_path / "course"
+    release.write_bundle(dest)
+    name = "01_model_state_bytes"
+    practice = subprocess.run([sys.executable, "-m", "par", "grade", f"exercises/{name}.ipynb"], cwd=dest,
+                              capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(dest)})
+    assert practice.returncode == 1, practice.stdout[-2000:] + practice.stderr[-2000:]
+    assert "PRACTICE grade" in practice.stdout and "not the official grade" in practice.stdout
+    assert f"{name}.ipynb: 0/7 points" in practice.stdout
+    submission = read(dest / "exercises" / f"{name}.ipynb")       # a student's work on the bundle
+    answers = {c.id: c.source for c in solution(name).cells}
+    for cell in submission.cells:
+        if is_answer(cell):
+            cell.source = answers[cell.id]
+    nbformat.write(submission, tmp_path / "handed_in.ipynb")
+    g = grade.grade_one(tmp_path / "handed_in.ipynb", course)
+    assert (g.exercise, g.status, g.points, g.max_points) == (name, "ok", 7, 7), g.reason
+    assert g.official
