@@ -106,3 +106,22 @@ def test_a_cell_past_the_timeout_fails_its_notebook(tmp_path):
     row = batch.run_one(tmp_path / "30_hangs.ipynb", tmp_path / "out.ipynb", {}, timeout=3)
     assert row["status"] == "FAILED" and "timed out" in row["error"], row
     assert time.monotonic() - start < 50
+
+
+def test_a_failed_launch_shows_its_root_cause_in_the_notebook_and_the_summary(tmp_path):
+    worker = Path(__file__).parent / "workers" / "launch_modes.py"
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
+    nb.cells = [nbformat.v4.new_code_cell("import par.launch\nimport par.notebook"),
+                nbformat.v4.new_code_cell(f"par.launch.run({str(worker)!r}, nproc=2, args=['raise'], quiet=True, "
+                                          f"timeout=120)"),
+                nbformat.v4.new_code_cell("print('a later cell')")]
+    nbformat.write(nb, tmp_path / "40_launch_fails.ipynb")
+    row = batch.run_one(tmp_path / "40_launch_fails.ipynb", tmp_path / "out.ipynb", {}, timeout=300)
+    cause = "rank 1 failed: ValueError: deliberate failure on rank one (marker 4417)"
+    assert row["error"] == f"LaunchError: {cause}"
+    (error,) = [o for c in nbformat.read(tmp_path / "out.ipynb", 4).cells for o in c.get("outputs", [])
+                if o.output_type == "error"]
+    shown = "\n".join(error.traceback)
+    assert shown.startswith(f"LaunchError: {cause}\n") and "launch_modes.py\", line" in shown
+    assert "par/launch.py" not in shown, "the launcher's own frames say nothing about the failure"

@@ -31,7 +31,7 @@ def par_cli(*args, env=None) -> tuple[int, str, str, float]:
 @pytest.mark.skipif(not NO_NCCL_HERE, reason="this machine can run NCCL on 2 ranks")
 @pytest.mark.parametrize("args", [
     ["batch", "--backend", "nccl", "--world-size", "2", "--out", "{out}"],
-    ["train", "--config", "configs/zero1.json", "--nproc", "2", "--backend", "nccl"],
+    ["train", "--config", "configs/ddp.json", "--nproc", "2", "--backend", "nccl"],
     ["bench", "collectives", "--backend", "nccl", "--world-sizes", "2,4", "--json", "{out}"],
     ["bench", "zero", "--worlds", "2", "--backend", "nccl"],
 ], ids=["batch", "train", "bench-collectives", "bench-zero"])
