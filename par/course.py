@@ -166,9 +166,17 @@ class Launch:
         return f"{self.notebook} [{self.cell}] {self.module} on {self.nproc} rank{'s' if self.nproc > 1 else ''}"
 
 
-def scaled_timeout(work, backend: str) -> float:
+def on_gpus(backend: str, world_size: int) -> bool:
+    """Whether the launches run on GPUs: "nccl", or "auto" where this machine has a GPU per rank."""
+    if backend != "auto":
+        return backend == "nccl"
+    from par.preflight import choose_backend
+    return choose_backend(world_size, "auto") == "nccl"
+
+
+def scaled_timeout(work, backend: str, nproc: int = 1) -> float:
     """SAFETY × (time on the slow reference device) + STARTUP_S, at least MIN_TIMEOUT_S, in whole minutes."""
-    hw = CPU if backend == "gloo" else gpu()
+    hw = gpu() if on_gpus(backend, nproc) else CPU
     predicted = sum(0.0 if math.isnan(s) else s for s in (w.seconds(hw) for w in work))
     return float(max(MIN_TIMEOUT_S, 60 * math.ceil((SAFETY * predicted + STARTUP_S) / 60)))
 
@@ -177,7 +185,7 @@ def launch(notebook, cell, module, nproc, args, backend, work, timeout=None) -> 
     """A Launch whose timeout scales with its work (unless given)."""
     work = tuple(work)
     return Launch(notebook, cell, module, nproc, tuple(str(a) for a in args), backend,
-                  timeout if timeout is not None else scaled_timeout(work, backend), work)
+                  timeout if timeout is not None else scaled_timeout(work, backend, nproc), work)
 
 
 # ---------------------------------------------------------------- the registry: one function per notebook
@@ -193,7 +201,7 @@ def per_rank_batch(cfg, small: int) -> int:
 
 def world_sizes(candidates, world_size: int, backend: str) -> list[int]:
     """Extra world sizes a notebook sweeps: any on CPU ranks; on GPUs only those the server has."""
-    return sorted(n for n in set(candidates) if backend == "gloo" or n <= world_size)
+    return sorted(n for n in set(candidates) if not on_gpus(backend, world_size) or n <= world_size)
 
 
 def launches_00(W, backend, preset, steps):
@@ -252,7 +260,7 @@ def launches_02(W, backend, preset, steps):
 
 def launches_03(W, backend, preset, steps):
     nb, cfg = "03_pipelines", _model(preset)
-    stages = W if backend != "gloo" else max(W, 4)      # GPUs: one stage per GPU; CPU ranks are cheap
+    stages = W if on_gpus(backend, W) else max(W, 4)    # GPUs: one stage per GPU; CPU ranks are cheap
     mbs = 16 if preset == "tiny" else (2 if cfg.block_size <= 256 else 1)
     timed = max(1, min(3, steps // 10))
     check = cfg.block_size <= 256        # a single-process reference of a long-context model would not fit
@@ -458,8 +466,10 @@ def dry_run(world_size: int, backend: str = "nccl", preset: str = "gpt3-small", 
             gpu_flops: float | None = None):
     """(estimates, problems) for every launch of every notebook (default: all registered), in order.
 
-    `cell_timeout` None: each notebook gets the batch's automatic one (`notebook_timeout`)."""
+    `cell_timeout` None: each notebook gets the batch's automatic one (`notebook_timeout`). Backend
+    "auto" is NCCL there: the imagined server has a GPU per rank."""
     registry = REGISTRY if registry is None else registry
+    backend = "nccl" if backend == "auto" else backend     # the imagined server has a GPU per rank
     estimates, problems = [], []
     for nb in (notebooks or list(registry)):
         cells: dict = {}

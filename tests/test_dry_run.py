@@ -15,6 +15,7 @@ import importlib.util
 from dataclasses import replace
 
 import pytest
+import torch
 
 from par import batch, course
 from par.model import preset as model_preset
@@ -79,8 +80,15 @@ def test_gpu_sensible_choices():
     assert [l.nproc for l in sweep] == [1] and sweep[0].backend == "nccl"
     gantt = course.find("03_pipelines", "gantt", 8, "nccl", GPT3, 200)
     assert "--check" not in gantt[0].args, "no single-process reference of gpt3-small's whole batch"
-    # on CPU ranks the course keeps its tiny-preset demos as they are
-    assert "--check" in course.find("03_pipelines", "gantt", 2, "auto", "tiny", 20)[0].args
+    # on CPU ranks the course keeps its tiny-preset demos as they are (4 cheap pipeline ranks, the reference)
+    (cpu_gantt,) = course.find("03_pipelines", "gantt", 2, "gloo", "tiny", 20)
+    assert "--check" in cpu_gantt.args and cpu_gantt.nproc == 4
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="here 'auto' means NCCL")
+def test_auto_means_this_machine_in_a_notebook_and_gpus_in_the_dry_run():
+    assert course.find("03_pipelines", "gantt", 2, "auto", "tiny", 20)[0].nproc == 4       # gloo here
+    assert course.dry_run(4, "auto", GPT3, 200, 40e9) == course.dry_run(4, "nccl", GPT3, 200, 40e9)
 
 
 def test_unknown_notebook_is_a_clear_error():
