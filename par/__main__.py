@@ -1,41 +1,132 @@
 """`python -m par <command> ...`: the course's command line.
 
-Each command lives in its own module; this file only maps names to them.
+Each command lives in its own module; this file maps names to them, and turns a user's
+mistake into one line: an exception of a type in `USER_ERRORS` (a config that cannot run,
+a backend this machine lacks, a bad argument, a missing file) prints `error: <message>` on
+stderr and exits 2, without a traceback. `--debug` anywhere on the line (or PAR_DEBUG=1)
+shows the traceback instead. A launched job that failed (`par.launch.LaunchError`) prints its
+root cause and the failing rank's details, and exits 1. Any other exception is a bug in par:
+its traceback is shown.
+
+A command module opts in by raising one of these types; nothing else is needed. New kinds of
+user error are added to `USER_ERRORS` by name.
 """
 from __future__ import annotations
 
+import argparse
 import importlib
+import os
 import sys
+from contextlib import contextmanager
 
 COMMANDS = {
     # name: (module, one-line help). The module's main(argv) does the work.
     "exercises": ("par.exercises", "generate | check | record | release DIR: exercises/ from solutions/, the student bundle"),
     "grade": ("par.grade", "grade with the instructor's checks: python -m par grade NB_OR_DIR... [--report grades.csv]"),
     "bench": ("par.bench.cli", "benchmarks vs the torch built-ins: python -m par bench <name> (collectives, ...)"),
-    "batch": ("par.batch", "run every lecture notebook with papermill into runs/<time>/ and summarise"),
+    "batch": ("par.batch", "run every lecture notebook with papermill into runs/<time>/ and summarise "
+                           "(--dry-run: check a GPU batch without a GPU)"),
     "train": ("par.jobs.train", "train GPT-lite from a DeepSpeed-style JSON config: --config configs/3d.json --nproc 8"),
     "plan": ("par.planner", "rank 3D layouts by predicted memory and step time: --model 100,96,12288 --world 800"),
     "memory": ("par.memory", "per-rank model-state memory per ZeRO stage (--params 7.5e9 --dp 64 | --model llama-7b)"),
 }
 
+# commands that start ranks: checked by par.preflight before their module is even imported (torch takes
+# seconds to import on a busy machine); the value is the number of ranks when the command line names none
+STARTS_RANKS = {"batch": "default", "train": 1, "bench": 1}
+
+# "module:Class": exception types that mean "the user asked for something that cannot run".
+USER_ERRORS = (
+    "par.config:ConfigError",
+    "par.preflight:BackendError",
+    "par.batching:BatchSizeError",
+    "par.grid:GridError",
+    "par.mixed_precision:UnsupportedPrecision",
+    "par.course:CourseError",
+    "builtins:FileNotFoundError",
+    "builtins:IsADirectoryError",
+    "builtins:NotADirectoryError",
+)
+
+
+class UsageError(Exception):
+    """Bad arguments on the command line (argparse's errors become this inside `python -m par`)."""
+
+
+def is_user_error(error: BaseException) -> bool:
+    """True when `error` is (a subclass of) a type named in USER_ERRORS. Compared by name, so that
+    telling a user error apart imports nothing (modules that import torch take seconds)."""
+    names = {f"{c.__module__}:{c.__qualname__}" for c in type(error).__mro__}
+    return isinstance(error, UsageError) or bool(names & set(USER_ERRORS))
+
+
+def one_line(error: BaseException) -> str:
+    """The message of a user error as one line (a missing file says which)."""
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"{error.strerror or 'cannot open'}: {error.filename} (the path is relative to {os.getcwd()})"
+    text = " ".join(str(error).split())
+    return text or type(error).__name__
+
+
+@contextmanager
+def argparse_errors_raise():
+    """Inside the block, argparse's `parser.error(...)` raises UsageError instead of printing usage and exiting."""
+    original = argparse.ArgumentParser.error
+
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+    argparse.ArgumentParser.error = error
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = original
+
+
+def preflight(name: str, argv: list[str]) -> None:
+    """`par.preflight` for a command that starts ranks: its --backend against the ranks it asks for.
+    (Not for help, nor for `batch --dry-run`, which checks an imagined GPU server instead of this machine.)"""
+    if name not in STARTS_RANKS or {"-h", "--help", "--dry-run"} & set(argv):
+        return
+    from par import preflight as pf
+    default = pf.default_world_size() if STARTS_RANKS[name] == "default" else STARTS_RANKS[name]
+    pf.check_command_line(argv, default)
+
 
 def usage() -> str:
     width = max(map(len, COMMANDS), default=0)
     rows = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, help_) in sorted(COMMANDS.items()))
-    return f"usage: python -m par <command> [options]\n\ncommands:\n{rows}\n"
+    return (f"usage: python -m par [--debug] <command> [options]\n\ncommands:\n{rows}\n\n"
+            f"--debug (or PAR_DEBUG=1): show the traceback of an error instead of its one line\n")
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv or os.environ.get("PAR_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        print(f"error: unknown command {name!r}: use one of {', '.join(sorted(COMMANDS))} "
+              f"(python -m par --help)", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        with argparse_errors_raise():
+            preflight(name, rest)
+            module = importlib.import_module(COMMANDS[name][0])
+            return int(module.main(rest) or 0)
+    except Exception as e:
+        if debug:
+            raise
+        from par.launch import LaunchError
+        if isinstance(e, LaunchError):   # the ranks' output is above when it was streamed
+            print(f"error: {e.root_cause if e.streamed else e}", file=sys.stderr, flush=True)
+            return 1
+        if is_user_error(e):
+            print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

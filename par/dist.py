@@ -6,15 +6,17 @@ environment variables:
     RANK         global index of this process, 0 .. WORLD_SIZE-1
     LOCAL_RANK   index of this process on its node (picks the GPU)
     WORLD_SIZE   number of processes in the job
+    LOCAL_WORLD_SIZE  number of processes on this node (each needs a GPU of its own under NCCL)
     MASTER_ADDR  host of rank 0, where everyone meets
     MASTER_PORT  port of that meeting point
 
-`init()` reads them, picks the backend (NCCL only when every rank can have a
-GPU of its own, gloo otherwise), binds one device per rank and joins the
-default process group. `teardown()` leaves it cleanly.
+`init()` reads them, picks the backend (`par.preflight.choose_backend`: NCCL only
+when every rank of a node can have a GPU of its own, gloo otherwise), binds one
+device per rank and joins the default process group. `teardown()` leaves it cleanly.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -23,11 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-BACKENDS = ("auto", "gloo", "nccl")
-
-
-class BackendError(RuntimeError):
-    """Raised when the requested backend cannot run on this machine."""
+# the backend rule and the core count live in par.preflight (no torch import there: it runs before any rank)
+from par.preflight import BACKENDS, BackendError, choose_backend, default_world_size, physical_cores  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -41,49 +40,6 @@ class Env:
     @property
     def is_rank0(self) -> bool:
         return self.rank == 0
-
-
-def choose_backend(world_size: int, requested: str = "auto", gpus: int | None = None) -> str:
-    """NCCL when `gpus >= world_size` (one GPU per rank), gloo otherwise.
-
-    Asking for NCCL explicitly without enough GPUs is an error that names the fix.
-    """
-    requested = (requested or "auto").lower()
-    if requested not in BACKENDS:
-        raise BackendError(f"unknown backend {requested!r}: use one of {', '.join(BACKENDS)}")
-    gpus = torch.cuda.device_count() if gpus is None else gpus
-    if requested == "auto":
-        return "nccl" if gpus >= world_size and gpus > 0 else "gloo"
-    if requested == "nccl" and gpus < world_size:
-        raise BackendError(
-            f"backend 'nccl' needs one GPU per rank: world size {world_size} but {gpus} GPU(s) visible; "
-            f"use backend='gloo' (or 'auto'), or run with at most {gpus} ranks")
-    return requested
-
-
-def physical_cores() -> int:
-    """CPU cores this process may run on, counting a core once even with hyper-threading.
-
-    Timing experiments never start more ranks than this: an oversubscribed rank waits for a
-    core, and its waiting shows up as a bubble or as slow communication.
-    """
-    try:
-        allowed = os.sched_getaffinity(0)
-    except AttributeError:  # macOS
-        return max(1, (os.cpu_count() or 2) // 2)
-    cores = set()
-    for cpu in allowed:
-        try:
-            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
-                cores.add(f.read().strip())
-        except OSError:
-            cores.add(str(cpu))
-    return max(1, len(cores))
-
-
-def default_world_size() -> int:
-    """The course's default number of ranks: min(4, physical cores) (2 on a 2-core CI machine)."""
-    return min(4, physical_cores())
 
 
 def device_for(backend: str, local_rank: int) -> torch.device:
@@ -104,7 +60,12 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Env:
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    backend = choose_backend(world_size, backend or os.environ.get("PAR_BACKEND", "auto"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if "TORCHELASTIC_RUN_ID" in os.environ:   # par.launch asks a rank that did not finish where it is
+        from par.launch import STACK_SIGNAL
+        faulthandler.register(STACK_SIGNAL, all_threads=True)
+    backend = choose_backend(world_size, backend or os.environ.get("PAR_BACKEND", "auto"),
+                             local_world_size=local_world_size)
     device = device_for(backend, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -119,6 +80,8 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Env:
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s),
                                 **({"device_id": device} if device.type == "cuda" else {}))
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            sys.excepthook = exit_after_traceback(sys.excepthook)
     if backend == "gloo":
         from par import nccl_emulation
         if nccl_emulation.enabled():
@@ -138,8 +101,16 @@ def teardown() -> None:
     """Leave the process group (waits for everyone first, so no rank exits early). Call it last.
 
     A rank started by torchrun then ends right here with exit code 0 (`os._exit`, after flushing
-    its output): skipping the C++ destructors at interpreter exit avoids a rare abort of a
-    leftover gloo thread there ("terminate called without an active exception").
+    its output), skipping the interpreter's finalization. Why: a thread that is inside a torch C++
+    call with the GIL released (par's communication thread in a gloo wait, or gloo's own thread
+    about to run a Python callback) and comes back while Python finalizes is ended by CPython
+    with pthread_exit; the unwinding crosses a C++ `noexcept` frame (pybind11 re-taking the GIL)
+    and the C++ runtime aborts: "terminate called without an active exception", SIGABRT, a rank
+    that did all its work reported as crashed. Rare (the call must return inside the short
+    window of finalization, more likely on a busy machine), and reproduced on purpose by
+    tests/workers/exit_race.py. After `destroy_process_group` nothing is left that finalization
+    would need to clean up, so the rank skips it. A rank that fails with an exception skips it
+    too (`init` installs `exit_after_traceback`).
     """
     global _ENV
     if dist.is_initialized():
@@ -152,6 +123,20 @@ def teardown() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def exit_after_traceback(previous):
+    """A sys.excepthook for torchrun ranks: print the traceback as before, then leave with exit code 1
+    at once (`os._exit`), skipping the finalization in which a C++ thread can abort the process and
+    turn a Python error into a SIGABRT (see `teardown`)."""
+    def hook(kind, value, tb):
+        try:
+            previous(kind, value, tb)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+    return hook
 
 
 def print0(*args, **kwargs) -> None:

@@ -1,14 +1,24 @@
 """Run a real multi-process job from a notebook cell (or a test) and get its results back.
 
-`run("par.examples.collectives", nproc=4, args=[...])` starts
+`run("par.jobs.collectives", nproc=4, args=[...])` first checks that the backend can run
+`nproc` ranks on this machine (`par.preflight.choose_backend`: a `BackendError` in one line,
+before anything starts), then starts
 
-    torchrun --nnodes=1 --nproc-per-node=4 --master-addr=127.0.0.1 --master-port=<free> -m par.examples.collectives ...
+    torchrun --nnodes=1 --nproc-per-node=4 --master-addr=127.0.0.1 --master-port=<free> -m par.jobs.collectives ...
 
-in its own process group, streams every rank's output into the cell as it
-happens, and returns the JSON that rank 0 saved with `par.dist.save_result`.
-A non-zero exit raises `LaunchError` carrying the failing rank's traceback; a
-timeout kills the whole process tree and raises too. Never a hang, never a
-swallowed failure.
+in its own process group, streams every rank's output into the cell as it happens, and
+returns the JSON that rank 0 saved with `par.dist.save_result`. Never a hang, never a
+swallowed failure, never a silent second try:
+
+* a rank that fails makes the whole job fail: `LaunchError`, whose FIRST LINE is the root
+  cause (which rank, the exception type and message, or the signal that killed it), followed
+  by that rank's traceback or last output;
+* torchrun ends the other ranks when one dies (even by SIGKILL: they would wait forever in
+  their next collective);
+* at `timeout` the launcher asks every rank still running where it is (SIGUSR1: Python's
+  faulthandler, registered by `par.dist.init`, prints its stack), kills the whole process
+  tree, and the error names the ranks that did not finish: which were busy where, and which
+  were waiting for them in a collective.
 """
 from __future__ import annotations
 
@@ -23,19 +33,28 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
+
+STACK_SIGNAL = signal.SIGUSR1     # "print your stack": par.dist.init registers faulthandler for it
+COMM_FILES = ("torch/distributed/", "par/collectives.py", "par/nccl_emulation.py", "par/dist.py")
 
 
 class LaunchError(RuntimeError):
-    """A launched job failed or timed out; the message holds the failing rank's traceback.
+    """A launched job failed or timed out. The first line of the message is the root cause.
 
-    `crashed` is True when a rank died from a signal (a C++ abort, a kill) without a Python
-    exception: the message then holds that rank's last output, with faulthandler's stack dump.
+    `ranks`: the ranks the first line names (the failing rank, or those that did not finish).
+    `crashed`: True when the failing rank died from a signal (a C++ abort, a kill) without a
+    Python exception: the message then holds its last output, with faulthandler's stack dump.
     """
 
-    def __init__(self, message: str, crashed: bool = False):
+    def __init__(self, message: str, crashed: bool = False, ranks=(), streamed: bool = False):
         super().__init__(message)
         self.crashed = crashed
+        self.ranks = list(ranks)
+        self.streamed = streamed   # the ranks' output was already shown (run(quiet=False))
+
+    @property
+    def root_cause(self) -> str:
+        return str(self).splitlines()[0]
 
 
 def free_port() -> int:
@@ -56,100 +75,137 @@ def torchrun_command(target: str, nproc: int, args=(), port: int | None = None) 
             *program, *map(str, args)]
 
 
-def _root_cause_rank(lines: list[str]) -> int | None:
-    """The rank torchrun names under "Root Cause (first observed failure)", if any."""
+# ---------------------------------------------------------------- reading what the ranks said
+PREFIX = re.compile(r"^\[default(\d+)\]:(?:\[rank\d+\]: ?)?")
+
+
+def rank_lines(lines: list[str], rank: int | None = None) -> list[str]:
+    """What `rank` (None: any rank) printed, prefixes removed (torchrun writes `[defaultN]:`, torch adds `[rankN]: `)."""
+    out = []
+    for line in lines:
+        m = PREFIX.match(line)
+        if m and (rank is None or int(m.group(1)) == rank):
+            out.append(line[m.end():])
+    return out
+
+
+def failures(lines: list[str]) -> list[dict]:
+    """torchrun's failure report, root cause first: [{rank, exitcode}] (empty when it printed none)."""
     text = "".join(lines)
-    m = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", text, re.S)
-    return int(m.group(1)) if m else None
+    found = []
+    for section in (r"Root Cause \(first observed failure\):(.*?)(?:={10,}|$)", r"Failures:(.*?)-{10,}"):
+        m = re.search(section, text, re.S)
+        if m:
+            for rank, code in re.findall(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", m.group(1), re.S):
+                if int(rank) not in [f["rank"] for f in found]:
+                    found.append({"rank": int(rank), "exitcode": int(code)})
+    return found
 
 
-def _tracebacks(lines: list[str], max_lines: int = 60) -> str:
-    """The failing rank's traceback (the root cause torchrun names, else the first one printed)."""
-    root = _root_cause_rank(lines)
-    starts = [i for i, line in enumerate(lines)  # a rank's traceback, not torchrun's own ChildFailedError
-              if "Traceback (most recent call last)" in line and line.startswith(("[rank", "[default"))]
-    mine = [i for i in starts if f"[rank{root}]:" in lines[i] or f"[default{root}]:" in lines[i]]
-    for i in mine[:1] or starts[:1]:
-        prefix = lines[i][:lines[i].index("Traceback")]
-        block = [l for l in lines[i:] if l.startswith(prefix)][:max_lines]
-        head = f"rank {root} failed first:\n" if root is not None else ""
-        return head + "".join(block)
-    # no Python traceback (a rank killed by a signal, a C++ abort): show what the failing rank said last
-    said = [l for l in lines if root is not None and l.startswith((f"[rank{root}]:", f"[default{root}]:"))]
-    head = f"rank {root} failed first; its last output:\n{''.join(said[-20:])}\n" if said else ""
-    return head + "".join(lines[-40:])
-
-
-def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: str = "auto",
-        env: dict | None = None, quiet: bool = False, threads_per_rank: int = 1, retries_on_crash: int = 0):
-    """Launch `module` on `nproc` ranks; return rank 0's saved result (or None).
-
-    Output is streamed line by line (prefixed `[defaultN]:` by torchrun). Raises
-    `LaunchError` on a non-zero exit or after `timeout` seconds. `retries_on_crash`: launch
-    again, with a warning, when a rank died from a signal without a Python exception (the
-    test suite uses 1 against a rare abort of gloo under load); a Python error never retries.
-    """
-    for attempt in range(retries_on_crash + 1):
-        try:
-            return _run_once(module, nproc, args, timeout, backend, env, quiet, threads_per_rank)
-        except LaunchError as e:
-            if not e.crashed or attempt == retries_on_crash:
-                raise
-            warnings.warn(f"launching {module} again: a rank crashed without a Python exception\n{e}")
-
-
-def _run_once(module, nproc, args, timeout, backend, env, quiet, threads_per_rank):
-    with tempfile.TemporaryDirectory(prefix="par-") as tmp:
-        result_path = os.path.join(tmp, "result.json")
-        child_env = dict(os.environ)
-        child_env.update({
-            "PAR_RESULT": result_path,
-            "PAR_BACKEND": backend,
-            "OMP_NUM_THREADS": str(threads_per_rank),
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONFAULTHANDLER": "1",  # a rank that crashes in C++ still shows where Python was
-            "TORCHELASTIC_ERROR_FILE": os.path.join(tmp, "error.json"),
-            "GLOO_SOCKET_IFNAME": child_env.get("GLOO_SOCKET_IFNAME", "lo"),
-            "LOGLEVEL": "WARNING",
-        })
-        child_env.update(env or {})
-        cmd = torchrun_command(module, nproc, args)
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=child_env, start_new_session=True, bufsize=1)
-        lines: list[str] = []
-        q: queue.Queue = queue.Queue()
-        reader = threading.Thread(target=lambda: ([q.put(l) for l in proc.stdout], q.put(None)), daemon=True)
-        reader.start()
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                try:
-                    line = q.get(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
-                except queue.Empty:
-                    line = ""
-                if line is None:
-                    break
-                if line:
-                    lines.append(line)
-                    if not quiet:
-                        print(line, end="", flush=True)
-                if time.monotonic() > deadline:
-                    raise LaunchError(f"{module} on {nproc} ranks timed out after {timeout:.0f}s and was killed.\n"
-                                      f"Last output:\n{''.join(lines[-30:])}")
-        except BaseException:  # timeout, or the notebook's interrupt button: leave no rank behind
-            _kill_tree(proc)
-            raise
-        code = proc.wait()
-        if code != 0:
-            crashed = not any(l.startswith(("[rank", "[default")) and "Traceback (most recent call last)" in l
-                              for l in lines) and re.search(r"exitcode\s*:\s*-\d+", "".join(lines)) is not None
-            raise LaunchError(f"{module} on {nproc} ranks failed (exit code {code}).\n{_tracebacks(lines)}", crashed)
-        if os.path.exists(result_path):
-            with open(result_path) as f:
-                return json.load(f)
+def exception_line(said: list[str]) -> str | None:
+    """`Type: message` of the last Python traceback in a rank's output (None without one)."""
+    starts = [i for i, line in enumerate(said) if line.startswith("Traceback (most recent call last)")]
+    if not starts:
         return None
+    block = said[starts[-1]:]
+    frames = [i for i, line in enumerate(block) if line.startswith('  File "')]
+    i = (frames[-1] + 1) if frames else 1
+    while i < len(block) and block[i].startswith(" "):   # the frame's source line and its ^^^ markers
+        i += 1
+    return block[i].strip() if i < len(block) else None
 
 
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused")
+
+
+def cause_first(found: list[dict], lines: list[str]) -> list[dict]:
+    """torchrun's failures reordered so the cause leads, not its consequences: a rank killed by a
+    signal torchrun did not send (SIGTERM is how torchrun stops the others), then a rank with an
+    exception of its own, then ranks that only saw a peer vanish (gloo's connection errors)."""
+    def rank_of(f):
+        if f["exitcode"] < 0:
+            return 0 if -f["exitcode"] != signal.SIGTERM else 3
+        exc = exception_line(rank_lines(lines, f["rank"])) or ""
+        return 2 if any(p in exc for p in PEER_GONE) else 1
+    return sorted(found, key=rank_of)   # stable: torchrun's order within a kind
+
+
+def describe_failure(lines: list[str]) -> tuple[str, list[int], bool, str]:
+    """(first line naming the root cause, [rank], crashed, details) of a job that exited non-zero."""
+    found = cause_first(failures(lines), lines)
+    if not found:   # torchrun failed by itself, or printed no report: the last traceback anyone printed
+        exc = exception_line(rank_lines(lines)) or exception_line(lines)
+        return (exc or "the job failed without a traceback"), [], False, "".join(lines[-40:])
+    rank, code = found[0]["rank"], found[0]["exitcode"]
+    said = rank_lines(lines, rank)
+    exc = exception_line(said)
+    if code < 0 and exc is None:
+        head = (f"rank {rank} was killed by {signal_name(-code)} (signal {-code}) without a Python exception; "
+                f"torchrun then stopped the other ranks")
+        return head, [rank], True, f"rank {rank}'s last output:\n" + "".join(said[-30:])
+    if exc is None:
+        return (f"rank {rank} exited with code {code} without a Python traceback", [rank], False,
+                f"rank {rank}'s last output:\n" + "".join(said[-30:]))
+    start = max(i for i, l in enumerate(said) if l.startswith("Traceback (most recent call last)"))
+    died = f" (then died by {signal_name(-code)})" if code < 0 else ""
+    return (f"rank {rank} failed: {exc}{died}", [rank], code < 0,
+            f"rank {rank}'s traceback:\n" + "".join(said[start:][:80]))
+
+
+def main_stack(said: list[str]) -> list[tuple[str, int, str]]:
+    """The main thread's frames (file, line, function), innermost first, from the last faulthandler dump.
+
+    faulthandler lists the threads newest first, so the main thread is the last block of a dump."""
+    heads = [i for i, line in enumerate(said) if re.match(r"(Current thread|Thread) 0x[0-9a-f]+", line)]
+    if not heads:
+        return []
+    frames = []
+    for line in said[heads[-1] + 1:]:
+        m = re.match(r'\s+File "(.*)", line (\d+) in (.*)', line)
+        if not m:
+            break
+        frames.append((m.group(1), int(m.group(2)), m.group(3).strip()))
+    return frames
+
+
+def where(frames: list[tuple[str, int, str]]) -> tuple[bool, str]:
+    """(waiting in a collective?, 'all_reduce at job.py:46') for one rank's main-thread stack."""
+    def comm(frame):
+        return any(part in frame[0].replace(os.sep, "/") for part in COMM_FILES)
+    if not frames:
+        return False, "no stack (it had not reached par.dist.init)"
+    inner = 0
+    while inner < len(frames) and comm(frames[inner]):
+        inner += 1
+    if inner == 0:
+        file, line, fn = frames[0]
+        return False, f"busy in {fn} at {os.path.basename(file)}:{line}"
+    called = frames[inner - 1][2]
+    if inner == len(frames):
+        return True, f"waiting in {called}"
+    file, line, fn = frames[inner]
+    return True, f"waiting in {called} at {os.path.basename(file)}:{line}"
+
+
+def describe_unfinished(lines: list[str], ranks: list[int]) -> str:
+    """'ranks 0, 1 did not finish: rank 1 busy in main at job.py:44; rank 0 waiting in all_reduce at job.py:46'."""
+    if not ranks:
+        return "no rank process was left (torchrun itself did not finish)"
+    status = {r: where(main_stack(rank_lines(lines, r))) for r in ranks}
+    busy = [f"rank {r} {text}" for r, (waiting, text) in status.items() if not waiting]
+    waiting = [f"rank {r} {text}" for r, (waiting, text) in status.items() if waiting]
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+    return f"{who} did not finish: " + "; ".join(busy + waiting)
+
+
+# ---------------------------------------------------------------- the process tree
 def _descendants(pid: int) -> list[int]:
     """Every process below `pid`, parents first (from /proc on Linux, `ps` elsewhere)."""
     if os.path.isdir("/proc/self"):
@@ -170,13 +226,33 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL torchrun and every rank below it.
+def _environ(pid: int) -> dict:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return dict(item.split("=", 1) for item in f.read().decode(errors="replace").split("\0") if "=" in item)
+    except OSError:
+        return {}
+
+
+def _rank_pids(proc: subprocess.Popen, token: str) -> dict[int, int]:
+    """{rank: pid} of this launch's rank processes still alive (Linux; empty elsewhere).
+
+    A rank is a process below torchrun whose environment carries this launch's own `token`
+    (its PAR_RESULT path) and a RANK."""
+    ranks = {}
+    for pid in _descendants(proc.pid):
+        e = _environ(pid)
+        if e.get("PAR_RESULT") == token and e.get("RANK", "").isdigit() and e.get("TORCHELASTIC_RUN_ID"):
+            ranks.setdefault(int(e["RANK"]), pid)
+    return ranks
+
+
+def _kill_tree(proc: subprocess.Popen, also=()) -> None:
+    """SIGKILL torchrun and every rank below it (and `also`: ranks seen earlier, should torchrun be gone).
 
     Killing torchrun's process group is not enough: torchrun starts each rank in
-    a session of its own, so the ranks are found by walking the process tree.
-    """
-    for pid in [proc.pid, *_descendants(proc.pid)]:
+    a session of its own, so the ranks are found by walking the process tree."""
+    for pid in [proc.pid, *_descendants(proc.pid), *also]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -186,3 +262,109 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+
+
+def _ask_for_stacks(pids: list[int], q: queue.Queue, lines: list[str], quiet: bool, wait_s: float = 3.0) -> None:
+    """Send STACK_SIGNAL to `pids` and collect what they print for up to `wait_s` seconds."""
+    for pid in pids:
+        try:
+            os.kill(pid, STACK_SIGNAL)
+        except ProcessLookupError:
+            pass
+    deadline, answered = time.monotonic() + wait_s, set()
+    while time.monotonic() < deadline:
+        try:
+            line = q.get(timeout=0.3)
+        except queue.Empty:
+            if len(answered) >= len(pids):      # every rank answered, then went quiet
+                break
+            continue
+        if line is None:
+            break
+        lines.append(line)
+        m = re.match(r"\[default(\d+)\]:.*[Tt]hread 0x[0-9a-f]+ \(most recent call first\)", line)
+        if m:
+            answered.add(int(m.group(1)))
+        if not quiet:
+            print(line, end="", flush=True)
+
+
+# ---------------------------------------------------------------- the launcher
+def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: str = "auto",
+        env: dict | None = None, quiet: bool = False, threads_per_rank: int = 1):
+    """Launch `module` on `nproc` ranks; return rank 0's saved result (or None).
+
+    Raises `par.preflight.BackendError` before starting anything when `backend` cannot run `nproc`
+    ranks here, and `LaunchError` (root cause on its first line) when the job fails or runs past
+    `timeout` seconds. Output is streamed line by line (prefixed `[defaultN]:` by torchrun)."""
+    from par.preflight import choose_backend
+    choose_backend(nproc, backend, local_world_size=nproc)     # preflight: one line, nothing started
+    with tempfile.TemporaryDirectory(prefix="par-") as tmp:
+        result_path = os.path.join(tmp, "result.json")
+        child_env = dict(os.environ)
+        child_env.update({
+            "PAR_RESULT": result_path,
+            "PAR_BACKEND": backend,
+            "OMP_NUM_THREADS": str(threads_per_rank),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONFAULTHANDLER": "1",  # a rank that crashes in C++ still shows where Python was
+            "TORCHELASTIC_ERROR_FILE": os.path.join(tmp, "error.json"),
+            "GLOO_SOCKET_IFNAME": child_env.get("GLOO_SOCKET_IFNAME", "lo"),
+            "LOGLEVEL": "WARNING",
+        })
+        child_env.update(env or {})
+        name = os.path.basename(module) if module.endswith(".py") else module
+        cmd = torchrun_command(module, nproc, args)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=child_env, start_new_session=True, bufsize=1)
+        lines: list[str] = []
+        q: queue.Queue = queue.Queue()
+        reader = threading.Thread(target=lambda: ([q.put(l) for l in proc.stdout], q.put(None)), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + timeout
+        seen: dict[int, int] = {}     # rank -> pid, refreshed every second: to kill orphans if torchrun dies
+        next_look = time.monotonic()
+        try:
+            while True:
+                try:
+                    line = q.get(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
+                except queue.Empty:
+                    line = ""
+                if line is None:
+                    break
+                if line:
+                    lines.append(line)
+                    if not quiet:
+                        print(line, end="", flush=True)
+                if time.monotonic() >= next_look:
+                    seen.update(_rank_pids(proc, result_path))
+                    next_look = time.monotonic() + 1.0
+                if time.monotonic() > deadline:
+                    alive = _rank_pids(proc, result_path)
+                    _ask_for_stacks(list(alive.values()), q, lines, quiet)
+                    unfinished = describe_unfinished(lines, sorted(alive))
+                    raise LaunchError(f"{name} on {nproc} ranks timed out after {timeout:.0f}s and was killed; "
+                                      f"{unfinished}\nLast output:\n{''.join(lines[-40:])}", ranks=sorted(alive),
+                                      streamed=not quiet)
+        except BaseException:  # timeout, or the notebook's interrupt button: leave no rank behind
+            _kill_tree(proc, _still_ours(seen, result_path))
+            raise
+        code = proc.wait()
+        leftovers = _still_ours(seen, result_path)
+        if leftovers:          # torchrun itself died (killed?) and left ranks behind
+            _kill_tree(proc, leftovers)
+        if code != 0:
+            head, ranks, crashed, details = describe_failure(lines)
+            if code < 0 and not failures(lines):
+                head = f"torchrun itself was killed by {signal_name(-code)}; {head}"
+            raise LaunchError(f"{head}\n{name} on {nproc} ranks failed (exit code {code}). {details}",
+                              crashed, ranks, streamed=not quiet)
+        if os.path.exists(result_path):
+            with open(result_path) as f:
+                return json.load(f)
+        return None
+
+
+def _still_ours(seen: dict[int, int], token: str) -> list[int]:
+    """The pids of `seen` that are still this launch's ranks (a pid may have been reused since)."""
+    return [pid for pid in seen.values() if _environ(pid).get("PAR_RESULT") == token]

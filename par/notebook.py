@@ -4,6 +4,11 @@
 a ratio, a loss). It prints it, and it leaves it in the cell's output under a
 mime type of its own, where the papermill batch (`python -m par batch`) finds
 it for its summary.
+
+Importing this module in a notebook also makes a failed launch readable there: a
+`par.launch.LaunchError` is shown as its message alone (the root cause on the first
+line, then the failing rank's traceback), without the launcher's own frames, which
+say nothing about what went wrong.
 """
 from __future__ import annotations
 
@@ -30,3 +35,25 @@ def records(nb) -> dict:
         for o in cell.get("outputs", []):
             out.update(o.get("data", {}).get(RECORD_MIME, {}))
     return out
+
+
+def show_launch_error(shell, etype, value, tb, tb_offset=None) -> list[str]:
+    """IPython's custom traceback for LaunchError: `LaunchError: <root cause>` and the rank's details,
+    shown as the cell's error (IPython leaves the showing to a custom handler)."""
+    stb = [f"{etype.__name__}: {value}"]
+    shell._showtraceback(etype, value, stb)
+    return stb
+
+
+def _install_in_ipython() -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and not shell.custom_exceptions:
+        from par.launch import LaunchError
+        shell.set_custom_exc((LaunchError,), show_launch_error)
+
+
+_install_in_ipython()

@@ -1,13 +1,36 @@
 """Recorded timelines: what each rank did, and when.
 
-A `Recorder` notes spans (name, lane, start, end) on one rank, against a clock
-that every rank starts together after a barrier. `gather()` brings all ranks'
-spans to rank 0. Pipelines, overlapped data parallel and ZeRO-3 record here,
-and `par.plots.gantt` draws what was recorded.
+A `Recorder` notes spans (name, lane, start, end) on one rank, against a clock that every rank
+starts together after a barrier (`reset()`). `gather()` brings all ranks' spans to rank 0.
+Pipelines, overlapped data parallel and ZeRO-3 record here, and `par.plots.gantt` draws what was
+recorded.
 
     rec = Recorder()
     with rec.span("F3", lane="compute"):
         ...forward of micro-batch 3...
+
+Two clocks, one API:
+
+* On the CPU (gloo) a span is wall-clock time (`time.perf_counter`): the work happens while the
+  Python code runs.
+* On a GPU the Python code only *launches* kernels and returns; the GPU runs them later, and an
+  NCCL `wait()` does not block the CPU. So a recorder on a CUDA device times `span()` with CUDA
+  events recorded on the current stream at its start and end, resolved to seconds at `gather()`
+  (after a synchronize) relative to an event recorded at `reset()`. Those are the GPU's times.
+
+For work that runs on another stream or finishes asynchronously (a communication), take marks
+yourself: `mark(stream)` records an event on `stream` (the current one by default) on a GPU, and
+is `now()` on the CPU; `add(name, start_mark, end_mark, lane)` keeps the span between them.
+
+    start = rec.mark(comm_stream)              # before the collective is issued on comm_stream
+    work = dist.all_reduce(bucket, async_op=True)
+    ...
+    work.wait()                                # under NCCL: the current stream waits for it
+    rec.add("AR1", start, rec.mark(), lane="comm")
+
+`now()` and `add()` with float seconds stay the CPU clock on every device, starting at `reset()`
+with the same zero as the events (the GPU is idle at that moment: `reset()` synchronizes first),
+so a CPU-timed span can sit in a GPU timeline, approximately.
 """
 from __future__ import annotations
 
@@ -15,6 +38,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
+import torch
 import torch.distributed as dist
 
 
@@ -31,32 +55,89 @@ class Span:
         return self.end - self.start
 
 
+@dataclass(frozen=True)
+class _EventSpan:
+    """A span between two CUDA events, resolved to seconds at gather()."""
+    name: str
+    lane: str
+    start: object
+    end: object
+
+
+def _default_device() -> torch.device:
+    """The device of this rank (`par.dist.env()`), the CPU before `par.dist.init()`."""
+    from par import dist as pdist
+    return pdist._ENV.device if pdist._ENV is not None else torch.device("cpu")
+
+
 class Recorder:
-    def __init__(self, rank: int | None = None, sync: bool = True):
+    def __init__(self, rank: int | None = None, sync: bool = True, device=None):
         self.rank = rank if rank is not None else (dist.get_rank() if dist.is_initialized() else 0)
-        self.spans: list[Span] = []
+        self.device = torch.device(device) if device is not None else _default_device()
+        self.clock = "cuda" if self.device.type == "cuda" else "cpu"
+        self._entries: list = []          # Span (CPU clock) or _EventSpan (GPU), in recording order
         self.reset(sync)
+
+    # -- the GPU's clock (methods a test can replace)
+    def _event(self, stream=None):
+        """A timing event recorded now on `stream` (default: the device's current stream)."""
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream if stream is not None else torch.cuda.current_stream(self.device))
+        return event
+
+    def _synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
 
     def reset(self, sync: bool = True) -> None:
         """Forget all spans and start the clock again (after a barrier, so ranks share a zero)."""
+        if self.clock == "cuda":
+            self._synchronize()           # earlier GPU work must not run into the new timeline
         if sync and dist.is_initialized():
             dist.barrier()
-        self.spans.clear()
+        self._entries.clear()
         self.t0 = time.perf_counter()
+        self._zero = self._event() if self.clock == "cuda" else None
 
     def now(self) -> float:
+        """Seconds on the CPU clock since `reset()` (on every device)."""
         return time.perf_counter() - self.t0
 
-    def add(self, name: str, start: float, end: float, lane: str = "compute") -> None:
-        self.spans.append(Span(self.rank, name, lane, start, end))
+    def mark(self, stream=None):
+        """A point in time to pass to `add()`: a CUDA event recorded on `stream` on a GPU, `now()` on the CPU."""
+        return self._event(stream) if self.clock == "cuda" else self.now()
+
+    def add(self, name: str, start, end, lane: str = "compute") -> None:
+        """Keep a span between two marks: both floats (CPU seconds since reset) or both CUDA events."""
+        numbers = [isinstance(t, (int, float)) for t in (start, end)]
+        if all(numbers):
+            self._entries.append(Span(self.rank, name, lane, float(start), float(end)))
+        elif not any(numbers):
+            self._entries.append(_EventSpan(name, lane, start, end))
+        else:
+            raise TypeError(f"span {name!r}: start and end must both be CPU seconds or both CUDA events "
+                            f"(rec.mark()), got {type(start).__name__} and {type(end).__name__}")
 
     @contextmanager
-    def span(self, name: str, lane: str = "compute"):
-        start = self.now()
+    def span(self, name: str, lane: str = "compute", stream=None):
+        """Time the block: CPU seconds, or on a GPU the stream's work enqueued inside it (`stream`: default current)."""
+        start = self.mark(stream)
         try:
             yield
         finally:
-            self.add(name, start, self.now(), lane)
+            self.add(name, start, self.mark(stream), lane)
+
+    @property
+    def spans(self) -> list[Span]:
+        """Every span in seconds since the zero (on a GPU this waits for the device to finish)."""
+        if any(isinstance(e, _EventSpan) for e in self._entries):
+            self._synchronize()
+        return [self._resolve(e) for e in self._entries]
+
+    def _resolve(self, e) -> Span:
+        if isinstance(e, Span):
+            return e
+        return Span(self.rank, e.name, e.lane, self._zero.elapsed_time(e.start) / 1e3,
+                    self._zero.elapsed_time(e.end) / 1e3)
 
     def gather(self, dst: int = 0) -> list[dict] | None:
         """All ranks' spans as dicts on rank `dst` (None elsewhere)."""

@@ -1,7 +1,19 @@
-"""Shared by the tests: the repository root, and fixtures that are not tests themselves."""
+"""Shared by the tests: the repository root, the point-to-point semantics fixture, the `gpu` marker.
+
+`pytest -m gpu` runs the GPU tier (tests/test_gpu.py) on a machine with a CUDA GPU; a plain `pytest`
+skips it everywhere, saying how to run it.
+
+`p2p_env` runs a test twice: with gloo's own point-to-point semantics, and with NCCL's emulated on gloo
+(`par.nccl_emulation`: one Work per `batch_isend_irecv`, received data valid only after it is waited).
+Pass it to the launcher: `par.launch.run(WORKER, nproc=3, env=p2p_env)`; results cached per world size
+should be cached per (world size, mode): `tuple(p2p_env.items())` is hashable.
+"""
 from pathlib import Path
 
 import pytest
+import torch
+
+from par import nccl_emulation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -13,3 +25,29 @@ collect_ignore_glob = ["fixtures/*"]
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+P2P_SEMANTICS = {"gloo": {}, "nccl-emulation": {nccl_emulation.ENV: "1"}}
+
+
+@pytest.fixture(params=list(P2P_SEMANTICS))
+def p2p_env(request) -> dict:
+    """The environment for `par.launch.run(..., env=p2p_env)`: {} (gloo) or {"PAR_NCCL_EMULATION": "1"}."""
+    return dict(P2P_SEMANTICS[request.param])
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (run them with `pytest -m gpu`; skipped without one)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run only when asked for (`pytest -m gpu`) and only where torch sees a CUDA device;
+    otherwise they are skipped, with the reason."""
+    asked = "gpu" in (config.getoption("markexpr", "") or "")
+    if asked and torch.cuda.is_available():
+        return
+    why = pytest.mark.skip(reason="the GPU tier runs with `pytest -m gpu`" if not asked else
+                           f"needs a CUDA GPU; this torch ({torch.__version__}) sees none")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(why)

@@ -1,7 +1,9 @@
 """The papermill batch (`python -m par batch`) on two fixture notebooks: one records numbers, one raises.
 
 The batch must go on past the failure, summarise both (status, first error line, recorded numbers, the
-parameters it passed), exit 1; a batch of passing notebooks exits 0; a cell past the timeout fails its notebook.
+parameters it passed, every record merged), exit 1; a batch of passing notebooks exits 0 with the default
+world size; a cell past the timeout fails its notebook; NCCL without GPUs stops before any notebook; a
+notebook whose launches cannot work on the GPU server is not run, and the summary says why.
 """
 import json
 import shutil
@@ -9,8 +11,11 @@ import time
 from pathlib import Path
 
 import nbformat
+import pytest
+import torch
 
-from par import batch
+from par import batch, course
+from par.preflight import BackendError, default_world_size
 
 FIXTURES = Path(__file__).parent / "fixtures" / "batch"
 
@@ -35,6 +40,7 @@ def test_batch_goes_on_past_a_failure_and_exits_nonzero(tmp_path, capsys):
     assert failed["status"] == "FAILED"
     assert failed["error"] == "ValueError: fixture failure on purpose (steps=7)"
     assert summary["failed"] == 1 and summary["parameters"]["world_size"] == 3
+    assert summary["records"] == {"world_size_x10": 30, "preset": "tiny"}
     assert Path(ok["output"]).is_file() and Path(failed["output"]).is_file()  # executed notebooks kept
     printed = capsys.readouterr().out
     assert "| 20_raises.ipynb | FAILED: ValueError: fixture failure on purpose (steps=7)" in printed
@@ -46,13 +52,49 @@ def test_batch_of_passing_notebooks_exits_zero(tmp_path):
     out = tmp_path / "runs"
     assert batch.main(["--notebooks", str(tmp_path / "*.ipynb"), "--out", str(out)]) == 0
     (row,) = summary_of(out)["notebooks"]
-    assert row["status"] == "ok" and row["records"]["world_size_x10"] == 20  # the batch's default world_size=2
+    assert row["status"] == "ok" and row["records"]["world_size_x10"] == 10 * default_world_size()
 
 
-def test_batch_without_notebooks_is_an_error(tmp_path, capsys):
-    assert batch.main(["--notebooks", str(tmp_path / "*.ipynb"), "--out", str(tmp_path / "runs")]) == 1
-    assert "no notebook matches" in capsys.readouterr().out
+def test_batch_without_notebooks_is_an_error(tmp_path):
+    with pytest.raises(course.CourseError, match="no notebook matches"):
+        batch.main(["--notebooks", str(tmp_path / "*.ipynb"), "--out", str(tmp_path / "runs")])
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine can run NCCL on 2 ranks")
+def test_nccl_without_gpus_stops_before_any_notebook(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(BackendError, match="backend 'nccl' needs"):
+        batch.main(["--notebooks", str(FIXTURES / "*.ipynb"), "--out", str(tmp_path / "runs"),
+                    "--backend", "nccl", "--world-size", "2"])
+    assert time.monotonic() - start < 5 and not (tmp_path / "runs").exists()
+
+
+def test_records_of_the_same_name_merge_key_by_key():
+    rows = [{"records": {"torch_api_max_diff": {"ddp": 1e-7}, "loss": 2.0}},
+            {"records": {"torch_api_max_diff": {"pipelining": 3e-7}}},
+            {"records": {"torch_api_max_diff": {"fsdp2": 2e-7}, "loss": 1.5}}]
+    assert batch.merge_records(rows) == {"torch_api_max_diff": {"ddp": 1e-7, "pipelining": 3e-7, "fsdp2": 2e-7},
+                                         "loss": 1.5}
+
+
+def test_a_notebook_that_cannot_work_on_the_gpu_server_is_not_run(tmp_path, monkeypatch):
+    """On NCCL the batch checks each notebook's registered launches first (here: TP 8 on a 4-head model)."""
+    shutil.copy(FIXTURES / "10_records.ipynb", tmp_path / "10_records.ipynb")
+
+    def fixture(W, backend, preset, steps):
+        cfg = __import__("par.model", fromlist=["preset"]).preset("tiny")
+        return [course.launch("10_records", "TP", "par.jobs.train_tp", W, [], backend,
+                              [course.Training(cfg, 8, tp=W)])]
+    monkeypatch.setitem(course.REGISTRY, "10_records", fixture)
+    monkeypatch.setattr("par.preflight.choose_backend", lambda *a, **k: "nccl")   # as if on a GPU server
+    monkeypatch.setattr(batch, "run_one", lambda *a: pytest.fail("the notebook was run"))
+    summary = batch.run([tmp_path / "10_records.ipynb"], tmp_path / "runs", {"world_size": 8, "backend": "nccl",
+                                                                          "preset": "tiny", "steps": 20})
+    (row,) = summary["notebooks"]
+    assert row["status"] == "not run" and summary["failed"] == 1
+    assert "tp 8 does not divide n_head 4" in row["error"] and row["error"].startswith("10_records [TP]")
+    assert "10_records.ipynb was not run:" in batch.markdown(summary)
 
 
 def test_a_cell_past_the_timeout_fails_its_notebook(tmp_path):
@@ -64,3 +106,22 @@ def test_a_cell_past_the_timeout_fails_its_notebook(tmp_path):
     row = batch.run_one(tmp_path / "30_hangs.ipynb", tmp_path / "out.ipynb", {}, timeout=3)
     assert row["status"] == "FAILED" and "timed out" in row["error"], row
     assert time.monotonic() - start < 50
+
+
+def test_a_failed_launch_shows_its_root_cause_in_the_notebook_and_the_summary(tmp_path):
+    worker = Path(__file__).parent / "workers" / "launch_modes.py"
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
+    nb.cells = [nbformat.v4.new_code_cell("import par.launch\nimport par.notebook"),
+                nbformat.v4.new_code_cell(f"par.launch.run({str(worker)!r}, nproc=2, args=['raise'], quiet=True, "
+                                          f"timeout=120)"),
+                nbformat.v4.new_code_cell("print('a later cell')")]
+    nbformat.write(nb, tmp_path / "40_launch_fails.ipynb")
+    row = batch.run_one(tmp_path / "40_launch_fails.ipynb", tmp_path / "out.ipynb", {}, timeout=300)
+    cause = "rank 1 failed: ValueError: deliberate failure on rank one (marker 4417)"
+    assert row["error"] == f"LaunchError: {cause}"
+    (error,) = [o for c in nbformat.read(tmp_path / "out.ipynb", 4).cells for o in c.get("outputs", [])
+                if o.output_type == "error"]
+    shown = "\n".join(error.traceback)
+    assert shown.startswith(f"LaunchError: {cause}\n") and "launch_modes.py\", line" in shown
+    assert "par/launch.py" not in shown, "the launcher's own frames say nothing about the failure"

@@ -1,6 +1,8 @@
-"""The launcher: results come back, output streams, failures surface with their traceback, hangs are killed.
+"""The launcher: results come back, output streams, failures surface with their root cause on the first line,
+hangs are killed naming the ranks that did not finish, a SIGKILLed rank ends the job, nothing is retried.
 
-Every case launches tests/workers/launch_modes.py with torchrun through `par.launch.run`.
+The multi-process cases launch tests/workers/launch_modes.py with torchrun through `par.launch.run`; the
+parsing of torchrun's report is also checked on recorded text.
 """
 from __future__ import annotations
 
@@ -12,10 +14,13 @@ import uuid
 from contextlib import redirect_stdout
 from pathlib import Path
 
+import signal
+import threading
+
 import pytest
-import torch
 
 from par import launch
+from par.preflight import BackendError
 
 WORKER = str(Path(__file__).parent / "workers" / "launch_modes.py")
 
@@ -74,15 +79,22 @@ def test_quiet_prints_nothing():
     assert out.getvalue() == ""
 
 
-def test_failing_rank_raises_with_its_traceback_quickly():
+def test_failing_rank_raises_with_its_root_cause_first_quickly():
     start = time.monotonic()
     with pytest.raises(launch.LaunchError) as info:
         launch.run(WORKER, nproc=3, args=["raise"], timeout=120, quiet=True)
     elapsed = time.monotonic() - start
     message = str(info.value)
-    assert "deliberate failure on rank one (marker 4417)" in message
-    assert "ValueError" in message and "Traceback" in message and "rank 1" in message
+    assert info.value.root_cause == "rank 1 failed: ValueError: deliberate failure on rank one (marker 4417)"
+    assert message.splitlines()[0] == info.value.root_cause and info.value.ranks == [1]
+    assert "Traceback" in message and 'launch_modes.py", line' in message and not info.value.crashed
     assert elapsed < 60, f"failure took {elapsed:.0f}s to surface; the timeout was 120s"
+
+
+def test_a_rank_exiting_without_traceback_is_named():
+    with pytest.raises(launch.LaunchError) as info:
+        launch.run(WORKER, nproc=2, args=["exit"], timeout=60, quiet=True)
+    assert info.value.root_cause == "rank 0 exited with code 3 without a Python traceback"
 
 
 def with_token(token: str) -> list[int]:
@@ -98,15 +110,7 @@ def with_token(token: str) -> list[int]:
     return found
 
 
-def test_hanging_job_is_killed_at_the_timeout_with_nothing_left_behind():
-    token = f"hang-token-{uuid.uuid4().hex}"
-    start = time.monotonic()
-    with pytest.raises(launch.LaunchError, match="timed out after 25s") as info:
-        launch.run(WORKER, nproc=2, args=["hang", token], timeout=25, quiet=True)
-    elapsed = time.monotonic() - start
-    assert 25 <= elapsed < 45
-    pids = [int(p) for p in re.findall(r"pid=(\d+)", str(info.value))]
-    assert len(pids) == 2, f"both ranks should have started within 25s:\n{info.value}"
+def assert_all_gone(pids: list[int], token: str) -> None:
     deadline = time.monotonic() + 5
     while (any(map(alive, pids)) or with_token(token)) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -115,16 +119,136 @@ def test_hanging_job_is_killed_at_the_timeout_with_nothing_left_behind():
         assert with_token(token) == [], "torchrun or a rank outlived the launcher"
 
 
-@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine can run NCCL on 2 ranks")
-def test_nccl_without_gpus_is_one_clear_error():
+def test_hang_is_killed_at_the_timeout_naming_who_did_not_finish():
+    """Rank 2 computes forever; ranks 0 and 1 wait for it in a collective (teardown's barrier), forever."""
+    token = f"hang-token-{uuid.uuid4().hex}"
+    start = time.monotonic()
+    with pytest.raises(launch.LaunchError, match="timed out after 25s") as info:
+        launch.run(WORKER, nproc=3, args=["hang", token], timeout=25, quiet=True)
+    elapsed = time.monotonic() - start
+    assert 25 <= elapsed < 45
+    first = info.value.root_cause
+    assert "ranks 0, 1, 2 did not finish" in first and info.value.ranks == [0, 1, 2]
+    assert "rank 2 busy in compute_forever at launch_modes.py:" in first, first
+    assert "rank 0 waiting in teardown at launch_modes.py:" in first and "rank 1 waiting in teardown" in first
+    assert first.index("rank 2 busy") < first.index("rank 0 waiting"), "the busy rank comes first"
+    pids = [int(p) for p in re.findall(r"pid=(\d+)", str(info.value))]
+    assert len(pids) == 3, f"every rank should have started within 25s:\n{info.value}"
+    assert_all_gone(pids, token)
+
+
+def test_a_rank_killed_by_sigkill_ends_the_job_naming_it():
+    token = f"kill-token-{uuid.uuid4().hex}"
+    start = time.monotonic()
     with pytest.raises(launch.LaunchError) as info:
-        launch.run(WORKER, nproc=2, args=["ok"], backend="nccl", timeout=120, quiet=True)
+        launch.run(WORKER, nproc=3, args=["kill", token], timeout=300, quiet=True)
+    elapsed = time.monotonic() - start
+    assert info.value.root_cause.startswith("rank 1 was killed by SIGKILL (signal 9) without a Python exception")
+    assert info.value.crashed and info.value.ranks == [1] and "rank 1 kills itself at step 5" in str(info.value)
+    assert elapsed < 60, f"the job took {elapsed:.0f}s to end after a rank was killed"
+    assert_all_gone([int(p) for p in re.findall(r"pid=(\d+)", str(info.value))], token)
+
+
+def test_ranks_do_not_outlive_a_killed_torchrun():
+    """torchrun itself dies (an OOM killer, a stray kill): its ranks are orphans, and the launcher ends them."""
+    token = f"orphan-token-{uuid.uuid4().hex}"
+    caught = {}
+
+    def launch_it():
+        try:
+            launch.run(WORKER, nproc=2, args=["hang", token], timeout=120, quiet=True)
+        except launch.LaunchError as e:
+            caught["error"] = e
+    t = threading.Thread(target=launch_it)
+    t.start()
+    deadline = time.monotonic() + 90
+    ranks = []
+    while len(ranks) < 2 and time.monotonic() < deadline:   # torchrun, then both ranks past their imports
+        time.sleep(0.5)
+        mine = with_token(token)
+        torchrun = [p for p in mine if b"torch.distributed.run" in open(f"/proc/{p}/cmdline", "rb").read()]
+        ranks = [p for p in mine if p not in torchrun]
+    assert torchrun and len(ranks) == 2, "the job did not start within 90 s"
+    time.sleep(2)   # let the launcher see the ranks once
+    os.kill(torchrun[0], signal.SIGKILL)
+    t.join(60)
+    assert not t.is_alive() and "error" in caught
+    assert caught["error"].root_cause.startswith("torchrun itself was killed by SIGKILL")
+    assert_all_gone(ranks, token)
+
+
+def test_nccl_without_gpus_stops_before_starting_anything(monkeypatch):
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: pytest.fail("torchrun was started"))
+    start = time.monotonic()
+    with pytest.raises(BackendError) as info:
+        launch.run(WORKER, nproc=64, args=["ok"], backend="nccl", timeout=120, quiet=True)
+    assert time.monotonic() - start < 5
     message = str(info.value)
-    assert "BackendError" in message and "backend='gloo'" in message and "world size 2" in message
+    assert "\n" not in message and "backend='gloo'" in message
+    assert "CPU-only build" in message or "world size 64" in message
+
+
+def test_no_relaunch_on_crash():
+    """A crash is reported, never hidden by a second try: the option that relaunched is gone."""
+    with pytest.raises(TypeError):
+        launch.run(WORKER, nproc=2, args=["ok"], retries_on_crash=1)
 
 
 def test_torchrun_command_binds_localhost():
     cmd = launch.torchrun_command("par.jobs.collectives", 4, ["--parts", "show"], port=12345)
     assert "--nproc-per-node=4" in cmd and "--master-addr=127.0.0.1" in cmd and "--master-port=12345" in cmd
+    assert "--max-restarts=0" in cmd
     assert cmd[-4:] == ["-m", "par.jobs.collectives", "--parts", "show"]
     assert launch.torchrun_command("x/y.py", 2)[-1] == "x/y.py"
+
+
+# ---------------------------------------------------------------- torchrun's report, read back (no launch)
+def report(*failures) -> list[str]:
+    """torchrun's failure report as it prints it, for (rank, exitcode) pairs, root cause first."""
+    def entry(i, rank, code):
+        sig = f"  ({signal.Signals(-code).name})" if code < 0 else ""
+        return [f"[{i}]:\n", "  time      : 2026-11-23_10:49:20\n", "  host      : localhost\n",
+                f"  rank      : {rank} (local_rank: {rank})\n", f"  exitcode  : {code} (pid: 100{rank}){sig}\n",
+                "  error_file: <N/A>\n"]
+    (root, *others) = failures
+    lines = ["=" * 40 + "\n", "x.py FAILED\n", "-" * 40 + "\n", "Failures:\n"]
+    for i, (rank, code) in enumerate(others, 1):
+        lines += entry(i, rank, code)
+    lines += ["-" * 40 + "\n", "Root Cause (first observed failure):\n", *entry(0, *root), "=" * 40 + "\n"]
+    return lines
+
+
+def traceback_of(rank: int, exc: str) -> list[str]:
+    return [f"[default{rank}]:[rank{rank}]: Traceback (most recent call last):\n",
+            f'[default{rank}]:[rank{rank}]:   File "/x/job.py", line 7, in <module>\n',
+            f"[default{rank}]:[rank{rank}]:     step()\n",
+            f"[default{rank}]:[rank{rank}]:     ^^^^^^\n",
+            f"[default{rank}]:[rank{rank}]: {exc}\n"]
+
+
+def test_the_cause_leads_not_its_consequences():
+    reset = "RuntimeError: [gloo/pair.cc:537] Read error: Connection reset by peer. GLHF"
+    # torchrun saw rank 0's connection error first; rank 2 really failed
+    lines = traceback_of(0, reset) + traceback_of(2, "KeyError: 'w'") + report((0, 1), (2, 1), (1, -15))
+    head, ranks, crashed, _ = launch.describe_failure(lines)
+    assert (head, ranks, crashed) == ("rank 2 failed: KeyError: 'w'", [2], False)
+    # a rank killed from outside is the cause, whatever the others said afterwards
+    lines = traceback_of(0, reset) + report((0, 1), (1, -9), (2, -15))
+    head, ranks, crashed, _ = launch.describe_failure(lines)
+    assert head.startswith("rank 1 was killed by SIGKILL") and ranks == [1] and crashed
+
+
+def test_exception_line_skips_the_source_line_and_markers():
+    said = ["Traceback (most recent call last):\n", '  File "a.py", line 1, in f\n', "    x = y[0]\n",
+            "        ~^^^\n", "IndexError: list index out of range\n"]
+    assert launch.exception_line(said) == "IndexError: list index out of range"
+    assert launch.exception_line(["no traceback here\n"]) is None
+
+
+def test_where_a_rank_was():
+    waiting = [("/v/torch/distributed/c10d.py", 10, "wait"), ("/w/par/collectives.py", 112, "all_reduce"),
+               ("/w/job.py", 46, "main"), ("/w/job.py", 60, "<module>")]
+    assert launch.where(waiting) == (True, "waiting in all_reduce at job.py:46")
+    assert launch.where([("/w/job.py", 44, "compute"), ("/w/job.py", 60, "<module>")]) == \
+        (False, "busy in compute at job.py:44")
+    assert launch.where([])[0] is False

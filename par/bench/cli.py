@@ -1,7 +1,9 @@
 """`python -m par bench <name> [options]`: run the benchmark `par.bench.<name>` (its `main(argv)`).
 
 Every benchmark times a par implementation against the torch built-in doing the same job and
-prints the ratio. `python -m par bench` lists them.
+prints the ratio. `python -m par bench` lists them. (`python -m par` checks a benchmark's
+`--backend` against its `--nproc` / `--world-sizes` / `--worlds` before it starts:
+`par.preflight`.)
 """
 from __future__ import annotations
 

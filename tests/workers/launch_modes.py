@@ -1,17 +1,20 @@
-"""A tiny job whose behaviour the launcher tests choose: `ok`, `raise`, `hang` or `exit`.
+"""A tiny job whose behaviour the launcher tests choose (argv[1]); argv[2], when given, is a token the test looks for.
 
-ok:    every rank reports what torchrun told it; rank 0 returns the list (streams two lines, 1.5 s apart)
-raise: rank 1 raises after a moment while the others wait in a collective
-hang:  every rank prints its pid (argv[2] is a token the test looks for afterwards); the last rank sleeps forever, the others wait in a collective
-exit:  rank 0 exits with code 3 without a traceback
+ok:        every rank reports what torchrun told it; rank 0 returns the list (streams two lines, 1.5 s apart)
+raise:     rank 1 raises after a moment while the others wait in a collective
+hang:      every rank prints its pid and steps through all-reduces; at step 3 the last rank starts computing
+           forever (busy), while the others finish their steps and then wait for it, forever, in teardown's barrier
+kill:      every rank steps through all-reduces; at step 5 rank 1 dies by SIGKILL (no Python exception)
+exit:      rank 0 exits with code 3 at once, without a traceback (as a library calling exit() in C would)
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
-if sys.argv[1:2] == ["hang"]:  # before the slow imports: the test must learn our pid even on a loaded machine
+if sys.argv[1:2] in (["hang"], ["kill"]):  # before the slow imports: tests learn our pid early
     print(f"pid={os.getpid()}", flush=True)
 
 import torch  # noqa: E402
@@ -23,8 +26,15 @@ TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER
                  "GROUP_RANK", "TORCHELASTIC_RUN_ID")
 
 
+def compute_forever() -> None:
+    """A rank stuck in its own work (not in a collective): the culprit a timeout must name."""
+    while True:
+        time.sleep(0.05)
+
+
 def main(mode: str) -> None:
     env = par.dist.init()
+    last = env.rank == env.world_size - 1
     if mode == "ok":
         par.dist.print0("first line")
         time.sleep(1.5)
@@ -39,12 +49,20 @@ def main(mode: str) -> None:
             raise ValueError("deliberate failure on rank one (marker 4417)")
         C.all_reduce(torch.ones(8, device=env.device))
     elif mode == "hang":
-        if env.rank == env.world_size - 1:
-            time.sleep(10_000)
-        C.all_reduce(torch.ones(8, device=env.device))
+        for step in range(6):
+            if last and step == 3:
+                compute_forever()
+            if step < 3:
+                C.all_reduce(torch.ones(8, device=env.device))
+    elif mode == "kill":
+        for step in range(10_000):
+            C.all_reduce(torch.ones(1024, device=env.device))
+            if step == 5 and env.rank == 1:
+                print(f"rank 1 kills itself at step {step}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
     elif mode == "exit":
         if env.rank == 0:
-            sys.exit(3)
+            os._exit(3)
     par.dist.teardown()
 
 

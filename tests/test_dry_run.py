@@ -1,0 +1,161 @@
+"""The course's launches as data (`par.course`) and the dry run of a GPU batch, without a GPU.
+
+- the registry is a pure function of (world_size, backend, preset, steps), and every launch names a job
+  that exists, with a timeout that scales with its work;
+- the dry run passes for gpt3-small on 8 x 80 GB and on 4 x 40 GB, and fails with one line per problem
+  for 2 x 8 GB;
+- a synthetic registry of the launches as the notebooks made them before issue 18 (TP degree 8 on 12
+  heads, a single-process reference of the whole pipeline batch, a 1-rank baseline on the CPU, fixed
+  300 s timeouts) is caught, each problem by its kind;
+- `python -m par batch --dry-run` prints the table and the problems, exit 0 or 2.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import replace
+
+import pytest
+import torch
+
+from par import batch, course
+from par.model import preset as model_preset
+
+GPT3 = "gpt3-small"
+
+
+@pytest.mark.parametrize("world_size, memory", [(8, 80e9), (4, 40e9)])
+def test_gpt3_small_fits_real_servers(world_size, memory):
+    estimates, problems = course.dry_run(world_size, "nccl", GPT3, 200, memory)
+    assert problems == []
+    assert len(estimates) >= len(course.REGISTRY)
+    assert all(e.backend == "nccl" for e in estimates), "no launch may fall back to the CPU on a GPU server"
+    assert all(e.launch.nproc <= world_size for e in estimates)
+    assert max(e.memory for e in estimates) <= memory
+
+
+def test_gpt3_small_on_one_gpu_has_no_layout_problem():
+    """The GPU tier's batch (--world-size 1): every launch fits one 80 GB GPU."""
+    estimates, problems = course.dry_run(1, "nccl", GPT3, 20, 80e9)
+    assert problems == [] and {e.launch.nproc for e in estimates} == {1}
+
+
+def test_two_small_gpus_fail_with_one_line_per_problem():
+    _, problems = course.dry_run(2, "nccl", GPT3, 200, 8e9)
+    assert problems, "gpt3-small does not fit 8 GB per GPU"
+    assert {p.kind for p in problems} == {"memory"}
+    for p in problems:
+        line = str(p)
+        assert "\n" not in line and "per GPU > 8.00 GB" in line and "[" in line   # names the notebook's cell
+
+
+def test_registry_is_pure_and_names_real_jobs():
+    for nb in course.REGISTRY:
+        for args in [(2, "auto", "tiny", 20), (8, "nccl", GPT3, 200)]:
+            first, again = course.launches(nb, *args), course.launches(nb, *args)
+            assert first == again and first, nb
+            for l in first:
+                assert importlib.util.find_spec(l.module) is not None, l.module
+                assert all(isinstance(a, str) for a in l.args)
+                assert l.timeout >= course.MIN_TIMEOUT_S
+
+
+def test_timeouts_scale_with_the_work():
+    small = {l.name(): l.timeout for l in course.launches("02_data_parallel", 8, "nccl", GPT3, 20)}
+    big = {l.name(): l.timeout for l in course.launches("02_data_parallel", 8, "nccl", GPT3, 2000)}
+    assert small.keys() == big.keys() and all(big[k] > small[k] for k in small)
+    found = course.launches("02_data_parallel", 8, "nccl", GPT3, 2000)
+    cells: dict = {}
+    for l in found:
+        cells[l.cell] = cells.get(l.cell, 0) + l.timeout
+    assert course.notebook_timeout(found) >= max(cells.values()), "a launch's own timeout must fire first"
+
+
+def test_gpu_sensible_choices():
+    """TP degree = the largest divisor of the heads <= world size; sweeps stay within the GPUs; no CPU ranks."""
+    cfg = model_preset(GPT3)
+    assert course.tp_degree(cfg, 8) == 6 and course.tp_degree(cfg, 4) == 4 and course.tp_degree(cfg, 5) == 4
+    (tp,) = course.launches("04_tensor_parallel", 8, "nccl", GPT3, 200)
+    assert tp.nproc == 6 and "--no-reference" in tp.args
+    sweep = course.find("02_data_parallel", "loss curves", 2, "nccl", GPT3, 200)
+    assert [l.nproc for l in sweep] == [1] and sweep[0].backend == "nccl"
+    gantt = course.find("03_pipelines", "gantt", 8, "nccl", GPT3, 200)
+    assert "--check" not in gantt[0].args, "no single-process reference of gpt3-small's whole batch"
+    # on CPU ranks the course keeps its tiny-preset demos as they are (4 cheap pipeline ranks, the reference)
+    (cpu_gantt,) = course.find("03_pipelines", "gantt", 2, "gloo", "tiny", 20)
+    assert "--check" in cpu_gantt.args and cpu_gantt.nproc == 4
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="here 'auto' means NCCL")
+def test_auto_means_this_machine_in_a_notebook_and_gpus_in_the_dry_run():
+    assert course.find("03_pipelines", "gantt", 2, "auto", "tiny", 20)[0].nproc == 4       # gloo here
+    assert course.dry_run(4, "auto", GPT3, 200, 40e9) == course.dry_run(4, "nccl", GPT3, 200, 40e9)
+
+
+def test_unknown_notebook_is_a_clear_error():
+    with pytest.raises(course.CourseError, match="no launches registered for notebook '99_nope'"):
+        course.launches("notebooks/99_nope.ipynb", 2)
+
+
+# ---------------------------------------------------------------- the checker catches what issue 18 found
+def legacy_registry() -> dict:
+    """The launches as the notebooks made them before issue 18, written as data."""
+    cfg = model_preset(GPT3)
+
+    def nb04(W, backend, preset, steps):   # TP degree = world size, whatever the heads
+        return [course.launch("04_tensor_parallel", "TP training", "par.jobs.train_tp", W, [], backend,
+                              [course.Training(cfg, 8, tp=W, steps=steps, reference_batch=8)], timeout=600)]
+
+    def nb03(W, backend, preset, steps):   # --check: the single-process reference of the whole batch
+        return [course.launch("03_pipelines", "gantt", "par.jobs.pipeline", W, ["--check"], backend,
+                              [course.Training(replace(cfg, n_layer=12), 32, pp=W, microbatches=16, steps=4,
+                                               reference_batch=32)], timeout=300)]
+
+    def nb02(W, backend, preset, steps):   # the 1-rank baseline on the CPU, a fixed 300 s timeout
+        return [course.launch("02_data_parallel", "loss curves", "par.jobs.train_dp", 1, [], "gloo",
+                              [course.Training(cfg, 32, steps=steps)], timeout=300)]
+    return {"02_data_parallel": nb02, "03_pipelines": nb03, "04_tensor_parallel": nb04}
+
+
+def test_the_checker_finds_issue_18s_problems():
+    _, problems = course.dry_run(8, "nccl", GPT3, 200, 80e9, registry=legacy_registry())
+    by_notebook = {}
+    for p in problems:
+        by_notebook.setdefault(p.where.split(" ")[0], []).append(p)
+    (tp,) = by_notebook["04_tensor_parallel"]
+    assert tp.kind == "layout" and "tp 8 does not divide n_head 12" in tp.message
+    assert [p.kind for p in by_notebook["03_pipelines"]] == ["memory"]
+    assert "GB per GPU > 80.00 GB" in by_notebook["03_pipelines"][0].message
+    cpu = by_notebook["02_data_parallel"]
+    assert [p.kind for p in cpu] == ["time"] and "on CPU > its timeout 300 s" in cpu[0].message
+
+
+def test_a_launch_needing_more_gpus_than_the_server_has():
+    def nb(W, backend, preset, steps):
+        return [course.launch("03_pipelines", "gantt", "par.jobs.pipeline", max(W, 4), [], backend,
+                              [course.Training(model_preset("tiny"), 8, pp=max(W, 4), microbatches=8)])]
+    _, problems = course.dry_run(2, "nccl", "tiny", 20, 80e9, registry={"03_pipelines": nb})
+    assert [str(p) for p in problems] == [
+        "03_pipelines [gantt] par.jobs.pipeline on 4 ranks: needs 4 GPUs, the server has 2"]
+
+
+# ---------------------------------------------------------------- the command line
+def test_cli_dry_run_passes_and_fails(capsys):
+    args = ["--dry-run", "--backend", "nccl", "--preset", GPT3, "--steps", "200"]
+    assert batch.main([*args, "--world-size", "8", "--gpu-memory", "80e9"]) == 0
+    out = capsys.readouterr().out
+    assert "everything fits" in out and "04_tensor_parallel [TP training] par.jobs.train_tp on 6 ranks" in out
+    assert batch.main([*args, "--world-size", "2", "--gpu-memory", "8GB"]) == 2
+    out = capsys.readouterr().out
+    problems = [line for line in out.splitlines() if line.startswith("problem: ")]
+    _, expected = course.dry_run(2, "nccl", GPT3, 200, 8e9)
+    assert problems == [f"problem: {p}" for p in expected]
+
+
+def test_cli_dry_run_needs_the_gpu_memory():
+    with pytest.raises(course.CourseError, match="--gpu-memory"):
+        batch.main(["--dry-run", "--backend", "nccl", "--world-size", "8"])
+
+
+def test_bytes_are_read_like_a_person_writes_them():
+    assert batch.parse_bytes("80e9") == 80e9 and batch.parse_bytes("40GB") == 40e9
+    assert batch.parse_bytes("40 GiB") == 40 * 2 ** 30 and batch.parse_bytes("8000000000") == 8e9

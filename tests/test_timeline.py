@@ -1,0 +1,104 @@
+"""par.timeline.Recorder: wall-clock spans on the CPU, CUDA-event spans on a GPU (checked here with a fake event
+class that runs on its own clock, so the bookkeeping is tested without a GPU; tests/test_gpu.py uses real ones)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from par.timeline import Recorder, Span, busy_fraction
+
+
+def test_cpu_spans_are_wall_clock_seconds_since_reset():
+    rec = Recorder(rank=3, sync=False)
+    assert rec.clock == "cpu" and rec.device == torch.device("cpu")
+    with rec.span("F0"):
+        time.sleep(0.05)
+    start = rec.now()
+    time.sleep(0.02)
+    rec.add("AR", start, rec.now(), lane="comm")
+    mark = rec.mark()
+    assert isinstance(mark, float) and mark >= rec.spans[-1].end
+    f, ar = rec.spans
+    assert (f.rank, f.name, f.lane) == (3, "F0", "compute") and 0.05 <= f.duration < 1.0
+    assert (ar.name, ar.lane) == ("AR", "comm") and ar.start >= f.end and ar.duration >= 0.02
+    assert rec.gather() == [{"rank": 3, "name": "F0", "lane": "compute", "start": f.start, "end": f.end},
+                            {"rank": 3, "name": "AR", "lane": "comm", "start": ar.start, "end": ar.end}]
+    rec.reset(sync=False)
+    assert rec.spans == [] and rec.now() < 0.05
+
+
+def test_busy_fraction():
+    spans = [{"rank": 0, "lane": "compute", "start": 0.0, "end": 1.0},
+             {"rank": 1, "lane": "compute", "start": 1.0, "end": 4.0},
+             {"rank": 0, "lane": "comm", "start": 1.0, "end": 2.0}]
+    assert busy_fraction(spans, 0) == 0.25 and busy_fraction(spans, 1) == 0.75
+
+
+class GpuClock:
+    """When the fake GPU would execute what is enqueued now (seconds), set by the test."""
+    t = 0.0
+
+
+class FakeEvent:
+    def __init__(self, t: float, stream):
+        self.t, self.stream = t, stream
+
+    def elapsed_time(self, other: "FakeEvent") -> float:   # milliseconds, as torch.cuda.Event's
+        return (other.t - self.t) * 1e3
+
+
+class FakeCudaRecorder(Recorder):
+    """A Recorder on "cuda:0" whose events come from GpuClock instead of a device."""
+
+    def __init__(self, gpu: GpuClock, **kwargs):
+        self.gpu, self.synchronized, self.events = gpu, 0, []
+        super().__init__(rank=1, sync=False, device="cuda:0", **kwargs)
+
+    def _event(self, stream=None):
+        event = FakeEvent(self.gpu.t, stream if stream is not None else "current")
+        self.events.append(event)
+        return event
+
+    def _synchronize(self):
+        self.synchronized += 1
+
+
+def test_on_a_gpu_spans_are_times_of_cuda_events_relative_to_reset():
+    gpu = GpuClock()
+    gpu.t = 100.0
+    rec = FakeCudaRecorder(gpu)
+    assert rec.clock == "cuda" and rec.synchronized == 1        # reset waited for earlier GPU work
+    gpu.t = 100.5                 # the GPU reaches F0's first kernel at 100.5 s ...
+    cpu_start = time.perf_counter()
+    with rec.span("F0"):
+        gpu.t = 102.0             # ... and is done with its last one at 102 s; the CPU left long before
+    assert time.perf_counter() - cpu_start < 1.0
+    assert [e.stream for e in rec.events] == ["current"] * 3
+    (f,) = rec.gather()
+    assert f == {"rank": 1, "name": "F0", "lane": "compute", "start": 0.5, "end": 2.0}
+    assert rec.synchronized == 2, "events are read only after a synchronize"
+
+
+def test_a_communication_span_between_events_on_another_stream():
+    gpu = GpuClock()
+    rec = FakeCudaRecorder(gpu)
+    gpu.t = 0.25
+    start = rec.mark("nccl stream")
+    gpu.t = 0.75
+    rec.add("AR1", start, rec.mark(), lane="comm")
+    assert start.stream == "nccl stream" and rec.events[-1].stream == "current"
+    assert rec.spans == [Span(1, "AR1", "comm", 0.25, 0.75)]
+
+
+def test_cpu_seconds_and_gpu_events_share_a_timeline_but_not_a_span():
+    gpu = GpuClock()
+    rec = FakeCudaRecorder(gpu)
+    rec.add("host work", 0.0, 0.125)               # CPU seconds since reset: kept as they are
+    gpu.t = 1.0
+    with rec.span("B0", lane="compute"):
+        gpu.t = 2.0
+    assert [(s.name, s.start, s.end) for s in rec.spans] == [("host work", 0.0, 0.125), ("B0", 1.0, 2.0)]
+    with pytest.raises(TypeError, match="both be CPU seconds or both CUDA events"):
+        rec.add("mixed", 0.0, rec.mark())

@@ -1,0 +1,66 @@
+"""NCCL's point-to-point semantics on gloo (`par.nccl_emulation`), checked on real ranks in both modes.
+
+Launched by tests/test_nccl_emulation.py with and without PAR_NCCL_EMULATION=1. Every rank sends to its
+right neighbour and receives from its left one, and reports (rank 0 saves them all):
+
+works          how many Work objects dist.batch_isend_irecv returned for a batch of 2 operations
+poisoned       what the receive buffers held before the Work was waited: float NaN / int -1 under emulation
+correct        the buffers after wait() equal what the left neighbour sent
+ring           par's ring all-reduce / reduce-scatter / all-gather equal torch's (they wait every Work)
+old_pattern_ok the pre-issue-18 pipeline pattern (wait only `reqs[len(sends):]`, then read) read the right data
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import par.dist
+from par import collectives as C
+from par import nccl_emulation
+
+
+def exchange(env, dtype):
+    """One batch: send my tensor right, receive from the left; return (reqs, received, expected)."""
+    n, r = env.world_size, env.rank
+    mine = torch.arange(5, dtype=dtype) + 10 * r
+    got = torch.zeros(5, dtype=dtype)
+    ops = [dist.P2POp(dist.isend, mine, (r + 1) % n), dist.P2POp(dist.irecv, got, (r - 1) % n)]
+    return dist.batch_isend_irecv(ops), got, torch.arange(5, dtype=dtype) + 10 * ((r - 1) % n)
+
+
+def main():
+    env = par.dist.init()
+    out = {"emulated": dist.batch_isend_irecv is nccl_emulation.batch_isend_irecv}
+    poisoned, correct, works = [], [], []
+    for dtype in (torch.float32, torch.int64):
+        reqs, got, expected = exchange(env, dtype)
+        works.append(len(reqs))
+        before = got.clone()
+        poisoned.append(bool(torch.isnan(before).all()) if dtype.is_floating_point else bool((before == -1).all()))
+        for req in reqs:
+            req.wait()
+        correct.append(torch.equal(got, expected))
+    out.update(works=works, poisoned=poisoned, correct=correct)
+    # the pattern issue 18 found in the pipeline: sends first in the batch, then wait "the receives" by index
+    dist.barrier()
+    reqs, got, expected = exchange(env, torch.float32)
+    for req in reqs[1:]:        # reqs[len(outbox):]
+        req.wait()
+    out["old_pattern_ok"] = torch.equal(got, expected)
+    for req in reqs[:1]:        # the "sends", waited later
+        req.wait()
+    # par's ring collectives wait every Work: they agree with torch under both semantics
+    ring = []
+    for numel in (1, 7, 1001):
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(env.rank + numel), dtype=torch.float64)
+        ring.append(torch.allclose(C.all_reduce(x.clone()), C.all_reduce(x.clone(), impl="torch"), atol=1e-12))
+        ring.append(torch.allclose(C.reduce_scatter(x.clone()), C.reduce_scatter(x.clone(), impl="torch"),
+                                   atol=1e-12))
+        ring.append(torch.equal(C.all_gather(x.clone()), C.all_gather(x.clone(), impl="torch")))
+    out["ring"] = ring
+    par.dist.save_result({"world_size": env.world_size, "ranks": par.dist.gather_object(out)})
+    par.dist.teardown()
+
+
+if __name__ == "__main__":
+    main()
