@@ -1,6 +1,6 @@
 """Every lecture notebook runs top to bottom with papermill, and notebooks are committed clean.
 
-- each notebooks/*.ipynb executes with its own default parameters (world_size = 2, backend "auto", preset
+- each notebooks/*.ipynb executes with its own default parameters (world_size = min(4, physical cores), backend "auto", preset
   "tiny", steps = 20) through the same code path as `python -m par batch`; a cell may run at most CELL_TIMEOUT s;
 - it opens with a title, "what you will learn" and "how to run";
 - its parameters cell follows the course convention (the batch overrides exactly those four names);
@@ -18,7 +18,7 @@ from par.batch import run_one
 ROOT = Path(__file__).resolve().parents[1]
 LECTURES = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CLEAN = LECTURES + sorted((ROOT / "exercises").glob("*.ipynb"))
-PARAMETERS = {"world_size": 2, "backend": "auto", "preset": "tiny", "steps": 20}
+PARAMETERS = {"world_size": "par.dist.default_world_size()", "backend": "auto", "preset": "tiny", "steps": 20}
 CELL_TIMEOUT = 300
 
 
@@ -42,8 +42,11 @@ def test_lecture_has_the_parameters_cell(path):
         "the first code cell must be tagged `parameters`"
     values = {}
     for statement in ast.parse(code[0].source).body:
+        if isinstance(statement, ast.Import) and [a.name for a in statement.names] == ["par.dist"]:
+            continue   # for world_size's default
         assert isinstance(statement, ast.Assign), f"only assignments in the parameters cell: {ast.unparse(statement)}"
-        values[statement.targets[0].id] = ast.literal_eval(statement.value)
+        name = statement.targets[0].id
+        values[name] = ast.unparse(statement.value) if name == "world_size" else ast.literal_eval(statement.value)
     assert values == PARAMETERS
 
 
