@@ -31,10 +31,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from par.collectives import all_reduce_formula_bytes
+from par.collectives import all_reduce_formula_bytes, group_rank, group_size
 from par.model import GPTConfig, causal_attention, merge_heads, split_heads
-from par.tp_ops import copy_to_region, gather_from_region, group_rank, group_size, reduce_from_region, \
-    scatter_to_region
+from par.tp_ops import copy_to_region, gather_from_region, reduce_from_region, scatter_to_region
 
 
 # ---------------------------------------------------------------- checks and pure shard arithmetic
