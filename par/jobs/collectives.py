@@ -11,7 +11,9 @@ Each part returns plain data (lists, dicts) that rank 0 saves as JSON:
           snapshot per step: which chunk each rank sent, received, and what it held;
 * bytes:  bytes counted by par.commlog for a ring all-reduce of several sizes,
           beside the exact count and the formula 2(N-1)/N * S;
-* timing: median seconds of par's ring all-reduce and of dist.all_reduce per size.
+* timing: seconds of par's ring all-reduce and of dist.all_reduce per size, in alternating turns
+          (the slowest rank's time of each call): every repetition, the medians, and the ratio
+          ring / torch of each turn (a pair of calls run back to back, so load drifts hit both alike).
 """
 from __future__ import annotations
 
@@ -137,13 +139,14 @@ def _slowest(seconds: float, env) -> float:
 
 
 def time_all_reduce(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> list[dict]:
-    """Median time of par's ring and of dist.all_reduce for each size, alternating the two."""
+    """Times of par's ring and of dist.all_reduce for each size, alternating the two (which goes
+    first alternates too). Each row: every repetition, the medians, the median of the paired ratios."""
     rows = []
     for numel in sizes:
         t = torch.randn(numel, device=env.device)
         times = {"ring": [], "torch": []}
         for i in range(warmup + reps):
-            for impl in ("ring", "torch"):
+            for impl in (("ring", "torch") if i % 2 == 0 else ("torch", "ring")):
                 dist.barrier()
                 start = time.perf_counter()
                 C.all_reduce(t, impl=impl)
@@ -153,10 +156,11 @@ def time_all_reduce(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> li
                 if i >= warmup:
                     times[impl].append(seconds)
         ring, torch_ = statistics.median(times["ring"]), statistics.median(times["torch"])
-        rows.append({"numel": numel, "ring_s": ring, "torch_s": torch_, "ratio": ring / torch_,
-                     "ring_all": times["ring"], "torch_all": times["torch"]})
+        paired = [a / b for a, b in zip(times["ring"], times["torch"])]
+        rows.append({"numel": numel, "ring_s": ring, "torch_s": torch_, "ratio": statistics.median(paired),
+                     "ratios": paired, "ring_all": times["ring"], "torch_all": times["torch"]})
         par.dist.print0(f"  {numel:>10,} floats  ring {ring * 1e3:8.2f} ms  torch {torch_ * 1e3:8.2f} ms  "
-                        f"ratio {ring / torch_:.2f}")
+                        f"ratio {rows[-1]['ratio']:.2f}")
     return rows
 
 
