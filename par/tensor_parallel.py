@@ -52,6 +52,19 @@ def check_tp_degree(cfg: GPTConfig, n: int) -> None:
     check_divisible("ffn size", cfg.ffn, n)
 
 
+def tp_degree(cfg: GPTConfig, world_size: int) -> int:
+    """The tensor-parallel degree for `world_size` ranks: the largest divisor of n_head that is <= world_size.
+
+    Heads are split whole, so the degree must divide n_head (and d_model and the FFN size, which
+    `check_tp_degree` checks too). GPT-3 Small's 12 heads on 8 GPUs: degree 6, the other 2 GPUs idle
+    for TP (or used for another kind of parallelism).
+    """
+    if world_size < 1:
+        raise ValueError(f"world size must be at least 1, got {world_size}")
+    return next(d for d in range(min(world_size, cfg.n_head), 0, -1)
+                if cfg.n_head % d == 0 and cfg.d_model % d == 0 and cfg.ffn % d == 0)
+
+
 def column_shard(t: torch.Tensor, n: int, r: int) -> torch.Tensor:
     """Rank r's slice of the output features (dim 0) of a weight (out, in) or bias (out,)."""
     check_divisible("out_features", t.size(0), n)
