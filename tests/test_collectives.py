@@ -237,13 +237,14 @@ def test_bench_cli_lists_and_dispatches(capsys):
     assert "collectives" in cli.available() and "cli" not in cli.available()
     assert cli.main(["no-such-bench"]) == 2
     assert "unknown benchmark 'no-such-bench'" in capsys.readouterr().err
-    rows = [{"world_size": 2, "backend": "gloo", "numel": 1 << 20, "ring_s": 0.012, "torch_s": 0.010,
-             "ratio": 1.2, "ratios": [1.1, 1.2, 1.3], "ring_all": [0.011, 0.012, 0.013],
-             "torch_all": [0.010, 0.010, 0.010]},
-            {"world_size": 4, "backend": "gloo", "numel": 1 << 24, "ring_s": 0.2, "torch_s": 0.2, "ratio": 1.0,
-             "ratios": [1.0], "ring_all": [0.2], "torch_all": [0.2]}]
+    from par.jobs.collectives import quartiles
+    ring, torch_, ratios = [0.011, 0.012, 0.013], [0.010, 0.010, 0.010], [1.1, 1.2, 1.3]
+    rows = [{"world_size": 2, "backend": "gloo", "numel": 1 << 20, "ring_all": ring, "torch_all": torch_,
+             "ring_q": quartiles(ring), "torch_q": quartiles(torch_), "ratio_q": quartiles(ratios)},
+            {"world_size": 4, "backend": "gloo", "numel": 1 << 24, "ring_all": [0.2], "torch_all": [0.2],
+             "ring_q": quartiles([0.2]), "torch_q": quartiles([0.2]), "ratio_q": quartiles([1.0])}]
     text = bench.table(rows, cores=2)
     assert "1,048,576" in text and "1.20 (1.15-1.25)" in text and "12.00 (11.50-12.50)" in text
     assert "> 1.15" in text.splitlines()[1] and "1.10" in text.splitlines()[1]   # fastest: 0.011 / 0.010
     assert "oversubscribed" in text.splitlines()[2] and "> 1.15" not in text.splitlines()[2]
-    assert bench.quartiles([3.0]) == (3.0, 3.0, 3.0)
+    assert quartiles([3.0]) == [3.0, 3.0, 3.0]

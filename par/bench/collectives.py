@@ -15,18 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 TARGET = 1.15
-
-
-def quartiles(xs: list[float]) -> tuple[float, float, float]:
-    """(q1, median, q3) of a list of at least one number."""
-    if len(xs) < 2:
-        return xs[0], xs[0], xs[0]
-    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
-    return q1, q2, q3
 
 
 def parse(argv):
@@ -50,8 +41,8 @@ def measure(world_size: int, sizes: str, reps: int, warmup: int, backend: str = 
     return [dict(row, world_size=world_size, backend=out["backend"]) for row in out["timing"]]
 
 
-def _spread_ms(xs: list[float]) -> str:
-    q1, q2, q3 = quartiles(xs)
+def _spread_ms(q: list[float]) -> str:
+    q1, q2, q3 = q
     return f"{q2 * 1e3:8.2f} ({q1 * 1e3:.2f}-{q3 * 1e3:.2f})"
 
 
@@ -59,14 +50,13 @@ def table(rows: list[dict], cores: int | None = None) -> str:
     lines = [f"{'ranks':>5} {'backend':>7} {'floats':>12} {'ring ms (q1-q3)':>24} {'torch ms (q1-q3)':>24} "
              f"{'ring/torch (q1-q3)':>20} {'fastest':>8}"]
     for r in rows:
-        ratios = r.get("ratios") or [r["ratio"]]
-        q1, q2, q3 = quartiles(ratios)
+        q1, q2, q3 = r["ratio_q"]
         flag = "" if q2 <= TARGET else f"  > {TARGET}"
         if cores is not None and r["world_size"] > cores:
             flag += f"  ({r['world_size']} ranks on {cores} cores: oversubscribed)"
         fastest = min(r["ring_all"]) / min(r["torch_all"])
-        lines.append(f"{r['world_size']:>5} {r['backend']:>7} {r['numel']:>12,} {_spread_ms(r['ring_all']):>24} "
-                     f"{_spread_ms(r['torch_all']):>24} {f'{q2:.2f} ({q1:.2f}-{q3:.2f})':>20} {fastest:8.2f}{flag}")
+        lines.append(f"{r['world_size']:>5} {r['backend']:>7} {r['numel']:>12,} {_spread_ms(r['ring_q']):>24} "
+                     f"{_spread_ms(r['torch_q']):>24} {f'{q2:.2f} ({q1:.2f}-{q3:.2f})':>20} {fastest:8.2f}{flag}")
     return "\n".join(lines)
 
 

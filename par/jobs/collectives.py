@@ -12,8 +12,10 @@ Each part returns plain data (lists, dicts) that rank 0 saves as JSON:
 * bytes:  bytes counted by par.commlog for a ring all-reduce of several sizes,
           beside the exact count and the formula 2(N-1)/N * S;
 * timing: seconds of par's ring all-reduce and of dist.all_reduce per size, in alternating turns
-          (the slowest rank's time of each call): every repetition, the medians, and the ratio
-          ring / torch of each turn (a pair of calls run back to back, so load drifts hit both alike).
+          (the slowest rank's time of each call): every repetition (ring_all, torch_all), the
+          medians (ring_s, torch_s), the ratio ring / torch of each turn (ratios: a pair of calls run
+          back to back, so load drifts hit both alike) and its median (ratio), and [q1, median, q3]
+          of each (ring_q, torch_q, ratio_q).
 """
 from __future__ import annotations
 
@@ -138,6 +140,13 @@ def _slowest(seconds: float, env) -> float:
     return t.item()
 
 
+def quartiles(xs: list[float]) -> list[float]:
+    """[q1, median, q3] of the repetitions: the median and its spread (the interquartile range)."""
+    if len(xs) < 2:
+        return [xs[0]] * 3
+    return statistics.quantiles(xs, n=4, method="inclusive")
+
+
 def time_all_reduce(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> list[dict]:
     """Times of par's ring and of dist.all_reduce for each size, alternating the two (which goes
     first alternates too). Each row: every repetition, the medians, the median of the paired ratios."""
@@ -158,7 +167,9 @@ def time_all_reduce(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> li
         ring, torch_ = statistics.median(times["ring"]), statistics.median(times["torch"])
         paired = [a / b for a, b in zip(times["ring"], times["torch"])]
         rows.append({"numel": numel, "ring_s": ring, "torch_s": torch_, "ratio": statistics.median(paired),
-                     "ratios": paired, "ring_all": times["ring"], "torch_all": times["torch"]})
+                     "ratios": paired, "ring_all": times["ring"], "torch_all": times["torch"],
+                     "ring_q": quartiles(times["ring"]), "torch_q": quartiles(times["torch"]),
+                     "ratio_q": quartiles(paired)})
         par.dist.print0(f"  {numel:>10,} floats  ring {ring * 1e3:8.2f} ms  torch {torch_ * 1e3:8.2f} ms  "
                         f"ratio {rows[-1]['ratio']:.2f}")
     return rows
