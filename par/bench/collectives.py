@@ -3,7 +3,7 @@
     python -m par bench collectives [--world-sizes 2,4] [--sizes 1048576,16777216] [--reps 9]
 
 For each world size one launch of `par.jobs.collectives --parts timing` times both in alternating
-turns after warm-up (each call timed on its slowest rank). Printed per size: the median time of each
+turns after warm-up (each call timed from the last rank's entry to the last rank's exit). Printed per size: the median time of each
 with its spread (the interquartile range, q1-q3), the ratio ring / torch as the median of the
 paired turns with its spread, and (column "fastest") the ratio of the fastest runs, which a loaded
 machine disturbs least. Target: <= 1.15x. Timings on a shared machine are only as quiet as the

@@ -12,7 +12,7 @@ Each part returns plain data (lists, dicts) that rank 0 saves as JSON:
 * bytes:  bytes counted by par.commlog for a ring all-reduce of several sizes,
           beside the exact count and the formula 2(N-1)/N * S;
 * timing: seconds of par's ring all-reduce and of dist.all_reduce per size, in alternating turns
-          (the slowest rank's time of each call): every repetition (ring_all, torch_all), the
+          (each call from the last rank's entry to the last rank's exit, see `_elapsed`): every repetition (ring_all, torch_all), the
           medians (ring_s, torch_s), the ratio ring / torch of each turn (ratios: a pair of calls run
           back to back, so load drifts hit both alike) and its median (ratio), and [q1, median, q3]
           of each (ring_q, torch_q, ratio_q).
@@ -23,6 +23,7 @@ import argparse
 import os
 import socket
 import statistics
+import sys
 import time
 
 import torch
@@ -132,12 +133,24 @@ def count_bytes(env, sizes: list[int]) -> list[dict]:
     return [row for rank_rows in ranks for row in rank_rows] if ranks is not None else []
 
 
-def _slowest(seconds: float, env) -> float:
-    """A collective is done when its slowest rank is: the max over ranks."""
-    t = torch.tensor([seconds], dtype=torch.float64, device=env.device)
+def one_host() -> bool:
+    """Do all ranks run on this machine (so that `time.perf_counter`, a monotonic system-wide clock on
+    Linux, is the same clock in every rank)?"""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "0")) == int(os.environ.get("WORLD_SIZE", "1")) \
+        and sys.platform.startswith("linux")
+
+
+def _elapsed(start: float, end: float, env, same_clock: bool) -> float:
+    """A collective's time: from the moment the last rank entered it to the moment the last rank left it.
+
+    The ranks leave the barrier before it at slightly different times; a rank's own end - start
+    would count that skew as the collective's. With one clock on every rank (one host) the time is
+    max(end) - max(start); across hosts, the slowest rank's own end - start.
+    """
+    t = torch.tensor([start, end] if same_clock else [0.0, end - start], dtype=torch.float64, device=env.device)
     with commlog.tag("timing bookkeeping"):
         C.all_reduce(t, op="max", impl="torch")
-    return t.item()
+    return (t[1] - t[0]).item()
 
 
 def quartiles(xs: list[float]) -> list[float]:
@@ -154,6 +167,7 @@ def time_all_reduce(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> li
     for numel in sizes:
         t = torch.randn(numel, device=env.device)
         times = {"ring": [], "torch": []}
+        same_clock = one_host()
         for i in range(warmup + reps):
             for impl in (("ring", "torch") if i % 2 == 0 else ("torch", "ring")):
                 dist.barrier()
@@ -161,7 +175,7 @@ def time_all_reduce(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> li
                 C.all_reduce(t, impl=impl)
                 if env.device.type == "cuda":
                     torch.cuda.synchronize()
-                seconds = _slowest(time.perf_counter() - start, env)
+                seconds = _elapsed(start, time.perf_counter(), env, same_clock)
                 if i >= warmup:
                     times[impl].append(seconds)
         ring, torch_ = statistics.median(times["ring"]), statistics.median(times["torch"])
