@@ -316,6 +316,15 @@ def test_train_dp_job_reports_consistent_runs():
     assert min(s["start"] for s in spans if s["lane"] == "comm") < backward["end"], "no overlap with backward"
 
 
+def test_train_dp_derives_accumulation_from_the_micro_batch():
+    """`--micro-batch` alone: the single process takes the global batch in micro-batches (as a GPU must)."""
+    from par.jobs.train_dp import parse
+    args = parse(["--batch", "32", "--micro-batch", "8"])
+    sizes = resolve_batch(1, args.batch, args.micro_batch, args.accum)
+    assert (sizes.micro_batch, sizes.grad_accum) == (8, 4)
+    assert parse([]).accum is None and resolve_batch(2, 32, None, parse([]).accum).grad_accum == 1
+
+
 def test_ddp_beside_par_bucketed_dp():
     """torch's DistributedDataParallel and par's bucketed DP: same model, data and buckets, same weights."""
     out = run("par.jobs.train_dp", nproc=2, timeout=240, quiet=True,

@@ -48,7 +48,8 @@ def parse(argv=None):
     ap.add_argument("--tie-embeddings", action="store_true")
     ap.add_argument("--batch", type=int, default=16, help="train_batch_size: the global batch per step")
     ap.add_argument("--micro-batch", type=int, default=None, help="default: batch / (accum × world size)")
-    ap.add_argument("--accum", type=int, default=1, help="gradient accumulation steps")
+    ap.add_argument("--accum", type=int, default=None,
+                    help="gradient accumulation steps (default: batch / (micro-batch × world size), else 1)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--optimizer", default="adam")
     ap.add_argument("--lr", type=float, default=3e-3)
