@@ -151,7 +151,7 @@ def all_gather_chunks(rank: int, n: int, step: int) -> tuple[int, int]:
     return (rank - step) % n, (rank - step - 1) % n
 
 
-PIECE = 1 << 18  # elements (1 MiB of fp32): adding received piece i overlaps the transfer of piece i+1
+PIECE = 1 << 19  # elements (2 MiB of fp32): adding received piece i overlaps the transfer of piece i+1
 
 
 def _pieces(numel: int, piece: int) -> list[tuple[int, int]]:
