@@ -12,17 +12,27 @@ one only ever talks to its two neighbours:
 * ring all-reduce = reduce-scatter + all-gather. Sent: 2(N-1)/N * S bytes per
   rank, in 2(N-1) latency steps.
 
-A step's chunk travels in pieces of `PIECE` elements, so that adding one
-received piece overlaps the transfer of the next; the receive buffer is kept
-between calls. `reduce_scatter_chunks` / `all_gather_chunks` are the schedule.
+Its time, with alpha the latency of one step and beta the seconds per byte of a link:
+
+    T(N, S) = 2(N-1) * alpha + 2(N-1)/N * S * beta        (`ring_all_reduce_time`, `fit_alpha_beta`)
+
+A reduce-scatter step's chunk travels in pieces of `PIECE` elements, so that adding
+one received piece overlaps the transfer of the next; an all-gather step has
+nothing to add and sends its chunk whole. The receive buffer is kept between
+calls. `reduce_scatter_chunks` / `all_gather_chunks` are the schedule. Every
+Work is waited before the data it received is read (under NCCL one Work stands
+for a whole `batch_isend_irecv`).
 
 Every call is written to the communication log (`par.commlog`) with the bytes
-this rank actually sent. The `all_reduce` / `reduce_scatter` / `all_gather` /
+this rank sent. The `all_reduce` / `reduce_scatter` / `all_gather` /
 `broadcast` / `send` / `recv` front doors choose the ring (`impl="ring"`) or
-torch.distributed (`impl="torch"`) and log either way.
+torch.distributed (`impl="torch"`) and log either way. `group_size` and
+`group_rank` are the one home of "how many of us, and which one am I".
+The asynchronous communication thread lives in `par.comm_thread`.
 """
 from __future__ import annotations
 
+import math
 import threading
 
 import torch
@@ -31,6 +41,17 @@ import torch.distributed as dist
 from par import commlog
 
 OPS = ("sum", "avg", "max")
+
+
+# ---------------------------------------------------------------- the group: how many of us, which one am I
+def group_size(group=None) -> int:
+    """Ranks in `group` (the whole world when None); 1 when no process group is running."""
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+
+
+def group_rank(group=None) -> int:
+    """My index inside `group` (0 .. group_size - 1); 0 when no process group is running."""
+    return dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
 
 
 # ---------------------------------------------------------------- chunk arithmetic
@@ -71,6 +92,48 @@ def all_reduce_formula_bytes(size_bytes: float, n: int) -> float:
     return 2 * (n - 1) / n * size_bytes
 
 
+def padded_chunk_bytes(numel: int, n: int, itemsize: int = 4) -> int:
+    """Bytes a rank sends in torch's reduce-scatter or all-gather of `numel` elements over n ranks.
+
+    torch wants equal chunks, so uneven ones are padded to ceil(numel / n) elements; a ring
+    moves N-1 of them per rank.
+    """
+    return (n - 1) * math.ceil(numel / n) * itemsize if n > 1 else 0
+
+
+# ---------------------------------------------------------------- time: latency and bandwidth
+def ring_all_reduce_time(size_bytes: float, n: int, alpha: float, beta: float) -> float:
+    """T = 2(N-1)·alpha + 2(N-1)/N·S·beta: 2(N-1) latency steps, 2(N-1)/N·S bytes on each rank's link.
+
+    alpha: seconds one step costs whatever its size (a message's latency plus the software around
+    it); beta: seconds per byte (1 / bandwidth).
+    """
+    return 2 * (n - 1) * alpha + all_reduce_formula_bytes(size_bytes, n) * beta
+
+
+def fit_alpha_beta(samples) -> tuple[float, float]:
+    """alpha and beta of `ring_all_reduce_time` fitted to measured (n, size_bytes, seconds) samples.
+
+    Least squares on the relative error (every sample weighs alike, small or large), with both
+    coefficients kept >= 0: a negative one is set to 0 and the other fitted alone.
+    """
+    rows = [(2 * (n - 1) / t, all_reduce_formula_bytes(s, n) / t) for n, s, t in samples if n > 1 and t > 0]
+    if len(rows) < 2:
+        raise ValueError(f"fitting alpha and beta needs at least 2 timed samples with N > 1, got {len(rows)}")
+    # minimise sum (x*alpha + y*beta - 1)^2 over the rows (x, y) = (latency steps, bytes) / T
+    xx = sum(x * x for x, _ in rows)
+    yy = sum(y * y for _, y in rows)
+    xy = sum(x * y for x, y in rows)
+    sx, sy = sum(x for x, _ in rows), sum(y for _, y in rows)
+    det = xx * yy - xy * xy
+    alpha, beta = ((sx * yy - sy * xy) / det, (sy * xx - sx * xy) / det) if det > 0 else (-1.0, -1.0)
+    if alpha < 0 or beta < 0:   # the data cannot tell the two apart: keep the better one-term fit
+        one_alpha, one_beta = (sx / xx, 0.0), (0.0, sy / yy if yy else 0.0)
+        err = lambda a, b: sum((x * a + y * b - 1) ** 2 for x, y in rows)  # noqa: E731
+        alpha, beta = min(one_alpha, one_beta, key=lambda ab: err(*ab))
+    return alpha, beta
+
+
 # ---------------------------------------------------------------- the ring
 def _ring(group):
     """(my index in the ring, ring size, global rank of every member)."""
@@ -88,28 +151,30 @@ def all_gather_chunks(rank: int, n: int, step: int) -> tuple[int, int]:
     return (rank - step) % n, (rank - step - 1) % n
 
 
-PIECE = 1 << 20  # elements: a chunk travels in pieces, so adding piece i overlaps sending piece i+1
+PIECE = 1 << 19  # elements (2 MiB of fp32): adding received piece i overlaps the transfer of piece i+1
 
 
-def _pieces(numel: int) -> list[tuple[int, int]]:
-    return [(a, min(a + PIECE, numel)) for a in range(0, numel, PIECE)] or [(0, 0)]
+def _pieces(numel: int, piece: int) -> list[tuple[int, int]]:
+    return [(a, min(a + piece, numel)) for a in range(0, numel, piece)] or [(0, 0)]
 
 
-def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group):
-    """Send `send` to one neighbour while receiving `recv` from the other, piece by piece.
+def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group, piece: int):
+    """Send `send` to one neighbour while receiving `recv` from the other, `piece` elements at a time.
 
-    Yields the [start, end) of each received piece once it (and the matching
-    send) is done, so the caller can reduce it while later pieces are on the wire.
+    Every piece is posted at once, as its own `batch_isend_irecv` (one send, one receive: under
+    NCCL one group, which every rank posts in the same order, so no send waits for a receive
+    posted later). Yields the [start, end) of each received piece after its Work is waited, so
+    the caller can reduce it while later pieces are still on the wire.
     """
-    out, into = _pieces(send.numel()), _pieces(recv.numel())
+    out, into = _pieces(send.numel(), piece), _pieces(recv.numel(), piece)
     batches = []
     for i in range(max(len(out), len(into))):
         ops = [dist.P2POp(dist.isend, send[a:b], dst, group) for a, b in out[i:i + 1]]
         ops += [dist.P2POp(dist.irecv, recv[a:b], src, group) for a, b in into[i:i + 1]]
         batches.append(dist.batch_isend_irecv(ops))
-    for i, reqs in enumerate(batches):
-        for req in reqs:
-            req.wait()
+    for i, works in enumerate(batches):
+        for work in works:
+            work.wait()
         yield from into[i:i + 1]
 
 
@@ -132,9 +197,9 @@ def _reduce_(acc: torch.Tensor, incoming: torch.Tensor, op: str) -> None:
         acc.add_(incoming)
 
 
-def _ring_reduce_scatter(flat: torch.Tensor, group, op: str, on_step=None) -> int:
+def _ring_reduce_scatter(flat: torch.Tensor, ring, group, op: str, on_step=None) -> int:
     """The N-1 reduce steps on a flat tensor, in place; returns the bytes this rank sent."""
-    me, n, ranks = _ring(group)
+    me, n, ranks = ring
     bounds = chunk_bounds(flat.numel(), n)
     right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
     buf = _scratch(max(e - s for s, e in bounds), flat)
@@ -142,7 +207,7 @@ def _ring_reduce_scatter(flat: torch.Tensor, group, op: str, on_step=None) -> in
     for k in range(n - 1):
         out, into = reduce_scatter_chunks(me, n, k)
         (s0, s1), (r0, r1) = bounds[out], bounds[into]
-        for a, b in _exchange(flat[s0:s1], right, buf[: r1 - r0], left, group):
+        for a, b in _exchange(flat[s0:s1], right, buf[: r1 - r0], left, group, PIECE):
             _reduce_(flat[r0 + a:r0 + b], buf[a:b], op)
         sent += (s1 - s0) * flat.element_size()
         if on_step:
@@ -153,17 +218,18 @@ def _ring_reduce_scatter(flat: torch.Tensor, group, op: str, on_step=None) -> in
     return sent
 
 
-def _ring_all_gather(flat: torch.Tensor, group, on_step=None) -> int:
+def _ring_all_gather(flat: torch.Tensor, ring, group, on_step=None) -> int:
     """The N-1 pass-it-on steps on a flat tensor, in place; returns the bytes this rank sent."""
-    me, n, ranks = _ring(group)
+    me, n, ranks = ring
     bounds = chunk_bounds(flat.numel(), n)
     right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
     sent = 0
     for k in range(n - 1):
         out, into = all_gather_chunks(me, n, k)
         (s0, s1), (r0, r1) = bounds[out], bounds[into]
-        for _ in _exchange(flat[s0:s1], right, flat[r0:r1], left, group):
-            pass  # the pieces land in place
+        whole = max(s1 - s0, r1 - r0, 1)   # nothing to add: the chunk goes in one piece, straight into place
+        for _ in _exchange(flat[s0:s1], right, flat[r0:r1], left, group, whole):
+            pass
         sent += (s1 - s0) * flat.element_size()
         if on_step:
             on_step("all_gather", k, out, into, flat)
@@ -184,8 +250,9 @@ def ring_reduce_scatter(tensor: torch.Tensor, group=None, op: str = "sum") -> to
     Only that chunk is meaningful afterwards; the others hold partial sums.
     """
     flat = _flat(tensor, op)
-    me, n, _ = _ring(group)
-    sent = _ring_reduce_scatter(flat, group, op) if n > 1 else 0
+    ring = _ring(group)
+    me, n, _ = ring
+    sent = _ring_reduce_scatter(flat, ring, group, op) if n > 1 else 0
     commlog.record("reduce_scatter", flat.numel(), sent, n)
     a, b = chunk_bounds(flat.numel(), n)[me]
     return flat[a:b]
@@ -194,9 +261,9 @@ def ring_reduce_scatter(tensor: torch.Tensor, group=None, op: str = "sum") -> to
 def ring_all_gather(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Fill every chunk of `tensor` in place, given that chunk `rank` is already correct on each rank."""
     flat = _flat(tensor)
-    n = _ring(group)[1]
-    sent = _ring_all_gather(flat, group) if n > 1 else 0
-    commlog.record("all_gather", flat.numel(), sent, n)
+    ring = _ring(group)
+    sent = _ring_all_gather(flat, ring, group) if ring[1] > 1 else 0
+    commlog.record("all_gather", flat.numel(), sent, ring[1])
     return tensor
 
 
@@ -207,94 +274,131 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, op: str = "sum", on_step=N
     after every step (lecture 00 draws the ring from it).
     """
     flat = _flat(tensor, op)
-    n = _ring(group)[1]
-    sent = _ring_reduce_scatter(flat, group, op, on_step) + _ring_all_gather(flat, group, on_step) if n > 1 else 0
+    ring = _ring(group)
+    n = ring[1]
+    sent = 0
+    if n > 1:
+        sent = _ring_reduce_scatter(flat, ring, group, op, on_step) + _ring_all_gather(flat, ring, group, on_step)
     commlog.record("all_reduce", flat.numel(), sent, n)
     return tensor
 
 
 # ---------------------------------------------------------------- front doors (logged either way)
-_TORCH_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.SUM}
+TORCH_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.SUM}
+# torch 2.13 renamed reduce_scatter_tensor / all_gather_into_tensor to *_single
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def _size(group) -> int:
-    return dist.get_world_size(group) if dist.is_initialized() else 1
+def _check_impl(impl: str) -> None:
+    if impl not in ("ring", "torch"):
+        raise ValueError(f"unknown impl {impl!r}: use 'ring' or 'torch'")
 
 
-def _rank(group) -> int:
-    return dist.get_rank(group) if dist.is_initialized() else 0
+NATIVE_REDUCE_SCATTER = {"nccl"}
+
+
+def native_reduce_scatter(group=None) -> bool:
+    """Does this group's backend reduce-scatter natively (`NATIVE_REDUCE_SCATTER`)? NCCL does.
+    gloo's `reduce_scatter_tensor` is slower than its own all-reduce (about 3x at 16M floats,
+    measured on 2 ranks), so on gloo the torch path all-reduces and keeps its chunk, and logs the
+    all-reduce's bytes, which is what travels. (The tests add "gloo" to run the native path on CPU.)"""
+    return dist.get_backend(group) in NATIVE_REDUCE_SCATTER
+
+
+def _padded(flat: torch.Tensor, n: int) -> torch.Tensor:
+    """(n, w) zero-padded copy of `flat` with chunk i (of `chunk_bounds`) in row i: w = ceil(numel / n)."""
+    w, extra = math.ceil(flat.numel() / n), flat.numel() % n
+    rows = torch.zeros(n, w, dtype=flat.dtype, device=flat.device)
+    rows[:extra].copy_(flat[:extra * w].view(extra, w))
+    rows[extra:, :w - 1].copy_(flat[extra * w:].view(n - extra, w - 1))
+    return rows
+
+
+def _unpad_(flat: torch.Tensor, rows: torch.Tensor) -> None:
+    """The inverse of `_padded`: rows back into the chunks of `flat`, in place."""
+    n, w = rows.shape
+    extra = flat.numel() % n
+    flat[:extra * w].view(extra, w).copy_(rows[:extra])
+    flat[extra * w:].view(n - extra, w - 1).copy_(rows[extra:, :w - 1])
 
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, impl: str = "ring") -> torch.Tensor:
     """All-reduce in place with par's ring (`impl="ring"`) or torch.distributed (`impl="torch"`)."""
-    n = _size(group)
+    _check_impl(impl)
+    n = group_size(group)
     if n == 1:
         return tensor
     if impl == "ring":
         return ring_all_reduce(tensor, group, op)
-    if impl != "torch":
-        raise ValueError(f"unknown impl {impl!r}: use 'ring' or 'torch'")
-    dist.all_reduce(tensor, _TORCH_OPS[op], group=group)
+    dist.all_reduce(tensor, TORCH_OPS[op], group=group)
     if op == "avg":
         tensor.div_(n)
     commlog.record("all_reduce", tensor.numel(),
-                   ring_all_reduce_bytes(tensor.numel(), n, _rank(group), tensor.element_size()), n, "torch")
+                   ring_all_reduce_bytes(tensor.numel(), n, group_rank(group), tensor.element_size()), n, "torch")
     return tensor
 
 
 def reduce_scatter(tensor: torch.Tensor, op: str = "sum", group=None, impl: str = "ring") -> torch.Tensor:
-    """Reduce the flat `tensor` across ranks; return this rank's chunk (see `chunk_bounds`)."""
-    n = _size(group)
+    """Reduce the flat `tensor` across ranks; return this rank's chunk (see `chunk_bounds`), a view into it.
+
+    impl="torch": `reduce_scatter_tensor` where the backend has it natively (NCCL; uneven chunks are
+    padded), else an all-reduce that keeps this rank's chunk (gloo). Either way the log holds the
+    bytes that really travel.
+    """
+    _check_impl(impl)
+    n = group_size(group)
     if n == 1:
         return tensor.view(-1)
     if impl == "ring":
         return ring_reduce_scatter(tensor, group, op)
-    # gloo has no reduce-scatter: all-reduce and keep our chunk; log the reduce-scatter volume
-    dist.all_reduce(tensor, _TORCH_OPS[op], group=group)
-    a, b = chunk_bounds(tensor.numel(), n)[_rank(group)]
-    mine = tensor.view(-1)[a:b]
+    flat, me = _flat(tensor, op), group_rank(group)
+    a, b = chunk_bounds(flat.numel(), n)[me]
+    if native_reduce_scatter(group):
+        even = flat.numel() % n == 0
+        rows = flat.view(n, flat.numel() // n) if even else _padded(flat, n)
+        mine = torch.empty(rows.size(1), dtype=flat.dtype, device=flat.device)
+        _REDUCE_SCATTER(mine, rows.view(-1), TORCH_OPS[op], group=group)
+        flat[a:b].copy_(mine[:b - a])
+        sent = padded_chunk_bytes(flat.numel(), n, flat.element_size())
+    else:
+        dist.all_reduce(flat, TORCH_OPS[op], group=group)
+        sent = ring_all_reduce_bytes(flat.numel(), n, me, flat.element_size())
     if op == "avg":
-        mine.div_(n)
-    commlog.record("reduce_scatter", tensor.numel(),
-                   ring_reduce_scatter_bytes(tensor.numel(), n, _rank(group), tensor.element_size()), n, "torch")
-    return mine
+        flat[a:b].div_(n)
+    commlog.record("reduce_scatter", flat.numel(), sent, n, "torch")
+    return flat[a:b]
 
 
 def all_gather(tensor: torch.Tensor, group=None, impl: str = "ring") -> torch.Tensor:
-    """Given each rank's chunk in place inside the flat `tensor`, fill in everybody else's."""
-    n = _size(group)
+    """Given each rank's chunk in place inside the flat `tensor`, fill in everybody else's.
+
+    impl="torch": `all_gather_into_tensor` straight into the tensor (only this rank's chunk is
+    copied, as the input); uneven chunks go through a padded buffer.
+    """
+    _check_impl(impl)
+    n = group_size(group)
     if n == 1:
         return tensor
     if impl == "ring":
         return ring_all_gather(tensor, group)
-    flat = tensor.view(-1)
-    parts = [flat[a:b] for a, b in chunk_bounds(flat.numel(), n)]
-    gathered = [p.clone() for p in parts]
-    if len({p.numel() for p in parts}) == 1:
-        dist.all_gather(gathered, parts[_rank(group)].clone(), group=group)
+    flat, me = _flat(tensor), group_rank(group)
+    a, b = chunk_bounds(flat.numel(), n)[me]
+    if flat.numel() % n == 0:
+        _ALL_GATHER(flat, flat[a:b].clone(), group=group)
     else:
-        _all_gather_uneven(gathered, parts[_rank(group)], group)
-    for p, g in zip(parts, gathered):
-        p.copy_(g)
-    commlog.record("all_gather", flat.numel(),
-                   ring_all_gather_bytes(flat.numel(), n, _rank(group), flat.element_size()), n, "torch")
+        rows = torch.empty(n, math.ceil(flat.numel() / n), dtype=flat.dtype, device=flat.device)
+        mine = torch.zeros(rows.size(1), dtype=flat.dtype, device=flat.device)
+        mine[:b - a] = flat[a:b]
+        _ALL_GATHER(rows.view(-1), mine, group=group)
+        _unpad_(flat, rows)
+    commlog.record("all_gather", flat.numel(), padded_chunk_bytes(flat.numel(), n, flat.element_size()), n, "torch")
     return tensor
-
-
-def _all_gather_uneven(out: list[torch.Tensor], mine: torch.Tensor, group) -> None:
-    """torch's all_gather wants equal sizes: pad every chunk to the largest, then trim."""
-    width = max(o.numel() for o in out)
-    padded = [torch.zeros(width, dtype=mine.dtype, device=mine.device) for _ in out]
-    src = torch.zeros(width, dtype=mine.dtype, device=mine.device)
-    src[: mine.numel()] = mine
-    dist.all_gather(padded, src, group=group)
-    for o, p in zip(out, padded):
-        o.copy_(p[: o.numel()])
 
 
 def broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tensor:
     """torch.distributed.broadcast from global rank `src`, logged (the root sends S, others 0, in a flat model)."""
-    n = _size(group)
+    n = group_size(group)
     if n == 1:
         return tensor
     dist.broadcast(tensor, src, group=group)
@@ -303,6 +407,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tensor:
     return tensor
 
 
+# ---------------------------------------------------------------- point to point
 def send(tensor: torch.Tensor, dst: int, group=None):
     """Non-blocking point-to-point send to global rank `dst`; returns the request (wait on it)."""
     req = dist.isend(tensor.contiguous(), dst, group=group)
@@ -315,99 +420,6 @@ def recv(tensor: torch.Tensor, src: int, group=None):
     req = dist.irecv(tensor, src, group=group)
     commlog.record("recv", tensor.numel(), 0, 2, "torch")
     return req
-
-
-# ---------------------------------------------------------------- asynchronous: a communication thread
-import queue  # noqa: E402  (this section was appended; its imports stay with it)
-import threading  # noqa: E402
-import time  # noqa: E402
-
-
-class Pending:
-    """A collective in flight. `wait()` blocks until it is done and re-raises its error.
-
-    `submitted`, `start`, `end` are `time.perf_counter()` readings (the clock of `par.timeline`).
-    """
-
-    def __init__(self, timeout: float = 300.0):
-        self.submitted, self.start, self.end = time.perf_counter(), None, None
-        self.timeout, self.error, self._done = timeout, None, threading.Event()
-        self._finish = None  # work the caller's thread does in wait() (e.g. divide for "avg")
-
-    def _run(self, fn) -> None:
-        self.start = time.perf_counter()
-        try:
-            fn()
-        except BaseException as e:  # handed to the waiting thread
-            self.error = e
-        self.end = time.perf_counter()
-        self._done.set()
-
-    def wait(self):
-        if not self._done.wait(self.timeout):
-            raise TimeoutError(f"asynchronous collective not done after {self.timeout:.0f}s "
-                               "(a rank stopped communicating, or ranks launched collectives in different orders)")
-        if self.error is not None:
-            raise self.error
-        if self._finish is not None:
-            self._finish, finish = None, self._finish
-            finish()
-        return self
-
-
-_COMM_QUEUE = None
-
-
-def _comm_thread_loop(q) -> None:
-    while True:
-        pending, fn = q.get()
-        pending._run(fn)
-
-
-def run_async(fn) -> Pending:
-    """Run `fn()` on this process's communication thread; jobs run one at a time, in submission order.
-
-    While jobs are in flight the calling thread must not communicate itself (one talker per process),
-    and every rank must submit the same collectives in the same order.
-    """
-    global _COMM_QUEUE
-    if _COMM_QUEUE is None:
-        _COMM_QUEUE = queue.Queue()
-        threading.Thread(target=_comm_thread_loop, args=(_COMM_QUEUE,), name="par-comm", daemon=True).start()
-    pending = Pending()
-    _COMM_QUEUE.put((pending, fn))
-    return pending
-
-
-def all_reduce_async(tensor: torch.Tensor, op: str = "sum", group=None, impl: str = "ring") -> Pending:
-    """Start an all-reduce in place and return at once; `.wait()` on the result before using `tensor`.
-
-    impl="ring": par's ring runs on the communication thread. impl="torch": `dist.all_reduce(async_op=True)`.
-    Logged like `all_reduce` (the ring when it runs, the torch one when it is started).
-    """
-    if impl == "ring" or _size(group) == 1:
-        return run_async(lambda: all_reduce(tensor, op, group, "ring"))
-    if impl != "torch":
-        raise ValueError(f"unknown impl {impl!r}: use 'ring' or 'torch'")
-    n = _size(group)
-    pending = Pending()
-    pending.start = pending.submitted
-    work = dist.all_reduce(tensor, _TORCH_OPS[op], group=group, async_op=True)
-    commlog.record("all_reduce", tensor.numel(),
-                   ring_all_reduce_bytes(tensor.numel(), n, _rank(group), tensor.element_size()), n, "torch")
-
-    def done(_fut):  # runs on the backend's thread when the work completes (an error shows in work.wait())
-        pending.end = time.perf_counter()
-        pending._done.set()
-
-    work.get_future().then(done)
-
-    def finish():
-        work.wait()
-        if op == "avg":
-            tensor.div_(n)
-    pending._finish = finish
-    return pending
 
 
 def send_recv(sends=(), recvs=(), group=None) -> list:

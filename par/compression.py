@@ -31,7 +31,6 @@ import math
 import zlib
 
 import torch
-import torch.distributed as dist
 
 from par import collectives
 
@@ -53,9 +52,14 @@ def topk_select(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def randomk_indices(numel: int, k: int, seed: int, device=None) -> torch.Tensor:
-    """k distinct coordinates drawn from `seed` alone, so every rank draws the same ones."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randperm(numel, generator=g)[:k].to(device=device, dtype=torch.int32)
+    """k distinct coordinates drawn from `seed` alone, so every rank draws the same ones.
+
+    Drawn on `device` with a generator of that device (on a GPU: no CPU permutation and copy
+    every step); ranks on the same kind of device draw the same indices.
+    """
+    device = torch.device(device if device is not None else "cpu")
+    g = torch.Generator(device=device).manual_seed(seed)
+    return torch.randperm(numel, generator=g, device=device)[:k].to(torch.int32)
 
 
 def shared_seed(seed: int, key, step: int) -> int:
@@ -92,11 +96,11 @@ def error_feedback_step(grad: torch.Tensor, residual: torch.Tensor, compress) ->
 
 def _all_gather_rows(mine: torch.Tensor, group, impl: str) -> torch.Tensor:
     """(N, k): row r is rank r's `mine` (equal k on every rank), through par's all-gather front door."""
-    n = collectives._size(group)
+    n = collectives.group_size(group)
     if n == 1:
         return mine.reshape(1, -1)
     rows = torch.zeros(n, mine.numel(), dtype=mine.dtype, device=mine.device)
-    rows[dist.get_rank(group)] = mine
+    rows[collectives.group_rank(group)] = mine
     collectives.all_gather(rows, group, impl)
     return rows
 

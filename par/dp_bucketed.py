@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from par import collectives
+from par import collectives, comm_thread
 from par.dp_naive import broadcast_parameters, trainable_parameters
 
 DEFAULT_BUCKET_BYTES = 25 * 2 ** 20  # DDP's bucket_cap_mb=25
@@ -106,10 +106,11 @@ class BucketedDP(nn.Module):
         dp.sync_gradients()            # a no-op unless backward ended without our end-of-backward callback
         optimizer.step()
 
-    `impl="ring"` runs par's ring on a communication thread; `impl="torch"` uses
+    `impl="ring"` runs par's ring on the communication thread (`par.comm_thread`); `impl="torch"` uses
     `dist.all_reduce(async_op=True)`. `compression` (see `par.compression`) replaces each bucket's exact
-    average by a lossy one. `recorder` gets spans "B" (backward compute), "sync" (waiting at its end)
-    and "AR<i>" (bucket i's all-reduce, lane "comm").
+    average by a lossy one. `recorder` (a `par.timeline.Recorder`) gets spans "B" (backward compute),
+    "sync" (waiting at its end) and "AR<i>" (bucket i's all-reduce, lane "comm"), every time read
+    from the recorder's own clock.
     """
 
     def __init__(self, module: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES, impl: str = "ring",
@@ -129,7 +130,7 @@ class BucketedDP(nn.Module):
         self._in_backward = False
         self._next = 0                  # the next bucket to launch: buckets go out strictly in order
         self._backward_start = None
-        self.backward_done_at = None    # perf_counter when the last gradient of the step was ready
+        self.backward_done_at = None    # when the last gradient of the step was ready (`_clock()`)
         self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._grad_ready, i))
                        for i, p in enumerate(self.params)]
 
@@ -159,8 +160,12 @@ class BucketedDP(nn.Module):
         return [b.flat.numel() for b in self.buckets]
 
     # ------------------------------------------------------------ what runs inside backward
+    def _clock(self) -> float:
+        """The recorder's clock when there is one (its spans need its times), else perf_counter."""
+        return self.recorder.now() if self.recorder is not None else time.perf_counter()
+
     def _backward_starts(self, grad):
-        self._backward_start = time.perf_counter()
+        self._backward_start = self._clock()
         if self._sync:
             self._begin_step()
 
@@ -191,18 +196,19 @@ class BucketedDP(nn.Module):
 
     def _launch(self, i: int) -> None:
         flat = self.buckets[i].flat
+        clock = self.recorder.now if self.recorder is not None else None
         if self.compression is None:
-            self.buckets[i].pending = collectives.all_reduce_async(flat, "avg", self.group, self.impl)
+            self.buckets[i].pending = comm_thread.all_reduce_async(flat, "avg", self.group, self.impl, clock)
         else:
             compression, group, impl = self.compression, self.group, self.impl
-            self.buckets[i].pending = collectives.run_async(
-                lambda: compression.average(flat, key=i, group=group, impl=impl))
+            self.buckets[i].pending = comm_thread.run_async(
+                lambda: compression.average(flat, key=i, group=group, impl=impl), clock)
 
     def _end_of_backward(self) -> None:
         """Every gradient is computed: send what is left (unused parameters as zeros), wait, write back."""
         if not self._in_backward:
             return
-        self.backward_done_at = time.perf_counter()
+        self.backward_done_at = self._clock()
         for b in self.buckets:
             for slot, p in enumerate(b.params):
                 if slot not in b.ready:  # no gradient this backward: whatever accumulated, else zeros
@@ -219,9 +225,9 @@ class BucketedDP(nn.Module):
         if rec is None:
             return
         if self._backward_start is not None:
-            rec.add("B", self._backward_start - rec.t0, self.backward_done_at - rec.t0)
-        rec.add("sync", self.backward_done_at - rec.t0, rec.now())
+            rec.add("B", self._backward_start, self.backward_done_at)
+        rec.add("sync", self.backward_done_at, rec.now())
         for i, b in enumerate(self.buckets):
             p = b.pending
             if p.start is not None and p.end is not None:
-                rec.add(f"AR{i}", p.start - rec.t0, p.end - rec.t0, lane="comm")
+                rec.add(f"AR{i}", p.start, p.end, lane="comm")

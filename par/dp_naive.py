@@ -1,14 +1,14 @@
 """Naive data parallelism: replicate, shard the data, average the gradients after backward.
 
-Mini-batch SGD on a global batch of B samples, split over K ranks of B/K samples each:
+Mini-batch SGD on a global batch of B samples, split over N ranks of B/N samples each:
 
     w ← w − α · (1/B) Σ_{i=1..B} ∇f(w; ξ_i)
-      = w − α · (1/K) Σ_{k=1..K} [ (K/B) Σ_{i in shard k} ∇f(w; ξ_i) ]   (the average of K local mean gradients)
+      = w − α · (1/N) Σ_{k=1..N} [ (N/B) Σ_{i in shard k} ∇f(w; ξ_i) ]   (the average of N local mean gradients)
 
 So if every rank (1) starts from the same weights (broadcast from rank 0), (2) computes the
-mean gradient of its own shard (DistributedSampler), and (3) averages the K gradients with an
+mean gradient of its own shard (DistributedSampler), and (3) averages the N gradients with an
 all-reduce, then every rank takes exactly the step a single process would take on the whole
-batch, and the replicas stay identical. Each rank computes C/K of the work and all-reduces D
+batch, and the replicas stay identical. Each rank computes C/N of the work and all-reduces D
 parameters' gradients: 2(N−1)/N · 4D bytes sent per rank per step with a ring (fp32).
 
 "Naive" because the all-reduces wait until backward has finished, and run one tensor at a time.

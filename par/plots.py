@@ -224,41 +224,59 @@ def memory_bars(rows: list[dict], ax=None, unit: float = 1e9, ylabel: str = "GB 
     return ax
 
 
-def ring_trace(trace: dict, ax=None, title: str = "ring all-reduce, step by step"):
+def ring_trace(trace: dict, axes=None, title: str = "ring all-reduce, step by step", per_row: int | None = None):
     """Every rank's chunks after every step of a recorded ring all-reduce (`par.jobs.collectives` trace part).
 
-    Rank r started with 2**r, so a held value's bits name the ranks summed into it. Each square is
-    one chunk, its number (and shade) how many ranks it holds; the chunk received at that step has
-    a red outline. Columns: start, reduce-scatter steps, all-gather steps.
+    One small panel per step (start, then the N-1 reduce-scatter steps on the first row, the N-1
+    all-gather steps on the second): a row per rank, a column per chunk. Rank r started with 2**r,
+    so a held value's bits name the ranks summed into it: the number in a square (and its shade) is
+    how many ranks it holds, and it grows by one per reduce-scatter step. A red outline marks the
+    chunk received at that step. Returns the array of axes.
     """
-    n, ranks = trace["world_size"], trace["ranks"]
-    bounds = trace["bounds"]
+    n, ranks, bounds = trace["world_size"], trace["ranks"], trace["bounds"]
     steps = len(ranks[0])
-    ax = _ax(ax, (min(18, 0.55 * steps * (n + 1) + 1), min(8, 0.55 * n + 1.2)))
+    per_row = per_row or max(1, (steps + 1) // 2)
+    rows = -(-steps // per_row)
+    if axes is None:
+        side = 0.42 * n + 0.6
+        fig, axes = plt.subplots(rows, per_row, figsize=(side * per_row + 1.2, side * rows + 0.9), squeeze=False)
+    else:
+        fig = axes.flat[0].figure
+    flat_axes = list(getattr(axes, "flat", axes))
     cmap = plt.get_cmap("Blues")
-    for j in range(steps):
-        x0 = j * (n + 1)
+    for j, ax in enumerate(flat_axes):
+        if j >= steps:   # a spare panel holds the key
+            ax.set_axis_off()
+            if j == steps:
+                ax.text(0.02, 0.5, "number, shade: how many\nranks are summed in it\n\nred: received this step\n\n"
+                        f"reduce-scatter: 1 → {n}\nall-gather: copies of {n}", transform=ax.transAxes,
+                        fontsize=8, va="center")
+            continue
         for r in range(n):
             snap = ranks[r][j]
             for c, (a, _) in enumerate(bounds):
                 count = bin(int(round(snap["held"][a]))).count("1")
                 red = snap["received"] == c
-                ax.add_patch(plt.Rectangle((x0 + c, r), 0.9, 0.8, facecolor=cmap(0.15 + 0.8 * count / n),
-                                           edgecolor="red" if red else "white", linewidth=2 if red else 0.5))
-                ax.text(x0 + c + 0.45, r + 0.4, str(count), ha="center", va="center", fontsize=7,
+                ax.add_patch(plt.Rectangle((c + 0.05, r + 0.05), 0.9, 0.9, facecolor=cmap(0.15 + 0.8 * count / n),
+                                           edgecolor="red" if red else "white", linewidth=2.2 if red else 0.5))
+                ax.text(c + 0.5, r + 0.5, str(count), ha="center", va="center", fontsize=9,
                         color="white" if count > n / 2 else "black")
         snap = ranks[0][j]
-        label = "start" if snap["phase"] == "start" else f"{'RS' if snap['phase'] == 'reduce_scatter' else 'AG'} {snap['step']}"
-        ax.text(x0 + n / 2 - 0.05, -0.35, label, ha="center", va="bottom", fontsize=8)
-    ax.set_xlim(-0.3, steps * (n + 1) - 0.7)
-    ax.set_ylim(n + 0.1, -0.9)
-    ax.set_yticks([r + 0.4 for r in range(n)])
-    ax.set_yticklabels([f"rank {r}" for r in range(n)])
-    ax.set_xticks([])
-    ax.set_frame_on(False)
-    if title:
-        ax.set_title(title)
-    return ax
+        phase = {"start": "start", "reduce_scatter": "reduce-scatter", "all_gather": "all-gather"}[snap["phase"]]
+        ax.set_title(phase if snap["phase"] == "start" else f"{phase} step {snap['step'] + 1}", fontsize=9)
+        ax.set_xlim(0, n)
+        ax.set_ylim(n, 0)
+        ax.set_aspect("equal")
+        ax.set_xticks([c + 0.5 for c in range(n)])
+        ax.set_xticklabels([f"c{c}" for c in range(n)] if j + per_row >= steps else [], fontsize=7)
+        ax.set_yticks([r + 0.5 for r in range(n)])
+        ax.set_yticklabels([f"rank {r}" for r in range(n)] if j % per_row == 0 else [], fontsize=8)
+        ax.tick_params(length=0)
+        for side in ax.spines.values():
+            side.set_visible(False)
+    fig.suptitle(f"{title}: {n} ranks, chunks c0…c{n - 1}", fontsize=10)
+    fig.tight_layout()
+    return axes
 
 
 def process_grid(dp: int, pp: int, tp: int, gpus_per_node: int = 8, ax=None, title: str = ""):
@@ -434,3 +452,67 @@ def prediction_ratios(rows: list[dict], ax=None, band: float = 0.05):
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title("the planner against the measurements", fontsize=10)
     return ax
+
+
+def median_with_spread(ax, x, quartiles, fmt="o", scale=1.0, **kw):
+    """Points at the medians with error bars from q1 to q3 (`quartiles`: one [q1, median, q3] per x)."""
+    mid = [q[1] * scale for q in quartiles]
+    spread = [[(q[1] - q[0]) * scale for q in quartiles], [(q[2] - q[1]) * scale for q in quartiles]]
+    return ax.errorbar(x, mid, yerr=spread, fmt=fmt, capsize=3, **kw)
+
+
+def alpha_beta_fit(timing: dict, alpha: float, beta: float, cores: int, small: int | None = None, axes=None):
+    """The ring all-reduce's time against T = 2(N-1)·alpha + 2(N-1)/N·S·beta, fitted on the N <= cores runs.
+
+    `timing`: {N: rows of `par.jobs.collectives` timing part} (each row: numel, ring_q = [q1, median,
+    q3] seconds). Left: time vs message size S for every N with a core per rank, the median
+    with its q1-q3 spread, and the model's curve. Right: the smallest message's time vs N, which is
+    all latency: 2(N-1) steps of alpha. N > cores are drawn hollow, marked oversubscribed, and are
+    not in the fit. Returns the two axes.
+    """
+    from par.collectives import ring_all_reduce_time
+    if axes is None:
+        axes = plt.subplots(1, 2, figsize=(11, 3.8))[1]
+    left, right = axes
+    fitted = sorted(n for n in timing if n <= cores)
+    for i, n in enumerate(fitted):
+        rows = sorted(timing[n], key=lambda t: t["numel"])
+        x = [4 * t["numel"] for t in rows]
+        median_with_spread(left, x, [t["ring_q"] for t in rows], scale=1e3, color=f"C{i}",
+                           label=f"measured, N = {n} (median, q1–q3)")
+        grid = [x[0] * (x[-1] / x[0]) ** (k / 60) for k in range(61)]
+        left.plot(grid, [ring_all_reduce_time(s, n, alpha, beta) * 1e3 for s in grid], "-", color=f"C{i}",
+                  alpha=0.7, label=f"fit, N = {n}")
+    left.set_xscale("log")
+    left.set_yscale("log")
+    left.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: f"{y:g}"))
+    left.yaxis.set_minor_formatter(plt.NullFormatter())
+    left.set_xlabel("message size S (bytes)")
+    left.set_ylabel("ring all-reduce time (ms)")
+    left.set_title(f"α = {alpha * 1e6:.0f} µs per step, β = {beta * 1e9:.2f} ns/byte ({1 / beta / 1e9:.2f} GB/s)"
+                   if beta > 0 else f"α = {alpha * 1e6:.0f} µs per step, β = 0", fontsize=9)
+    left.legend(fontsize=7, loc="upper left")
+
+    small = small or min(min(t["numel"] for t in rows) for rows in timing.values())
+    ns = sorted(timing)
+    points = {n: next((t for t in timing[n] if t["numel"] == small), None) for n in ns}
+    grid_n = list(range(2, max(ns) + 3))
+    right.plot(grid_n, [ring_all_reduce_time(4 * small, n, alpha, beta) * 1e3 for n in grid_n], "-", color="grey",
+               lw=3, alpha=0.5, label="model: 2(N−1)·α + 2(N−1)/N·S·β")
+    right.plot(grid_n, [2 * (n - 1) * alpha * 1e3 for n in grid_n], "k--", lw=1, label="its latency term 2(N−1)·α")
+    for n, t in points.items():
+        if t is None:
+            continue
+        hollow = n > cores
+        median_with_spread(right, [n], [t["ring_q"]], scale=1e3, color="C3" if hollow else "C0",
+                           mfc="white" if hollow else "C0",
+                           label=("oversubscribed: N > cores, not fitted" if hollow else "measured, a core per rank"))
+    handles, labels = right.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    right.legend(unique.values(), unique.keys(), fontsize=7, loc="upper left")
+    right.set_xticks(grid_n)
+    right.set_xlabel("ranks N")
+    right.set_ylabel("ms")
+    right.set_title(f"all-reduce of {small} floats ({4 * small} B): latency steps, {cores} cores", fontsize=9)
+    right.set_ylim(bottom=0)
+    return axes

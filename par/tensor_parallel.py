@@ -31,10 +31,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from par.collectives import all_reduce_formula_bytes
+from par.collectives import all_reduce_formula_bytes, group_rank, group_size
 from par.model import GPTConfig, causal_attention, merge_heads, split_heads
-from par.tp_ops import copy_to_region, gather_from_region, group_rank, group_size, reduce_from_region, \
-    scatter_to_region
+from par.tp_ops import copy_to_region, gather_from_region, reduce_from_region, scatter_to_region
 
 
 # ---------------------------------------------------------------- checks and pure shard arithmetic
@@ -51,6 +50,19 @@ def check_tp_degree(cfg: GPTConfig, n: int) -> None:
     check_divisible("n_head", cfg.n_head, n)
     check_divisible("d_model", cfg.d_model, n)
     check_divisible("ffn size", cfg.ffn, n)
+
+
+def tp_degree(cfg: GPTConfig, world_size: int) -> int:
+    """The tensor-parallel degree for `world_size` ranks: the largest divisor of n_head that is <= world_size.
+
+    Heads are split whole, so the degree must divide n_head (and d_model and the FFN size, which
+    `check_tp_degree` checks too). GPT-3 Small's 12 heads on 8 GPUs: degree 6, the other 2 GPUs idle
+    for TP (or used for another kind of parallelism).
+    """
+    if world_size < 1:
+        raise ValueError(f"world size must be at least 1, got {world_size}")
+    return next(d for d in range(min(world_size, cfg.n_head), 0, -1)
+                if cfg.n_head % d == 0 and cfg.d_model % d == 0 and cfg.ffn % d == 0)
 
 
 def column_shard(t: torch.Tensor, n: int, r: int) -> torch.Tensor:

@@ -20,19 +20,9 @@ communication goes through `par.collectives` (so `par.commlog` counts it), tagge
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from par import collectives, commlog
-
-
-def group_size(group=None) -> int:
-    """Ranks in `group` (the whole world when None); 1 when no process group is running."""
-    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
-
-
-def group_rank(group=None) -> int:
-    """My index inside `group`; 0 when no process group is running."""
-    return dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
+from par.collectives import group_rank, group_size
 
 
 def _tag(label: str, direction: str) -> str:

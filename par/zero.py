@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from par import collectives, commlog
+from par import collectives, comm_thread, commlog
 from par.flat import FlatParams
 from par.loss_scaler import DynamicLossScaler, StaticLossScaler
 from par.memory import cuda_peak_bytes, tensor_bytes
@@ -219,7 +219,7 @@ class Zero:
         def job():
             with commlog.tag(name):
                 out.append(fn(*args, group=self.group, impl=self.impl, **kw))
-        pending = collectives.run_async(job)
+        pending = comm_thread.run_async(job)
         pending.result = out
         return pending
 

@@ -4,10 +4,13 @@ In-process: the chunk arithmetic, the ring's schedule simulated on plain Python 
 Multi-process: one launch per world size (2, 3, 4) runs every case of tests/workers/collectives_check.py
 (ring and torch front doors, sum/avg/max, sizes that do not divide, subgroups); the ranks assert
 against torch.distributed and return the bytes par.commlog counted, which are checked here again.
+The 3-rank launch runs once more with NCCL's point-to-point semantics emulated on gloo
+(`PAR_NCCL_EMULATION=1`: one Work per `batch_isend_irecv`, received data valid only after it is waited).
 """
 from __future__ import annotations
 
 import importlib.util
+import itertools
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,13 +31,22 @@ def worker_module():
     return module
 
 
-def run_worker(n: int) -> dict:
-    if n not in _CACHE:
+LAUNCHES = [(2, False), (3, False), (4, False), (3, True)]   # (ranks, NCCL emulation)
+
+
+def run_worker(n: int, nccl: bool = False) -> dict:
+    if (n, nccl) not in _CACHE:
         from par import launch
-        out = launch.run(str(WORKER), nproc=n, timeout=300, quiet=True, retries_on_crash=1)
+        out = launch.run(str(WORKER), nproc=n, timeout=300, quiet=True,
+                         env={"PAR_NCCL_EMULATION": "1"} if nccl else None)
         assert out["world_size"] == n and len(out["ranks"]) == n
-        _CACHE[n] = out
-    return _CACHE[n]
+        assert all(mine["nccl_emulation"] == nccl for mine in out["ranks"]), "the emulation was (not) active"
+        _CACHE[n, nccl] = out
+    return _CACHE[n, nccl]
+
+
+def launch_id(case) -> str:
+    return f"{case[0]}ranks" + ("-nccl-emulation" if case[1] else "")
 
 
 # ---------------------------------------------------------------- pure: chunks, schedule, bytes
@@ -104,6 +116,57 @@ def test_byte_formulas(numel, n):
     assert C.ring_all_reduce_bytes(numel, 1, 0) == 0
 
 
+@pytest.mark.parametrize("numel,n,want", [(12, 4, 3 * 3 * 4), (13, 4, 3 * 4 * 4), (1, 3, 2 * 1 * 4), (5, 1, 0)])
+def test_padded_chunk_bytes(numel, n, want):
+    assert C.padded_chunk_bytes(numel, n) == want
+    if numel % n == 0 and n > 1:   # equal chunks: torch's reduce-scatter moves what the ring does
+        assert want == C.ring_reduce_scatter_bytes(numel, n, 0) == C.ring_all_gather_bytes(numel, n, 0)
+
+
+def test_alpha_beta_time_model_and_fit():
+    alpha, beta = 40e-6, 1 / 2e9   # 40 µs a step, 2 GB/s
+    assert C.ring_all_reduce_time(0, 4, alpha, beta) == pytest.approx(6 * alpha)   # 2(N-1) latency steps
+    assert C.ring_all_reduce_time(1e6, 2, alpha, beta) == pytest.approx(2 * alpha + 1e6 * beta)
+    sizes = [256, 4096, 65536, 1 << 20, 1 << 24]
+    samples = [(n, s, C.ring_all_reduce_time(s, n, alpha, beta)) for n in (2, 3, 4) for s in sizes]
+    assert C.fit_alpha_beta(samples) == pytest.approx((alpha, beta), rel=1e-9)
+    # noise of ±10 %, one world size: still the right magnitude
+    g = torch.Generator().manual_seed(0)
+    noisy = [(2, s, t * (1 + 0.1 * (2 * torch.rand(1, generator=g).item() - 1))) for _, s, t in samples[:5]]
+    a, b = C.fit_alpha_beta(noisy)
+    assert a == pytest.approx(alpha, rel=0.3) and b == pytest.approx(beta, rel=0.3)
+    # pure latency data: beta cannot be negative, so it is 0 and alpha carries everything
+    a, b = C.fit_alpha_beta([(2, 100, 1e-3), (2, 200, 0.9e-3), (2, 400, 0.8e-3)])
+    assert b >= 0 and a > 0
+    with pytest.raises(ValueError, match="at least 2"):
+        C.fit_alpha_beta([(2, 100, 1e-3), (1, 100, 1e-3)])
+
+
+def test_group_helpers_have_one_home():
+    from par import compression, tensor_parallel, tp_ops
+    assert tp_ops.group_size is C.group_size and tensor_parallel.group_rank is C.group_rank
+    assert not hasattr(C, "_size") and not hasattr(C, "_rank")
+    assert "collectives._" not in Path(compression.__file__).read_text()
+    assert C.group_size() == 1 and C.group_rank() == 0   # no process group running
+
+
+def test_communication_thread_runs_in_order_and_hands_errors_back():
+    from par import comm_thread
+    assert not hasattr(C, "run_async") and not hasattr(C, "Pending")   # its own module
+    order, ticks = [], itertools.count()   # a thread-safe clock that only moves forward
+    jobs = [comm_thread.run_async(lambda i=i: order.append(i), clock=lambda: next(ticks)) for i in range(5)]
+    for p in jobs:
+        assert p.wait() is p and p.submitted <= p.start <= p.end
+    assert order == list(range(5))
+
+    def boom():
+        raise RuntimeError("rank 1 left")
+    with pytest.raises(RuntimeError, match="rank 1 left"):
+        comm_thread.run_async(boom).wait()
+    t = torch.ones(3)
+    assert comm_thread.all_reduce_async(t, "avg").wait() and torch.equal(t, torch.ones(3))  # one process: no-op
+
+
 def test_single_process_front_doors_are_no_ops():
     t = torch.arange(5.0)
     with commlog.capture() as log:
@@ -113,11 +176,13 @@ def test_single_process_front_doors_are_no_ops():
 
 
 # ---------------------------------------------------------------- multi-process
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_ring_and_torch_collectives_match(n):
-    out = run_worker(n)
+@pytest.mark.parametrize("case", LAUNCHES, ids=launch_id)
+def test_ring_and_torch_collectives_match(case):
+    n = case[0]
+    out = run_worker(*case)
     module = worker_module()
-    per_group = len(module.SIZES) * (2 * len(module.OPS) + 1) + 3 * (2 * len(module.OPS) + 1) + 3
+    ops = len(module.OPS)
+    per_group = (len(module.SIZES) + len(module.TORCH_SIZES)) * (2 * ops + 1) + len(module.TORCH_SIZES) * ops + 3
     subgroups = {2: [[0, 1]], 3: [[0, 2]], 4: [[1, 3], [0, 2, 3]]}[n]
     for rank, mine in enumerate(out["ranks"]):
         assert mine["world"]["checked"] == per_group
@@ -128,23 +193,41 @@ def test_ring_and_torch_collectives_match(n):
             assert mine[key]["checked"] == per_group and rank in mine[key]["members"]
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_counted_bytes_equal_formula(n):
-    out = run_worker(n)
+def travelled_bytes(row: dict) -> int:
+    """What a logged call must say it sent: the ring's exact count; for torch, the same ring for an
+    all-reduce, equal padded chunks for a native reduce-scatter or an all-gather, and the whole
+    all-reduce for gloo's reduce-scatter (an all-reduce that keeps one chunk)."""
+    kind, numel, n, me, itemsize = row["kind"], row["numel"], row["n"], row["me"], row["itemsize"]
+    if row["impl"] == "ring":
+        return exact_bytes(kind, numel, n, me, itemsize)
+    if kind == "all_reduce" or (kind == "reduce_scatter" and not row["native"]):
+        return exact_bytes("all_reduce", numel, n, me, itemsize)
+    return (n - 1) * -(-numel // n) * itemsize
+
+
+@pytest.mark.parametrize("case", LAUNCHES, ids=launch_id)
+def test_counted_bytes_equal_formula(case):
+    n = case[0]
+    out = run_worker(*case)
     totals, rows = defaultdict(int), defaultdict(int)  # summed over a group's ranks, per kind of case
+    kinds = set()
     for mine in out["ranks"]:
         for key, part in mine.items():
             for row in part["rows"] if isinstance(part, dict) else []:
                 size_bytes = row["numel"] * row["itemsize"]
-                assert row["bytes"] == exact_bytes(row["kind"], row["numel"], row["n"], row["me"], row["itemsize"])
+                assert row["bytes"] == travelled_bytes(row), row
                 if row["kind"] == "all_reduce" and row["numel"] % row["n"] == 0:
                     assert row["bytes"] == 2 * (row["n"] - 1) / row["n"] * size_bytes
-                case = (key, row["kind"], row["impl"], size_bytes, row["n"])
-                totals[case] += row["bytes"]
-                rows[case] += 1
+                kinds.add((row["impl"], row["kind"], row["native"]))
+                if row["impl"] == "ring" or row["numel"] % row["n"] == 0 and (row["native"] or
+                                                                             row["kind"] != "reduce_scatter"):
+                    case = (key, row["kind"], row["impl"], row["native"], size_bytes, row["n"])
+                    totals[case] += row["bytes"]
+                    rows[case] += 1
     assert sum(rows.values()) > 100 * n
+    assert {("torch", "reduce_scatter", True), ("torch", "reduce_scatter", False)} <= kinds
     for case, total in totals.items():
-        _, kind, _, size_bytes, size = case
+        _, kind, _, _, size_bytes, size = case
         calls, phases = rows[case] / size, (2 if kind == "all_reduce" else 1)
         assert total == calls * phases * (size - 1) * size_bytes, "every chunk crosses N-1 links per phase"
 
@@ -154,7 +237,14 @@ def test_bench_cli_lists_and_dispatches(capsys):
     assert "collectives" in cli.available() and "cli" not in cli.available()
     assert cli.main(["no-such-bench"]) == 2
     assert "unknown benchmark 'no-such-bench'" in capsys.readouterr().err
-    rows = [{"world_size": 2, "backend": "gloo", "numel": 1 << 20, "ring_s": 0.012, "torch_s": 0.010,
-             "ratio": 1.2, "ring_all": [0.012, 0.011], "torch_all": [0.010, 0.011]}]
-    text = bench.table(rows)
-    assert "1,048,576" in text and "1.20" in text and "1.10" in text and "> 1.15" in text
+    from par.jobs.collectives import quartiles
+    ring, torch_, ratios = [0.011, 0.012, 0.013], [0.010, 0.010, 0.010], [1.1, 1.2, 1.3]
+    rows = [{"world_size": 2, "backend": "gloo", "numel": 1 << 20, "ring_all": ring, "torch_all": torch_,
+             "ring_q": quartiles(ring), "torch_q": quartiles(torch_), "ratio_q": quartiles(ratios)},
+            {"world_size": 4, "backend": "gloo", "numel": 1 << 24, "ring_all": [0.2], "torch_all": [0.2],
+             "ring_q": quartiles([0.2]), "torch_q": quartiles([0.2]), "ratio_q": quartiles([1.0])}]
+    text = bench.table(rows, cores=2)
+    assert "1,048,576" in text and "1.20 (1.15-1.25)" in text and "12.00 (11.50-12.50)" in text
+    assert "> 1.15" in text.splitlines()[1] and "1.10" in text.splitlines()[1]   # fastest: 0.011 / 0.010
+    assert "oversubscribed" in text.splitlines()[2] and "> 1.15" not in text.splitlines()[2]
+    assert quartiles([3.0]) == [3.0, 3.0, 3.0]

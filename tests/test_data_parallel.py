@@ -1,4 +1,6 @@
-"""Data parallelism: equal to single-process training, identical replicas, bytes as the ring formula."""
+"""Data parallelism: equal to single-process training (and to torch's DDP), identical replicas, bytes as the
+ring formula. One launch per world size (2, 3, 4), and the 3-rank one again with NCCL's point-to-point
+semantics emulated on gloo (`PAR_NCCL_EMULATION=1`)."""
 from __future__ import annotations
 
 import functools
@@ -29,50 +31,59 @@ LOSSY = ["topk-bucketed", "topk-naive-torch", "randomk-bucketed", "randomk-naive
          "int8-naive-torch"]
 
 
+LAUNCHES = [(2, False), (3, False), (4, False), (3, True)]   # (ranks, NCCL emulation)
+
+
+def launch_id(case) -> str:
+    return f"{case[0]}ranks" + ("-nccl-emulation" if case[1] else "")
+
+
 @functools.lru_cache(maxsize=None)
-def results(n: int) -> dict:
-    return run(str(WORKER), nproc=n, timeout=240, quiet=True, retries_on_crash=1)
+def results(n: int, nccl: bool = False) -> dict:
+    out = run(str(WORKER), nproc=n, timeout=240, quiet=True, env={"PAR_NCCL_EMULATION": "1"} if nccl else None)
+    assert out.pop("nccl_emulation") == nccl, "the NCCL emulation was (not) active in the ranks"
+    return out
 
 
 # ---------------------------------------------------------------- multi-process (one launch per world size)
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_dp_equals_single_process(n):
-    r = results(n)
+@pytest.mark.parametrize("n,nccl", LAUNCHES, ids=map(launch_id, LAUNCHES))
+def test_dp_equals_single_process(n, nccl):
+    r = results(n, nccl)
     for name in EXACT:
         assert r[name]["diff"] <= 1e-5, f"{name} on {n} ranks: max |DP − reference| = {r[name]['diff']:.3g}"
     assert [r[f"bucketed-ring-{b}"]["n_buckets"] for b in ("1", "2")] == [1, 2]
     assert r["bucketed-ring-several"]["n_buckets"] >= 3
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_replicas_identical(n):
-    for name, case in results(n).items():
+@pytest.mark.parametrize("n,nccl", LAUNCHES, ids=map(launch_id, LAUNCHES))
+def test_replicas_identical(n, nccl):
+    for name, case in results(n, nccl).items():
         if isinstance(case, dict):
             assert len(set(case["hashes"])) == 1 and len(case["hashes"]) == n, f"{name}: replicas differ {case}"
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_bytes_per_step_match_ring_formula(n):
-    for name, case in results(n).items():
+@pytest.mark.parametrize("n,nccl", LAUNCHES, ids=map(launch_id, LAUNCHES))
+def test_bytes_per_step_match_ring_formula(n, nccl):
+    for name, case in results(n, nccl).items():
         if not isinstance(case, dict):
             continue
         assert case["sent"] == [case["exact"]] * len(case["sent"]), f"{name}: counted {case['sent']} != {case['exact']}"
-        if name in EXACT[:-2]:  # uncompressed: 2(N−1)/N × gradient bytes, up to uneven chunks (≤ 2 floats each)
+        if name in EXACT[:-3]:  # uncompressed: 2(N−1)/N × gradient bytes, up to uneven chunks (≤ 2 floats each)
             ops = case["n_buckets"] or 20
             assert abs(case["exact"] - case["formula"]) <= 8 * ops, name
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_lossy_compression_sends_less_and_differs(n):
-    r = results(n)
+@pytest.mark.parametrize("n,nccl", LAUNCHES, ids=map(launch_id, LAUNCHES))
+def test_lossy_compression_sends_less_and_differs(n, nccl):
+    r = results(n, nccl)
     for name in LOSSY:
         assert r[name]["exact"] < r[name]["formula"], f"{name} sends {r[name]['exact']} >= {r[name]['formula']}"
         assert r[name]["diff"] > 1e-4, f"{name} trained exactly like the reference: was anything compressed?"
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_bucket_launched_during_backward_and_unused_params_covered(n):
-    r = results(n)
+@pytest.mark.parametrize("n,nccl", LAUNCHES, ids=map(launch_id, LAUNCHES))
+def test_bucket_launched_during_backward_and_unused_params_covered(n, nccl):
+    r = results(n, nccl)
     for name in ("bucketed-ring-2", "bucketed-ring-several", "bucketed-torch-several", "gpt-tied-bucketed"):
         assert r[name]["first_launch_before_backward_end"], f"{name}: no bucket started before backward ended"
     coverage = r["gated-coverage"]  # ranks that used the gated branch, per step
@@ -191,6 +202,22 @@ def test_topk_and_quantization():
     assert compression.shared_seed(1, 0, 3) != compression.shared_seed(1, 0, 4)
 
 
+def test_randomk_draws_its_indices_on_the_gradient_device(monkeypatch):
+    """No CPU permutation and copy every step: randperm runs on the gradient's device, with its generator."""
+    calls = []
+    real = torch.randperm
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("device"), kwargs["generator"].device))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(torch, "randperm", spy)
+    x = torch.randn(100)
+    payload = compression.RandomK(0.1, seed=3).encode(x, key="b0", step=0)
+    assert calls == [(x.device, x.device)] and payload[1].device == x.device and payload[1].dtype == torch.int32
+    idx = compression.randomk_indices(100, 10, seed=5, device="cpu")
+    assert len(set(idx.tolist())) == 10 and torch.equal(idx, compression.randomk_indices(100, 10, 5, "cpu"))
+
+
 def test_error_feedback_keeps_what_was_not_sent():
     g = torch.Generator().manual_seed(1)
     residual = torch.zeros(50)
@@ -258,14 +285,16 @@ def test_ring_gossip():
 
 # ---------------------------------------------------------------- the training job
 def test_train_dp_job_reports_consistent_runs():
-    out = run("par.jobs.train_dp", nproc=2, timeout=240, quiet=True, retries_on_crash=1,
+    out = run("par.jobs.train_dp", nproc=2, timeout=240, quiet=True,
               args=["--dp", "naive,bucketed", "--compression", "none,int8", "--steps", "3", "--batch", "8",
-                    "--accum", "2", "--bucket-kb", "16", "--tie-embeddings", "--lr", "1e-3"])
+                    "--accum", "2", "--bucket-kb", "16", "--tie-embeddings", "--lr", "1e-3", "--compare"])
     runs = {(r["dp"], r["compression"]): r for r in out["runs"]}
-    assert len(runs) == 4 and out["world_size"] == 2
+    assert len(runs) == 4 and out["world_size"] == 2 and out["backend"] == "gloo"
     exact_naive, exact_bucketed = runs["naive", "none"], runs["bucketed", "none"]
-    assert max(abs(a - b) for a, b in zip(exact_naive["loss"], exact_bucketed["loss"])) <= 1e-5
-    assert exact_bucketed["loss"] != runs["bucketed", "int8"]["loss"]
+    assert max(abs(a - b) for a, b in zip(exact_naive["losses"], exact_bucketed["losses"])) <= 1e-5
+    assert exact_bucketed["losses"] != runs["bucketed", "int8"]["losses"]
+    assert exact_naive["max_param_diff_vs_first"] == 0.0 and exact_bucketed["max_param_diff_vs_first"] <= 1e-5
+    assert runs["bucketed", "int8"]["max_param_diff_vs_first"] > 1e-5   # lossy: really different weights
     for r in runs.values():
         assert r["replicas_identical"], (r["dp"], r["compression"])
         assert r["bytes_sent_per_step"] == [r["bytes_expected"]["exact"]] * 3, (r["dp"], r["compression"])
@@ -274,5 +303,34 @@ def test_train_dp_job_reports_consistent_runs():
         assert r["memory"]["measured"] == r["memory"]["predicted"]
         lanes = {(s["rank"], s["lane"]) for s in r["timeline"]}
         assert lanes == {(0, "compute"), (0, "comm"), (1, "compute"), (1, "comm")}
+        # the job contract: the same keys for the same quantities
+        assert len(r["losses"]) == len(r["step_s"]) == 3 and len(r["per_rank"]) == 2
+        assert r["step_s"] == [max(p["step_s"][i] for p in r["per_rank"]) for i in range(3)]
+        assert r["losses"] == [sum(p["losses"][i] for p in r["per_rank"]) / 2 for i in range(3)]
     assert exact_bucketed["memory"]["wrapper_buffers"] == exact_bucketed["bytes_expected"]["grad_bytes"]
     assert exact_bucketed["n_buckets"] > 2
+    spans = [s for s in exact_bucketed["timeline"] if s["rank"] == 0]
+    backward = next(s for s in spans if s["name"] == "B")
+    assert all(0 <= s["start"] <= s["end"] for s in spans)           # recorder times, not perf_counter
+    assert [s["name"] for s in spans if s["lane"] == "comm"] == [f"AR{i}" for i in range(exact_bucketed["n_buckets"])]
+    assert min(s["start"] for s in spans if s["lane"] == "comm") < backward["end"], "no overlap with backward"
+
+
+def test_train_dp_derives_accumulation_from_the_micro_batch():
+    """`--micro-batch` alone: the single process takes the global batch in micro-batches (as a GPU must)."""
+    from par.jobs.train_dp import parse
+    args = parse(["--batch", "32", "--micro-batch", "8"])
+    sizes = resolve_batch(1, args.batch, args.micro_batch, args.accum)
+    assert (sizes.micro_batch, sizes.grad_accum) == (8, 4)
+    assert parse([]).accum is None and resolve_batch(2, 32, None, parse([]).accum).grad_accum == 1
+
+
+def test_ddp_beside_par_bucketed_dp():
+    """torch's DistributedDataParallel and par's bucketed DP: same model, data and buckets, same weights."""
+    out = run("par.jobs.train_dp", nproc=2, timeout=240, quiet=True,
+              args=["--dp", "bucketed,ddp", "--impl", "torch", "--steps", "4", "--batch", "8", "--bucket-kb", "16",
+                    "--compare"])
+    bucketed, ddp = out["runs"]
+    assert ddp["dp"] == "ddp" and ddp["bytes_expected"] is None
+    assert ddp["max_param_diff_vs_first"] <= 1e-5
+    assert max(abs(a - b) for a, b in zip(bucketed["losses"], ddp["losses"])) <= 1e-5

@@ -1,8 +1,10 @@
 """Tensor parallelism equals the dense layers it was cut from.
 
-In-process: shard arithmetic, the QKV re-layout, errors, formulas, and the size-1 group (every
-operator a no-op). Multi-process: one launch per world size (2, 3, 4; par's ring all-reduce, and the
-whole model once more with torch's) runs every case in tests/workers/tp_check.py and returns the numbers asserted here.
+In-process: shard arithmetic, the QKV re-layout, errors, formulas, the TP degree rule, and the size-1
+group (every operator a no-op). Multi-process: one launch per world size (2, 3, 4; par's ring
+all-reduce, and the whole model once more with torch's) runs every case in tests/workers/tp_check.py
+and returns the numbers asserted here; the 3-rank launch runs again with NCCL's point-to-point
+semantics emulated on gloo (`PAR_NCCL_EMULATION=1`).
 """
 from __future__ import annotations
 
@@ -21,12 +23,20 @@ TOL = 5e-6
 _CACHE: dict = {}
 
 
-def run_worker(n: int) -> list[dict]:
-    if n not in _CACHE:
-        out = launch.run(str(WORKER), nproc=n, args=["ring"], timeout=240, quiet=True, retries_on_crash=1)
-        assert out["world_size"] == n and out["impl"] == "ring"
-        _CACHE[n] = out["ranks"]
-    return _CACHE[n]
+LAUNCHES = [(2, False), (3, False), (4, False), (3, True)]   # (ranks, NCCL emulation)
+
+
+def launch_id(case) -> str:
+    return f"{case[0]}ranks" + ("-nccl-emulation" if case[1] else "")
+
+
+def run_worker(n: int, nccl: bool = False) -> list[dict]:
+    if (n, nccl) not in _CACHE:
+        out = launch.run(str(WORKER), nproc=n, args=["ring"], timeout=240, quiet=True,
+                         env={"PAR_NCCL_EMULATION": "1"} if nccl else None)
+        assert out["world_size"] == n and out["impl"] == "ring" and out["nccl_emulation"] == nccl
+        _CACHE[n, nccl] = out["ranks"]
+    return _CACHE[n, nccl]
 
 
 # ---------------------------------------------------------------- in-process
@@ -84,6 +94,19 @@ def test_indivisible_sizes_name_the_numbers(cfg, n, words):
     assert "\n" not in msg and all(w in msg for w in words), msg
 
 
+@pytest.mark.parametrize("cfg,world,degree", [
+    (preset("gpt3-small"), 8, 6),      # 12 heads on 8 GPUs: 6, not a failure at setup
+    (preset("gpt3-small"), 12, 12), (preset("gpt3-small"), 16, 12), (preset("gpt3-small"), 5, 4),
+    (preset("tiny"), 2, 2), (preset("tiny"), 3, 2), (preset("tiny"), 8, 4), (preset("tiny"), 1, 1),
+    (GPTConfig(n_head=6, d_model=48, d_ff=100), 4, 2),   # 3 divides the heads but not the FFN size
+])
+def test_tp_degree_is_the_largest_divisor_of_the_heads(cfg, world, degree):
+    assert tp.tp_degree(cfg, world) == degree
+    tp.check_tp_degree(cfg, degree)   # and it really splits
+    with pytest.raises(ValueError, match="at least 1"):
+        tp.tp_degree(cfg, 0)
+
+
 def test_formulas():
     cfg = GPTConfig(n_layer=3, d_model=32, n_head=4)
     assert tp.allreduces_per_step(3) == {"forward": 6, "backward": 6}
@@ -101,9 +124,9 @@ CASES = ["column gather=False", "column gather=True", "row input_parallel=True",
          "mlp", "attention", "block", "model", "model impl=torch"]
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_tp_equals_dense(n):
-    ranks = run_worker(n)
+@pytest.mark.parametrize("n,nccl", LAUNCHES, ids=map(launch_id, LAUNCHES))
+def test_tp_equals_dense(n, nccl):
+    ranks = run_worker(n, nccl)
     assert len(ranks) == n
     for r, res in enumerate(ranks):
         for case in CASES:
@@ -119,9 +142,9 @@ def test_tp_equals_dense(n):
         assert res["model impl=torch"]["impls"] == ["torch"] and res["model"]["events_fwd"] > 0
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_four_all_reduces_per_layer_and_bytes_match_the_formula(n):
-    ranks = run_worker(n)
+@pytest.mark.parametrize("n,nccl", LAUNCHES, ids=map(launch_id, LAUNCHES))
+def test_four_all_reduces_per_layer_and_bytes_match_the_formula(n, nccl):
+    ranks = run_worker(n, nccl)
     for res in ranks:
         m = res["model"]
         assert m["kinds"] == ["all_reduce"]
@@ -158,11 +181,13 @@ def test_tp_group_inside_a_larger_world():
 
 # ---------------------------------------------------------------- the training job and the benchmark run
 def test_training_job_matches_dense_and_counts():
-    out = launch.run("par.jobs.train_tp", nproc=2, args=["--steps", "3", "--lr", "1e-3"], timeout=240, quiet=True,
-                     retries_on_crash=1)
-    assert len(out["tp_losses"]) == len(out["dense_losses"]) == 3
-    assert max(abs(a - b) for a, b in zip(out["tp_losses"], out["dense_losses"])) <= TOL
-    assert out["max_param_diff"] <= 1e-5
+    out = launch.run("par.jobs.train_tp", nproc=2, args=["--steps", "3", "--lr", "1e-3"], timeout=240, quiet=True)
+    assert len(out["losses"]) == len(out["dense_losses"]) == len(out["step_s"]) == 3
+    assert max(abs(a - b) for a, b in zip(out["losses"], out["dense_losses"])) <= TOL
+    assert out["max_param_diff"] <= 1e-5 and out["max_param_diff_name"] in out["per_rank"][0]["max_param_diff_name"] \
+        + out["per_rank"][1]["max_param_diff_name"]
+    assert out["world_size"] == 2 and out["backend"] == "gloo" and len(out["per_rank"]) == 2
+    assert out["step_s"] == [max(r["step_s"][i] for r in out["per_rank"]) for i in range(3)]
     comm = out["comm"]
     assert all((row["forward"], row["backward"]) == (2, 2) for row in comm["per_layer"])
     assert len(comm["per_layer"]) == out["config"]["n_layer"]

@@ -6,7 +6,8 @@ For each world size, one launch of `par.jobs.bench_dp` times, side by side and i
 DDP, par's bucketed DP and naive DP with torch's all-reduce (the same transport as DDP, so the
 ratio measures the bucketing/overlap machinery), and both again with par's hand-written ring.
 It prints the median step time (slowest rank) and the ratio to DDP. Target: bucketed <= 1.10x DDP.
-Timings on a shared machine are only as quiet as the machine: the load average is printed with them.
+Timings on a shared machine are only as quiet as the machine: the load average is printed with them,
+and a world size above the physical cores is flagged (its ranks wait for a core).
 """
 from __future__ import annotations
 
@@ -59,11 +60,14 @@ def main(argv=None) -> int:
     print(table(results))
     print("load average (1 min) before/after each world size: "
           + ", ".join(f"{r['world_size']} ranks {r['load_before']:.1f}/{r['load_after']:.1f}" for r in results))
+    from par.dist import physical_cores
+    cores = physical_cores()
     for r in results:
         bucketed = r.get("ratios", {}).get("bucketed/ddp")
         if bucketed is not None:
             verdict = "meets" if bucketed <= 1.10 else "misses"
-            print(f"{r['world_size']} ranks: bucketed / DDP = {bucketed:.2f} ({verdict} the 1.10 target)")
+            crowded = f"; {r['world_size']} ranks on {cores} cores: oversubscribed" if r["world_size"] > cores else ""
+            print(f"{r['world_size']} ranks: bucketed / DDP = {bucketed:.2f} ({verdict} the 1.10 target){crowded}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -11,7 +11,11 @@ Each part returns plain data (lists, dicts) that rank 0 saves as JSON:
           snapshot per step: which chunk each rank sent, received, and what it held;
 * bytes:  bytes counted by par.commlog for a ring all-reduce of several sizes,
           beside the exact count and the formula 2(N-1)/N * S;
-* timing: median seconds of par's ring all-reduce and of dist.all_reduce per size.
+* timing: seconds of par's ring all-reduce and of dist.all_reduce per size, in alternating turns
+          (each call from the last rank's entry to the last rank's exit, see `_elapsed`): every repetition (ring_all, torch_all), the
+          medians (ring_s, torch_s), the ratio ring / torch of each turn (ratios: a pair of calls run
+          back to back, so load drifts hit both alike) and its median (ratio), and [q1, median, q3]
+          of each (ring_q, torch_q, ratio_q).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import argparse
 import os
 import socket
 import statistics
+import sys
 import time
 
 import torch
@@ -128,35 +133,59 @@ def count_bytes(env, sizes: list[int]) -> list[dict]:
     return [row for rank_rows in ranks for row in rank_rows] if ranks is not None else []
 
 
-def _slowest(seconds: float, env) -> float:
-    """A collective is done when its slowest rank is: the max over ranks."""
-    t = torch.tensor([seconds], dtype=torch.float64, device=env.device)
+def one_host() -> bool:
+    """Do all ranks run on this machine (so that `time.perf_counter`, a monotonic system-wide clock on
+    Linux, is the same clock in every rank)?"""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "0")) == int(os.environ.get("WORLD_SIZE", "1")) \
+        and sys.platform.startswith("linux")
+
+
+def _elapsed(start: float, end: float, env, same_clock: bool) -> float:
+    """A collective's time: from the moment the last rank entered it to the moment the last rank left it.
+
+    The ranks leave the barrier before it at slightly different times; a rank's own end - start
+    would count that skew as the collective's. With one clock on every rank (one host) the time is
+    max(end) - max(start); across hosts, the slowest rank's own end - start.
+    """
+    t = torch.tensor([start, end] if same_clock else [0.0, end - start], dtype=torch.float64, device=env.device)
     with commlog.tag("timing bookkeeping"):
         C.all_reduce(t, op="max", impl="torch")
-    return t.item()
+    return (t[1] - t[0]).item()
+
+
+def quartiles(xs: list[float]) -> list[float]:
+    """[q1, median, q3] of the repetitions: the median and its spread (the interquartile range)."""
+    if len(xs) < 2:
+        return [xs[0]] * 3
+    return statistics.quantiles(xs, n=4, method="inclusive")
 
 
 def time_all_reduce(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> list[dict]:
-    """Median time of par's ring and of dist.all_reduce for each size, alternating the two."""
+    """Times of par's ring and of dist.all_reduce for each size, alternating the two (which goes
+    first alternates too). Each row: every repetition, the medians, the median of the paired ratios."""
     rows = []
     for numel in sizes:
         t = torch.randn(numel, device=env.device)
         times = {"ring": [], "torch": []}
+        same_clock = one_host()
         for i in range(warmup + reps):
-            for impl in ("ring", "torch"):
+            for impl in (("ring", "torch") if i % 2 == 0 else ("torch", "ring")):
                 dist.barrier()
                 start = time.perf_counter()
                 C.all_reduce(t, impl=impl)
                 if env.device.type == "cuda":
                     torch.cuda.synchronize()
-                seconds = _slowest(time.perf_counter() - start, env)
+                seconds = _elapsed(start, time.perf_counter(), env, same_clock)
                 if i >= warmup:
                     times[impl].append(seconds)
         ring, torch_ = statistics.median(times["ring"]), statistics.median(times["torch"])
-        rows.append({"numel": numel, "ring_s": ring, "torch_s": torch_, "ratio": ring / torch_,
-                     "ring_all": times["ring"], "torch_all": times["torch"]})
+        paired = [a / b for a, b in zip(times["ring"], times["torch"])]
+        rows.append({"numel": numel, "ring_s": ring, "torch_s": torch_, "ratio": statistics.median(paired),
+                     "ratios": paired, "ring_all": times["ring"], "torch_all": times["torch"],
+                     "ring_q": quartiles(times["ring"]), "torch_q": quartiles(times["torch"]),
+                     "ratio_q": quartiles(paired)})
         par.dist.print0(f"  {numel:>10,} floats  ring {ring * 1e3:8.2f} ms  torch {torch_ * 1e3:8.2f} ms  "
-                        f"ratio {ring / torch_:.2f}")
+                        f"ratio {rows[-1]['ratio']:.2f}")
     return rows
 
 

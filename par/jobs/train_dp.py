@@ -4,10 +4,18 @@
         --batch 16 --accum 1 --steps 20 --compression none
 
 `--dp` and `--compression` take comma-separated lists; every combination trains from the same
-initial weights on the same data, one after the other. Rank 0 saves {"runs": [...]}, one entry per
-run with: the loss curve (mean over ranks = the loss on the global batch), step times (slowest
-rank), bytes sent per step (counted in par's communication log) beside the formula, model-state
-memory (measured and predicted) plus the wrapper's own buffers, and a timeline of one step.
+initial weights on the same data, one after the other (`--dp ddp` is torch's DistributedDataParallel,
+for comparison). Rank 0 saves {"world_size", "backend", "runs": [...]} (the job contract of
+`par.jobs`), one entry per run with:
+
+    losses                  loss of the global batch per step (the mean over ranks)
+    step_s                  seconds per step, the slowest rank's
+    per_rank                each rank's losses, step times, bytes sent per step and parameter fingerprint
+    bytes_sent_per_step     rank 0's, counted by par.commlog (0 for ddp: torch's own traffic is not logged)
+    bytes_expected          the exact ring count and the formula 2(N-1)/N · gradient bytes
+    memory                  model states measured and predicted, plus the wrapper's own buffers
+    timeline, overlap       one step's recorded spans, and the share of communication hidden behind backward
+    max_param_diff_vs_first with --compare: max |parameters - the first run's parameters| over every rank
 """
 from __future__ import annotations
 
@@ -19,7 +27,7 @@ from dataclasses import asdict
 import torch
 
 import par.dist
-from par import commlog, compression, memory
+from par import collectives, commlog, compression, memory
 from par.batching import resolve_batch
 from par.collectives import all_reduce_formula_bytes, ring_all_reduce_bytes
 from par.data import CharDataset
@@ -40,7 +48,8 @@ def parse(argv=None):
     ap.add_argument("--tie-embeddings", action="store_true")
     ap.add_argument("--batch", type=int, default=16, help="train_batch_size: the global batch per step")
     ap.add_argument("--micro-batch", type=int, default=None, help="default: batch / (accum × world size)")
-    ap.add_argument("--accum", type=int, default=1, help="gradient accumulation steps")
+    ap.add_argument("--accum", type=int, default=None,
+                    help="gradient accumulation steps (default: batch / (micro-batch × world size), else 1)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--optimizer", default="adam")
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -48,6 +57,8 @@ def parse(argv=None):
     ap.add_argument("--ratio", type=float, default=0.01, help="fraction kept by topk / randomk")
     ap.add_argument("--timeline-step", type=int, default=None, help="step whose timeline is kept (default: 3rd)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compare", action="store_true",
+                    help="report each run's largest parameter difference from the first run (e.g. --dp bucketed,ddp)")
     return ap.parse_args(argv)
 
 
@@ -104,7 +115,8 @@ def train_one(args, variant: str, comp_name: str, env) -> dict:
         if recording:
             timeline = rec.gather()
     numel = sum(p.numel() for p in model.parameters())
-    per_rank = par.dist.gather_object({"losses": losses, "times": times, "hash": param_hash(model)})
+    per_rank = par.dist.gather_object({"losses": losses, "step_s": times, "bytes_sent_per_step": sent,
+                                       "param_hash": param_hash(model)})
     result = {
         "dp": variant, "compression": comp_name, "impl": args.impl, "world_size": n, "backend": env.backend,
         "batch": asdict(sizes) | {"per_rank": sizes.per_rank}, "preset": args.preset, "numel": numel,
@@ -117,19 +129,33 @@ def train_one(args, variant: str, comp_name: str, env) -> dict:
         "timeline": timeline, "timeline_step": tl_step,
     }
     if per_rank is not None:
-        result["loss"] = [sum(r["losses"][s] for r in per_rank) / n for s in range(len(losses))]
-        result["step_time"] = [max(r["times"][s] for r in per_rank) for s in range(len(times))]
-        result["replicas_identical"] = len({r["hash"] for r in per_rank}) == 1
+        result["losses"] = [sum(r["losses"][s] for r in per_rank) / n for s in range(len(losses))]
+        result["step_s"] = [max(r["step_s"][s] for r in per_rank) for s in range(len(times))]
+        result["per_rank"] = per_rank
+        result["replicas_identical"] = len({r["param_hash"] for r in per_rank}) == 1
         result["overlap"] = [overlap_fraction(timeline, r) for r in range(n)]
-    return result
+    final = torch.cat([p.detach().reshape(-1) for p in model.parameters()]) if args.compare else None
+    return result, final
+
+
+def largest_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| over every element and every rank (the same on every rank)."""
+    worst = (a - b).abs().max().reshape(1).double()
+    collectives.all_reduce(worst, "max", impl="torch")
+    return worst.item()
 
 
 def main(argv=None):
     args = parse(argv)
     env = par.dist.init()
-    runs = [train_one(args, v, c, env)
-            for v, c in itertools.product(args.dp.split(","), args.compression.split(","))]
-    par.dist.save_result({"runs": runs, "world_size": env.world_size, "backend": env.backend})
+    runs, first = [], None
+    for v, c in itertools.product(args.dp.split(","), args.compression.split(",")):
+        result, final = train_one(args, v, c, env)
+        if args.compare:
+            first = final if first is None else first
+            result["max_param_diff_vs_first"] = largest_difference(final, first)
+        runs.append(result)
+    par.dist.save_result({"world_size": env.world_size, "backend": env.backend, "runs": runs})
     par.dist.teardown()
 
 

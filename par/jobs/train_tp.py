@@ -1,12 +1,19 @@
 """Train a tensor-parallel GPT-lite on every rank of the job (TP degree = world size), beside the dense model.
 
-    python -m par.launch ... / par.launch.run("par.jobs.train_tp", nproc=2, args=["--steps", "20"])
+    par.launch.run("par.jobs.train_tp", nproc=tensor_parallel.tp_degree(cfg, world_size), args=["--steps", "20"])
+    torchrun --nproc-per-node=2 -m par.jobs.train_tp --steps 20
 
+Launch it on `par.tensor_parallel.tp_degree(cfg, world_size)` ranks: the degree must divide the heads.
 Every rank sees the same (whole) batch: tensor parallelism splits the layers, not the data. Rank 0
-saves: both loss curves, the largest gap between each rank's shards and the matching slices of the
-dense model after training, the collectives of one step per layer (count and bytes vs the formula),
-live parameter bytes per rank (measured vs formula, for every TP degree that divides the world size),
-step time, and the bytes data parallelism would send for the same model.
+saves, beside the job contract's keys (world_size, backend, losses = the TP model's loss per step,
+step_s = the slowest rank's seconds per step, per_rank):
+
+    dense_losses      the dense model trained on the same batches (unless --no-reference)
+    max_param_diff    the largest gap between a rank's shards and the matching slices of the dense
+                      model after training, over every rank; max_param_diff_name says which parameter
+    comm              the collectives of one step per layer (count and bytes vs the formula)
+    memory            live parameter bytes per rank (measured vs formula, for every TP degree that
+                      divides the world size) and model states after training
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ def parse(argv=None):
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--optimizer", default="adam")
+    p.add_argument("--eps", type=float, default=1e-8, help="Adam's epsilon")
     p.add_argument("--impl", default="ring", choices=["ring", "torch"], help="all-reduce: par's ring or torch's")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-reference", action="store_true", help="skip the dense model (big presets)")
@@ -46,9 +54,9 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def train(model, batches, optimizer, lr, device, log_first_step=False):
+def train(model, batches, optimizer, lr, device, eps=1e-8):
     """Plain training loop; returns (losses, seconds per step, the first step's communication log, optimizer)."""
-    opt = make_optimizer(model.parameters(), optimizer, lr)
+    opt = make_optimizer(model.parameters(), optimizer, lr, **({"eps": eps} if optimizer.startswith("adam") else {}))
     losses, times, first = [], [], None
     for x, y in batches:
         x, y = x.to(device), y.to(device)
@@ -96,16 +104,19 @@ def main(argv=None) -> int:
     n, r, device = env.world_size, env.rank, env.device
     overrides = {k: v for k, v in (("n_head", args.n_head), ("d_model", args.d_model)) if v is not None}
     cfg = preset(args.preset, **overrides)
-    tp.check_tp_degree(cfg, n)
+    if tp.tp_degree(cfg, n) != n:
+        raise ValueError(f"{n} ranks cannot split {cfg.n_head} heads (d_model {cfg.d_model}, ffn {cfg.ffn}) evenly: "
+                         f"launch par.tensor_parallel.tp_degree(cfg, {n}) = {tp.tp_degree(cfg, n)} ranks")
     dense = build(cfg, seed=args.seed).to(device)
     model = tp.TensorParallelGPT.from_dense(dense, impl=args.impl)
     ds = CharDataset(block_size=cfg.block_size)
     batches = list(global_batches(ds, args.batch_size, args.steps, seed=args.seed))
 
-    losses, times, first, opt = train(model, batches, args.optimizer, args.lr, device)
+    losses, times, first, opt = train(model, batches, args.optimizer, args.lr, device, args.eps)
+    every_time = par.dist.gather_object(times)
     result = {"world_size": n, "backend": env.backend, "device": str(device), "config": cfg.to_dict(),
-              "batch_size": args.batch_size, "impl": args.impl, "tp_losses": losses,
-              "step_time_s": sum(times[1:]) / max(1, len(times) - 1)}
+              "batch_size": args.batch_size, "impl": args.impl, "losses": losses,
+              "step_s": [max(t[i] for t in every_time) for i in range(len(times))] if every_time else times}
 
     act = tp.activation_bytes(args.batch_size, cfg.block_size, cfg.d_model)
     result["comm"] = {
@@ -130,15 +141,23 @@ def main(argv=None) -> int:
                                                   optimizer=args.optimizer).to_dict(),
     }
 
+    mine = {"step_s": times, "param_bytes": tp.param_bytes(model)}
     if not args.no_reference:
-        dense_losses, _, _, _ = train(dense, batches, args.optimizer, args.lr, device)
+        dense_losses, _, _, _ = train(dense, batches, args.optimizer, args.lr, device, args.eps)
         gap = tp.shard_like(model, dense)
-        mine = max((p - gap[k]).abs().max().item() for k, p in model.state_dict().items())
+        mine["max_param_diff"], mine["max_param_diff_name"] = max(
+            ((p - gap[k]).abs().max().item(), k) for k, p in model.state_dict().items())
         result["dense_losses"] = dense_losses
-        result["max_param_diff"] = max(par.dist.gather_object(mine) or [mine])
+    per_rank = par.dist.gather_object(mine)
+    if per_rank is not None:
+        result["per_rank"] = per_rank
+        if not args.no_reference:
+            worst = max(per_rank, key=lambda r: r["max_param_diff"])
+            result["max_param_diff"], result["max_param_diff_name"] = worst["max_param_diff"], worst["max_param_diff_name"]
     par.dist.save_result(result)
+    timed = result["step_s"][1:] or result["step_s"]
     par.dist.print0(f"TP={n}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
-                    f"{result['step_time_s'] * 1e3:.1f} ms/step, "
+                    f"{sum(timed) / len(timed) * 1e3:.1f} ms/step, "
                     f"{result['comm']['tp_bytes_per_step_measured']} bytes sent per step per rank")
     par.dist.teardown()
     return 0

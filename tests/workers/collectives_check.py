@@ -11,10 +11,11 @@ import torch.distributed as dist
 
 import par.dist
 from par import collectives as C
-from par import commlog
+from par import commlog, nccl_emulation
 
 C.PIECE = 100  # elements per piece: small, so that chunks travel in several pieces (the last one shorter)
 SIZES = [1, 2, 3, 5, 7, 64, 1001, 4096]
+TORCH_SIZES = [1, 7, 12, 1001]   # 12: every world size divides it, the others not all
 OPS = ("sum", "avg", "max")
 REF_OP = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
@@ -53,11 +54,18 @@ class Cases:
         return out, log.events[0]
 
     def check_bytes(self, event, kind, numel, itemsize, impl):
-        exact = {"all_reduce": C.ring_all_reduce_bytes, "reduce_scatter": C.ring_reduce_scatter_bytes,
-                 "all_gather": C.ring_all_gather_bytes}[kind](numel, self.n, self.me, itemsize)
-        assert event.bytes_sent == exact, (kind, numel, event.bytes_sent, exact)
+        """The bytes that travel: the ring's exact count; torch's all-reduce as a ring; torch's
+        reduce-scatter / all-gather with chunks padded to equal size, or (gloo) a whole all-reduce."""
+        native = C.native_reduce_scatter(self.group)
+        if impl == "ring" or kind == "all_reduce" or (kind == "reduce_scatter" and not native):
+            exact = {"all_reduce": C.ring_all_reduce_bytes, "reduce_scatter": C.ring_reduce_scatter_bytes,
+                     "all_gather": C.ring_all_gather_bytes}["all_reduce" if impl == "torch" else kind](
+                numel, self.n, self.me, itemsize)
+        else:
+            exact = C.padded_chunk_bytes(numel, self.n, itemsize)
+        assert event.bytes_sent == exact, (kind, impl, numel, event.bytes_sent, exact)
         assert (event.numel, event.group_size, event.impl) == (numel, self.n, impl), event
-        self.rows.append({"kind": kind, "impl": impl, "numel": numel, "itemsize": itemsize,
+        self.rows.append({"kind": kind, "impl": impl, "native": native, "numel": numel, "itemsize": itemsize,
                           "n": self.n, "me": self.me, "bytes": event.bytes_sent})
 
     def all_reduce(self, seed, numel, op, impl, dtype=torch.float32, shape=None):
@@ -98,17 +106,28 @@ class Cases:
         self.check_bytes(event, "all_gather", numel, 4, impl)
         self.checked += 1
 
+    def torch_cases(self):
+        for seed, numel in enumerate(TORCH_SIZES):
+            for op in OPS:
+                self.all_reduce(seed, numel, op, "torch")
+                self.reduce_scatter(seed, numel, op, "torch")
+            self.all_gather(seed, numel, "torch")
+
     def everything(self):
         for seed, numel in enumerate(SIZES):
             for op in OPS:
                 self.all_reduce(seed, numel, op, "ring")
                 self.reduce_scatter(seed, numel, op, "ring")
             self.all_gather(seed, numel, "ring")
-        for seed, numel in enumerate([1, 7, 1001]):
-            for op in OPS:
-                self.all_reduce(seed, numel, op, "torch")
-                self.reduce_scatter(seed, numel, op, "torch")
-            self.all_gather(seed, numel, "torch")
+        self.torch_cases()
+        # torch's native reduce-scatter (NCCL's path), run on gloo, which has it too
+        C.NATIVE_REDUCE_SCATTER.add("gloo")
+        try:
+            for seed, numel in enumerate(TORCH_SIZES):
+                for op in OPS:
+                    self.reduce_scatter(seed, numel, op, "torch")
+        finally:
+            C.NATIVE_REDUCE_SCATTER.discard("gloo")
         self.all_reduce(99, 15, "sum", "ring", shape=(3, 5))
         self.all_reduce(98, 13, "max", "ring", dtype=torch.float64)
         self.all_reduce(97, 13, "sum", "torch", dtype=torch.float64)
@@ -148,7 +167,8 @@ def main():
     env = par.dist.init()
     n = env.world_size
     result = {"world_size": n, "ranks": None}
-    mine = {"world": Cases(env).everything(), "trace_steps": check_trace(env)}
+    mine = {"world": Cases(env).everything(), "trace_steps": check_trace(env),
+            "nccl_emulation": dist.batch_isend_irecv is nccl_emulation.batch_isend_irecv}
     check_errors(env)
     # subgroups: every rank must create every group, in the same order
     subgroups = {2: [[1, 0]], 3: [[0, 2]], 4: [[1, 3], [0, 2, 3]]}[n]

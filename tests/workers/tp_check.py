@@ -11,10 +11,11 @@ import copy
 import sys
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 import par.dist
-from par import commlog
+from par import commlog, nccl_emulation
 from par.collectives import all_reduce_formula_bytes, ring_all_reduce_bytes
 from par.data import CharDataset, global_batches
 from par.model import MLP, Attention, Block, GPTConfig, build, lm_loss
@@ -186,7 +187,8 @@ def main() -> int:
     # every rank's numbers: keep the worst
     allres = par.dist.gather_object(res)
     if r == 0:
-        par.dist.save_result({"world_size": n, "impl": impl, "ranks": allres})
+        par.dist.save_result({"world_size": n, "impl": impl, "ranks": allres,
+                              "nccl_emulation": dist.batch_isend_irecv is nccl_emulation.batch_isend_irecv})
     par.dist.teardown()
     return 0
 
