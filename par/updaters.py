@@ -80,7 +80,8 @@ class DeviceUpdate:
 class CPUOffload(DeviceUpdate):
     """fp32 master partitions and their optimizer on the host; `load_grads` moves the gradients down,
     `apply` steps on the host and moves the new values up. Counts the bytes it moves each way and,
-    given a `par.timeline.Recorder`, records the three phases as spans."""
+    given a `par.timeline.Recorder`, records the three phases as spans (the copies on the "comm" lane,
+    the update on the "compute" lane)."""
 
     def __init__(self, masters: list[torch.Tensor], optimizer: str, lr: float, recorder=None, **kw):
         """`masters`: this rank's partitions (their fp32 values are copied to the host)."""
@@ -101,16 +102,16 @@ class CPUOffload(DeviceUpdate):
 
     def load_grads(self, grads) -> None:
         """Device -> host: the reduced gradient partitions become the fp32 masters' .grad."""
-        with self._span("grads to host", "copy"):
+        with self._span("grads to host", "comm"):
             for m, g in zip(self.params, grads):
                 m.grad = g.detach().to(HOST, torch.float32, copy=True)   # a real copy, even on a CPU-only run
                 self.to_host_bytes += g.numel() * g.element_size()
 
     def apply(self, partitions) -> None:
         """The update on the host, then host -> device: the new values into the device partitions."""
-        with self._span("update on host", "host"):
+        with self._span("update on host", "compute"):
             self.opt.step()
-        with self._span("params to device", "copy"):
+        with self._span("params to device", "comm"):
             for m, p in zip(self.params, partitions):
                 p.copy_(m.detach(), non_blocking=True)
                 self.to_device_bytes += p.numel() * p.element_size()

@@ -457,7 +457,7 @@ class Zero:
                 return False
         if self.max_grad_norm is not None:
             self.clip_grad_norm_(self.max_grad_norm)
-        if self.rec:
+        if self.rec and not self.offload:       # CPUOffload records its own phases
             with self.rec.span("update", lane="compute"):
                 self.updater.apply(self.param_partitions())
         else:
