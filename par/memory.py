@@ -447,6 +447,16 @@ def reset_cuda_peak(device=None) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def free_device_memory() -> None:
+    """Give back what dropped tensors held: collect reference cycles, then (on a GPU) return the caching
+    allocator's free blocks to the driver, so that a job launched next finds the memory free. Drop your
+    own references first (`del model, optimizer, ...`); a tensor still referenced stays."""
+    import gc
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 # ---------------------------------------------------------------- command line
 def parse_count(text: str) -> float:
     """'7.5e9', '7.5B', '350M', '1.3b' -> a number of parameters."""

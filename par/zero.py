@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from par import collectives, commlog, mixed_precision, units
+from par import coalesced, collectives, commlog, mixed_precision, units
 from par.flat import FlatParams
 from par.loss_scaler import default_scaler
 from par.memory import cuda_peak_bytes, tensor_bytes
@@ -227,16 +227,13 @@ class Zero:
         return pending.result[0]
 
     def _reduce(self, u: Unit) -> None:
-        """Average the unit's gradient over the group: all-reduce (stage 0) or reduce-scatter (1-3)."""
-        if self.stage == 0:
-            self._comm(f"AR {u.name}", collectives.all_reduce, u.grad_full, op="avg")
-            return
+        """Stages 2-3, during backward: reduce-scatter the unit's gradient (averaged over the group), keep
+        only my partition; the full gradient goes away (stage 3: the parameters too)."""
         mine = self._comm(f"RS {u.name}", collectives.reduce_scatter, u.grad_full, op="avg")
-        if self.stage >= 2:          # keep only my partition; the full gradient goes away
-            u.grad_shard.add_(mine)
-            u.grad_full = None
-            if self.stage == 3:
-                self._free_params(u)
+        u.grad_shard.add_(mine)
+        u.grad_full = None
+        if self.stage == 3:
+            self._free_params(u)
 
     def _all_gather_params(self, u: Unit) -> None:
         """Stage 3: materialise the unit's full parameters from everyone's shard (or finish the prefetch)."""
@@ -423,12 +420,17 @@ class Zero:
 
     def reduce_gradients(self) -> None:
         """Stages 0-1, once per step (`step` calls it): put each unit's accumulated gradients in its flat
-        buffer and all-reduce (stage 0) or reduce-scatter (stage 1) it, last unit first. Stage 1 must
-        not reduce after every micro-batch: only my partition is averaged, the rest keeps local sums."""
+        buffer and all-reduce (stage 0) or reduce-scatter (stage 1) all of them, in one coalesced ring
+        (`par.coalesced`: each unit's chunks, one message per ring step). Stage 1 must not reduce after
+        every micro-batch: only my partition is averaged, the rest keeps local sums."""
         if self.stage <= 1 and not self._reduced:
-            for u in reversed(self.units):
+            for u in self.units:
                 self._collect_grads(u)
-                self._reduce(u)
+            grads = [u.grad_full for u in reversed(self.units)]
+            if self.stage == 0:
+                self._comm("AR (every unit)", coalesced.all_reduce, grads, op="avg")
+            else:
+                self._comm("RS (every unit)", coalesced.reduce_scatter, grads, op="avg")
             self._reduced = True
 
     def _collect_grads(self, u: Unit) -> None:
@@ -463,8 +465,7 @@ class Zero:
         else:
             self.updater.apply(self.param_partitions())
         if self.stage in (1, 2):
-            for u in self.units:
-                self._comm(f"AG {u.name}", collectives.all_gather, u.full)
+            self._comm("AG (every unit)", coalesced.all_gather, [u.full for u in self.units])
         return True
 
     def clip_grad_norm_(self, max_norm: float) -> float:

@@ -80,6 +80,13 @@ def test_reshard_is_cut_and_paste():
 
 
 # ---------------------------------------------------------------- multi-process
+def test_coalesced_rings_equal_one_ring_per_buffer_bit_for_bit(run):
+    cases = run["coalesced"]
+    assert len(cases) == 7
+    for c in cases:
+        assert c["equal"] and c["events"] == c["reference"], c
+
+
 def test_every_stage_equals_single_process_adam(run):
     cases = run["equivalence"]
     assert len(cases) == 2 * 4 * 3   # 2 models x 4 stages x (adam, adam + offload, adamw)
@@ -401,3 +408,71 @@ def test_close_breaks_the_hook_cycle_so_memory_goes_at_once():
             gc.collect()
     finally:
         gc.enable()
+
+
+# ---------------------------------------------------------------- ZeRO-R, the job, the benchmark's arithmetic
+def test_full_recomputation_gives_the_same_gradients():
+    from par import zero_r
+    from par.model import build, lm_loss, preset
+    x = torch.randint(0, 65, (3, 16), generator=torch.Generator().manual_seed(0))
+    grads = {}
+    for mode in ("none", "full"):
+        model = build(preset("tiny"), seed=0)
+        lm_loss(zero_r.checkpointed_forward(model, x, mode), x).backward()
+        grads[mode] = [p.grad for p in model.parameters()]
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(grads["none"], grads["full"]))
+    with pytest.raises(ValueError, match="unknown mode"):
+        zero_r.run_layers([], x, "some")
+
+
+@pytest.mark.parametrize("n,emulated", [(2, False), (4, False), (2, True)])
+def test_partitioned_activation_checkpoints_keep_one_tth_per_tp_rank(n, emulated):
+    r = par.launch.run("par.jobs.zero_r", nproc=n, args=["--batch", 4], timeout=300, quiet=True,
+                       env=EMULATION if emulated else None)
+    m = r["modes"]
+    assert r["tp"] == n and set(m) == {"none", "full", "partitioned"}
+    sbh_e = r["batch"] * r["seq"] * r["d_model"] * r["bytes_per_value"]
+    assert m["full"]["saved_bytes"] == m["full"]["formula_bytes"] == r["layers"] * sbh_e
+    assert m["partitioned"]["saved_bytes"] == m["partitioned"]["formula_bytes"] == r["layers"] * sbh_e // n
+    assert all(b == m["partitioned"]["saved_bytes"] for b in m["partitioned"]["per_rank"])
+    assert m["none"]["formula_bytes"] <= m["none"]["saved_bytes"] <= 1.03 * m["none"]["formula_bytes"]
+    assert m["full"]["grad_max_diff"] <= 1e-6 and m["partitioned"]["grad_max_diff"] <= 1e-6
+    gathered = m["partitioned"]["bytes"]["checkpoint all-gather"]
+    assert gathered == r["layers"] * (n - 1) * sbh_e // n                  # one all-gather per layer, in backward
+    assert "checkpoint all-gather" not in m["full"]["bytes"]
+
+
+def test_train_zero_job_contract_fsdp2_and_resharding_4_to_2(tmp_path):
+    """The lecture's job: contract keys; FSDP2 beside stage 3 equal to 1e-5; saved on 4 ranks after 2 steps,
+    loaded on 2, the next loss equals the 4-rank run's; memory equals the formula at N_d = 4 and 2."""
+    ckpt = str(tmp_path / "ckpt")
+    common = ["--preset", "tiny", "--steps", 3, "--batch", 8, "--timeline-runs", ""]
+    four = par.launch.run("par.jobs.train_zero", nproc=4, timeout=600, quiet=True,
+                          args=["--runs", "1,3", "--checkpoint", ckpt, "--checkpoint-run", "3", "--checkpoint-step", 2,
+                                *common])
+    two = par.launch.run("par.jobs.train_zero", nproc=2, timeout=600, quiet=True,
+                         args=["--runs", "3,fsdp2,3+resume,2+bf16", "--resume", ckpt, *common])
+    for res, n in ((four, 4), (two, 2)):
+        assert res["world_size"] == n and res["backend"] == "gloo"
+        for run in res["runs"]:
+            assert {"losses", "step_s", "per_rank", "memory", "formula"} <= set(run), run["label"]
+            assert len(run["per_rank"]) == n and len(run["step_s"]) == len(run["losses"])
+            if run["label"] != "fsdp2":
+                assert abs(run["memory"]["model_states"] / run["formula"]["total"] - 1) <= 0.02, run["label"]
+    R4, R2 = ({r["label"]: r for r in res["runs"]} for res in (four, two))
+    assert R2["fsdp2"]["max_diff_vs_stage3"] <= 1e-5
+    assert R2["3+resume"]["start_step"] == 2 and len(R2["3+resume"]["losses"]) == 1
+    assert abs(R2["3+resume"]["losses"][0] - R4["3"]["losses"][2]) <= 1e-5
+    assert R2["2+bf16"]["precision"] == "bf16" and R2["2+bf16"]["formula"]["total"] < R2["3"]["formula"]["total"] * 2
+
+
+def test_benchmark_ratios_pair_rounds():
+    from par.bench.zero import ratios
+    rows = {"par ZeRO-1 (ring)": {"times": [2.0, 3.0, 2.0], "memory": 10},
+            "torch ZeroRedundancyOptimizer": {"times": [1.0, 3.0, 4.0], "memory": 20},
+            "par ZeRO-3 (ring)": {"times": [1.0, 1.0, 1.0], "memory": 5},
+            "torch FSDP2 fully_shard": {"times": [2.0, 2.0, 2.0], "memory": 5}}
+    r = {x["name"]: x for x in ratios(rows)}
+    assert r["par ZeRO-1 (ring)"]["time_ratio"] == 1.0                      # median of 2, 1, 0.5
+    assert (r["par ZeRO-1 (ring)"]["time_ratio_min"], r["par ZeRO-1 (ring)"]["time_ratio_max"]) == (0.5, 2.0)
+    assert r["par ZeRO-1 (ring)"]["memory_ratio"] == 0.5 and r["par ZeRO-3 (ring)"]["time_ratio"] == 0.5

@@ -51,6 +51,7 @@ def parse(argv=None):
 
 def measure_one(cfg, precision: str, optimizer: str, batch: int, steps: int, seed: int, env) -> dict:
     """`steps` steps; live model-state bytes after build, the first backward and each step."""
+    memory.free_device_memory()       # the previous configuration's tensors must not count in this peak
     memory.reset_cuda_peak(env.device)
     model = build(cfg, seed=seed).to(env.device, DTYPES[precision])
     params = list(model.parameters())
