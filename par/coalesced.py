@@ -54,9 +54,11 @@ def _buffers(flats, steps):
     return torch.empty(width, dtype=like.dtype, device=like.device), torch.empty(width, dtype=like.dtype, device=like.device)
 
 
-def _ring_reduce_scatter(flats, group, op: str) -> None:
+def _ring_steps(flats, group, chunk_at, land) -> None:
+    """The N-1 ring steps: send every buffer's chunk `chunk_at(k)[0]` to the right in one message, receive
+    the left neighbour's, and `land(view of my buffer's chunk, received piece)` for each buffer."""
     me, n, right, left = _ring(group)
-    steps, bounds = _steps(flats, n, lambda k: reduce_scatter_chunks(me, n, k))
+    steps, _ = _steps(flats, n, lambda k: chunk_at(me, n, k))
     send, recv = _buffers(flats, steps)
     for step in steps:
         a = 0
@@ -67,30 +69,25 @@ def _ring_reduce_scatter(flats, group, op: str) -> None:
         _exchange(send[:a], right, recv[:b], left, group)
         b = 0
         for f, (_, (r0, r1)) in zip(flats, step):
-            acc, incoming = f.view(-1)[r0:r1], recv[b:b + r1 - r0]
-            torch.maximum(acc, incoming, out=acc) if op == "max" else acc.add_(incoming)
+            land(f.view(-1)[r0:r1], recv[b:b + r1 - r0])
             b += r1 - r0
+
+
+def _ring_reduce_scatter(flats, group, op: str) -> None:
+    """Each buffer's ring reduce-scatter, all at once: add (or max) what arrives; "avg" divides my chunk by N."""
+    def land(acc, incoming):
+        torch.maximum(acc, incoming, out=acc) if op == "max" else acc.add_(incoming)
+    _ring_steps(flats, group, reduce_scatter_chunks, land)
     if op == "avg":
-        for f, bd in zip(flats, bounds):
-            s, e = bd[me]
+        me, n = _ring(group)[:2]
+        for f in flats:
+            s, e = chunk_bounds(f.numel(), n)[me]
             f.view(-1)[s:e].div_(n)
 
 
 def _ring_all_gather(flats, group) -> None:
-    me, n, right, left = _ring(group)
-    steps, _ = _steps(flats, n, lambda k: all_gather_chunks(me, n, k))
-    send, recv = _buffers(flats, steps)
-    for step in steps:
-        a = 0
-        for f, ((s0, s1), _) in zip(flats, step):
-            send[a:a + s1 - s0].copy_(f.view(-1)[s0:s1])
-            a += s1 - s0
-        b = sum(r1 - r0 for _, (r0, r1) in step)
-        _exchange(send[:a], right, recv[:b], left, group)
-        b = 0
-        for f, (_, (r0, r1)) in zip(flats, step):
-            f.view(-1)[r0:r1].copy_(recv[b:b + r1 - r0])
-            b += r1 - r0
+    """Each buffer's ring all-gather, all at once: what arrives lands in place."""
+    _ring_steps(flats, group, all_gather_chunks, lambda mine, incoming: mine.copy_(incoming))
 
 
 def _log(kind: str, flats, group, sent_by) -> None:

@@ -312,65 +312,82 @@ def zero_timeline(spans: list[dict], ax=None, title: str = "", unit: float = 1e-
 
 
 def zero_memory_vs_nd(numel: float, measured: dict, precision: str = "fp32", optimizer: str = "adam",
-                      nd_max: int = 64, axes=None, title: str = ""):
+                      nd_max: int = 64, axes=None, title: str = "", unit: float = 1e6):
     """Per-rank model-state bytes against the data-parallel degree N_d: `par.memory.model_state_bytes`'
-    curve for each stage from N_d = 1 to `nd_max`, the measured bytes as markers (`measured` =
-    {N_d: {stage: bytes}}), and a second panel with measured / formula - 1 (in %) at the measured N_d."""
+    curve for each stage from N_d = 1 to `nd_max` (lines), the measured bytes as markers (`measured` =
+    {N_d: {stage: bytes}}), and a second panel with measured / formula - 1 (in %) at the measured N_d
+    (stages side by side). Bytes shown in MB (`unit`), both axes logarithmic."""
+    from matplotlib.ticker import FuncFormatter
+
     from par.memory import STAGE_NAMES, model_state_bytes
     if axes is None:
         fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [2.2, 1]})
     left, right = axes
     nds = list(range(1, nd_max + 1))
     stages = sorted({s for per in measured.values() for s in per})
-    for s in stages:
+    for k, s in enumerate(stages):
         colour = f"C{s}"
-        left.plot(nds, [model_state_bytes(numel, n, s, precision, optimizer).total for n in nds], color=colour,
-                  label=f"{STAGE_NAMES[s]}: formula")
+        left.plot(nds, [model_state_bytes(numel, n, s, precision, optimizer).total / unit for n in nds], color=colour,
+                  label=STAGE_NAMES[s])
         pts = sorted((int(n), per[s]) for n, per in measured.items() if s in per)
-        left.plot([n for n, _ in pts], [b for _, b in pts], "o", color=colour, markersize=6,
-                  markeredgecolor="black", label=f"{STAGE_NAMES[s]}: measured")
-        right.plot([n for n, _ in pts], [100 * (b / model_state_bytes(numel, n, s, precision, optimizer).total - 1)
-                                         for n, b in pts], "o-", color=colour, label=STAGE_NAMES[s])
-    left.set_xscale("log", base=2)
+        left.plot([n for n, _ in pts], [b / unit for _, b in pts], "o", color=colour, markersize=6,
+                  markeredgecolor="black")
+        shift = (k - (len(stages) - 1) / 2) * 0.08
+        right.plot([n + shift for n, _ in pts],
+                   [100 * (b / model_state_bytes(numel, n, s, precision, optimizer).total - 1) for n, b in pts],
+                   "o", color=colour, markeredgecolor="black", label=STAGE_NAMES[s])
+    left.plot([], [], "o", color="white", markeredgecolor="black", label="measured (largest rank)")
+    left.set_xscale("log")
     left.set_yscale("log")
+    ticks = [n for n in (1, 2, 3, 4, 8, 16, 32, 64) if n <= nd_max]
+    left.set_xticks(ticks)
+    left.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    left.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    left.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     left.set_xlabel("data-parallel degree N_d (ranks)")
-    left.set_ylabel("model-state bytes per rank")
-    left.legend(fontsize=7, ncol=2, loc="lower left")
+    left.set_ylabel(f"model states per rank ({'MB' if unit == 1e6 else 'bytes'})")
+    left.legend(fontsize=7, loc="lower left", title="lines: formula", title_fontsize=7)
     right.axhspan(-2, 2, color="#DDDDDD", alpha=0.6, label="±2 %")
     right.axhline(0, color="grey", lw=0.8)
     right.set_xticks(sorted(int(n) for n in measured))
     right.set_xlabel("N_d (measured)")
     right.set_ylabel("measured / formula − 1 (%)")
     right.set_ylim(-3, 3)
+    right.legend(fontsize=6, loc="upper right", ncol=2)
     right.set_title("difference", fontsize=9)
     if title:
         left.set_title(title)
     return left, right
 
 
-def bars_with_spread(samples: dict, ax=None, ylabel: str = "ms per step", title: str = "", unit: float = 1e-3,
-                     extra: dict | None = None, notes: dict | None = None):
+def bars_with_spread(samples: dict, ax=None, ylabel: str = "ms per step", xlabel: str = "", title: str = "",
+                     unit: float = 1e-3, extra: dict | None = None, notes: dict | None = None):
     """One bar per name at the median of its samples (seconds), the whiskers spanning min to max.
-    `extra` {name: seconds} stacks a hatched segment on a bar (a modelled cost that was not measured,
-    labelled in the legend); `notes` {name: text} writes a line under a bar's label."""
+    `extra` {name: (label, seconds)} stacks a hatched segment on a bar's median (a modelled cost that was not
+    measured, labelled in the legend; too thin to see, it is written above the bar instead); `notes`
+    {name: text} writes a line under a bar's name."""
+    import statistics
     names = list(samples)
     ax = _ax(ax, (max(6, 1.2 * len(names) + 2), 3.4))
-    import statistics
     med = [statistics.median(samples[n]) / unit for n in names]
     lo = [m - min(samples[n]) / unit for m, n in zip(med, names)]
     hi = [max(samples[n]) / unit - m for m, n in zip(med, names)]
+    top = max(m + h for m, h in zip(med, hi)) * 1.3
     ax.bar(range(len(names)), med, 0.6, color="#4C72B0", label="measured (median)")
     ax.errorbar(range(len(names)), med, yerr=[lo, hi], fmt="none", ecolor="black", capsize=3, lw=1,
                 label="min … max")
-    if extra:
-        for name, (label, seconds) in extra.items():
-            i = names.index(name)
-            ax.bar(i, seconds / unit, 0.6, bottom=med[i] + hi[i], color="white", edgecolor="#C44E52", hatch="///",
-                   label=label)
+    for name, (label, seconds) in (extra or {}).items():
+        i = names.index(name)
+        ax.bar(i, seconds / unit, 0.6, bottom=med[i], color="white", edgecolor="#C44E52", hatch="///", label=label)
+        if seconds / unit < 0.02 * top:
+            ax.text(i, med[i] + hi[i] + 0.02 * top, f"+{seconds / unit:.3g}", ha="center", va="bottom", fontsize=7,
+                    color="#C44E52")
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels([n + (f"\n{notes[n]}" if notes and n in notes else "") for n in names], fontsize=8)
     ax.set_ylabel(ylabel)
-    ax.set_ylim(0, max(m + h for m, h in zip(med, hi)) * 1.3)
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.set_ylim(0, top)
     ax.legend(fontsize=7, loc="upper left", ncol=3)
     if title:
         ax.set_title(title)

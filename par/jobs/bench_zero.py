@@ -46,41 +46,32 @@ class ParZero:
         self.zero.close()
 
 
-class TorchZero1:
+class TorchEngine:
+    """A torch model and optimizer behind the calls `ParZero` answers."""
+
+    def backward(self, loss):
+        loss.backward()
+
+    def state_bytes(self):
+        return torch_zero.model_state_bytes(self.model, self.opt)["model_states"]
+
+    def step(self):
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=False)
+
+    def close(self):
+        pass
+
+
+class TorchZero1(TorchEngine):
     def __init__(self, model):
         self.model, self.opt = torch_zero.zero1(model, lr=1e-3)
 
-    def backward(self, loss):
-        loss.backward()
 
-    def state_bytes(self):
-        return torch_zero.model_state_bytes(self.model, self.opt)["model_states"]
-
-    def step(self):
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=False)
-
-    def close(self):
-        pass
-
-
-class TorchFSDP2:
+class TorchFSDP2(TorchEngine):
     def __init__(self, model):
         self.model = torch_zero.fsdp2(model)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3)
-
-    def backward(self, loss):
-        loss.backward()
-
-    def state_bytes(self):
-        return torch_zero.model_state_bytes(self.model, self.opt)["model_states"]
-
-    def step(self):
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=False)
-
-    def close(self):
-        pass
 
 
 def engines(impls) -> dict:
