@@ -312,3 +312,34 @@ def test_composes_with_the_naive_data_parallel_wrapper(ranks):
     assert len({r["start"] for r in per_rank}) == 1, "NaiveDP broadcast rank 0's weights before the masters were taken"
     assert len({r["hash"] for r in per_rank}) == 1 and per_rank[0]["hash"] != per_rank[0]["start"]
     assert all(r["dtype"] == "torch.float16" and r["skipped"] == 0 for r in per_rank)
+
+
+def test_bf16_support_ignores_emulation(monkeypatch):
+    """A pre-Ampere GPU emulates bf16: torch.cuda.is_bf16_supported() says True unless emulation is excluded."""
+    from par import mixed_precision
+    assert mixed_precision.bf16_supported("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert not mixed_precision.bf16_supported("cuda")
+    with pytest.raises(UnsupportedPrecision, match="Ampere .* sm_75"):
+        check_supported("bf16", "cuda")
+
+
+def test_step_six_is_one_set_of_functions():
+    """ZeRO and MixedPrecision run the same unscale / overflow / norm / clip (par.mixed_precision), and the
+    default scaler is chosen in one place (par.loss_scaler.default_scaler)."""
+    import inspect
+
+    from par import loss_scaler, mixed_precision, zero
+    g = [torch.tensor([3.0, 4.0]), torch.tensor([0.0])]
+    mixed_precision.unscale_(g, 2.0)
+    assert torch.equal(g[0], torch.tensor([1.5, 2.0]))
+    assert mixed_precision.grad_norm(g) == 2.5
+    assert mixed_precision.clip_(g, 1.0, 2.5) == 2.5 and abs(mixed_precision.grad_norm(g) - 1.0) < 1e-5
+    assert not mixed_precision.found_overflow(g) and mixed_precision.found_overflow([torch.tensor([float("nan")])])
+    assert isinstance(loss_scaler.default_scaler("fp16"), DynamicLossScaler)
+    assert loss_scaler.default_scaler("bf16").scale == 1.0 and loss_scaler.default_scaler("fp32") is None
+    source = inspect.getsource(zero)
+    assert "isfinite" not in source and "DynamicLossScaler" not in source and ".pow(2)" not in source
+    assert "import zero" not in inspect.getsource(__import__("par.updaters", fromlist=["x"]))
