@@ -28,6 +28,9 @@ pass `raise_at_min=False` to keep skipping instead.
 
 `StaticLossScaler(scale)` multiplies by a fixed S; steps with inf/nan are still skipped.
 `StaticLossScaler(1.0)` is no scaling at all (bf16, or fp16 to watch gradients underflow).
+
+`default_scaler(precision)` is the choice every trainer makes when none is given: dynamic for
+fp16, a static 1.0 for bf16 (fp32's range: nothing to scale, overflows still skipped), none for fp32.
 """
 from __future__ import annotations
 
@@ -110,6 +113,18 @@ class DynamicLossScaler:
     def __repr__(self) -> str:
         return (f"DynamicLossScaler(scale={self.scale:g}, window={self.window}, hysteresis={self.hysteresis}, "
                 f"factor={self.factor:g}, min_scale={self.min_scale:g})")
+
+
+def default_scaler(precision: str):
+    """The scaler for a precision when none is given: fp16 -> DynamicLossScaler() (DeepSpeed's defaults),
+    bf16 -> StaticLossScaler(1.0), fp32 -> None (no scaling, no overflow check)."""
+    if precision == "fp16":
+        return DynamicLossScaler()
+    if precision == "bf16":
+        return StaticLossScaler(1.0)
+    if precision == "fp32":
+        return None
+    raise ValueError(f"unknown precision {precision!r}: use 'fp32', 'fp16' or 'bf16'")
 
 
 def replay(scaler, overflows) -> list[dict]:

@@ -24,7 +24,13 @@ mixed precision shown (fp32: 4Ψ weights and 4Ψ grads instead of 2Ψ):
 
 Activations of one transformer layer (`activation_bytes_per_layer`, Korthikanti
 et al. 2022): s·b·h·(34 + 5·a·s/h) bytes with 16-bit activations, or 2·s·b·h bytes
-(the layer input) with full recomputation.
+(the layer input) with full recomputation. At the peak (`activation_peak_bytes`) full
+recomputation holds every layer's input *plus* one layer rebuilt in full during backward:
+L·2·s·b·h + s·b·h·(34 + 5·a·s/h), not L·2·s·b·h alone.
+
+The fp32 gradients of mixed precision (`mixed_precision_peak_bytes`) exist only during the
+update, when the activations are gone: they leave the peak alone only while the activations
+are at least the 4Ψ they add.
 
 Measured counterparts: `live_model_state_bytes(model, optimizer)` (bytes of the
 tensors actually alive), `saved_activation_bytes(fn, *inputs)` (what autograd keeps
@@ -265,9 +271,11 @@ def calculator(params: float, dp: int = 1, precision: str = "mixed", optimizer: 
 
 # ---------------------------------------------------------------- activations
 def activation_bytes_per_layer(seq: int, batch: int, d_model: int, n_heads: int, recompute: str = "none",
-                               bytes_per_value: int = 2, dropout: bool = True) -> float:
+                               bytes_per_value: int = 2, dropout: bool = True, tp: int = 1,
+                               partitioned: bool = False) -> float:
     """Bytes of activations one transformer layer keeps for backward (Korthikanti et al. 2022,
-    no tensor/sequence parallelism). s = seq, b = batch, h = d_model, a = n_heads, e = bytes_per_value.
+    no sequence parallelism). s = seq, b = batch, h = d_model, a = n_heads, e = bytes_per_value,
+    t = tp (the tensor-parallel degree).
 
     recompute="none", dropout=True (the paper's layer):
         e·(16·sbh + 2·as²b) + dropout masks of 1 byte (sbh + sbh + as²b);
@@ -275,23 +283,56 @@ def activation_bytes_per_layer(seq: int, batch: int, d_model: int, n_heads: int,
         16·sbh values: 2 LayerNorm inputs, 2 LayerNorm outputs, Q, K, V, the attention output (1 each),
         the MLP's GeLU input and output (4 each); 2·as²b: the softmax output and its dropout.
     recompute="none", dropout=False (GPT-lite): e·(16·sbh + as²b), the softmax output once.
-    recompute="full": only the layer input is kept, e·sbh (= 2·sbh for 16-bit); the rest is
-                      recomputed during backward at the cost of one more forward.
+    tp = t > 1: the LayerNorm inputs and outputs (4·sbh values) and the two dropout masks after the
+        row-parallel layers (2·sbh bytes) are replicated on every rank, the rest is split by heads or
+        columns:  e·(4 + 12/t)·sbh + 2·sbh + (2e + 1)·as²b/t  (paper: sbh·(10 + 24/t + 5as/(ht))).
+    recompute="full": only the layer input is kept, e·sbh (= 2·sbh for 16-bit), replicated on the t
+        ranks, or e·sbh/t when `partitioned` (ZeRO-R: each rank keeps a 1/t slice and they all-gather
+        it before recomputing). The rest is rebuilt during backward at the cost of one more forward.
     """
-    s, b, h, a = seq, batch, d_model, n_heads
+    s, b, h, a, e, t = seq, batch, d_model, n_heads, bytes_per_value, tp
+    if t < 1 or int(t) != t:
+        raise ValueError(f"the tensor-parallel degree must be a positive integer, got {tp}")
     if recompute == "full":
-        return bytes_per_value * s * b * h
+        return e * s * b * h / (t if partitioned else 1)
     if recompute != "none":
         raise ValueError(f"recompute must be 'none' or 'full', got {recompute!r}")
+    if t == 1:   # the single-device form, exactly as the paper writes it
+        if not dropout:
+            return e * (16 * s * b * h + a * s * s * b)
+        return e * (16 * s * b * h + 2 * a * s * s * b) + (2 * s * b * h + a * s * s * b)
     if not dropout:
-        return bytes_per_value * (16 * s * b * h + a * s * s * b)
-    return bytes_per_value * (16 * s * b * h + 2 * a * s * s * b) + (2 * s * b * h + a * s * s * b)
+        return e * (4 + 12 / t) * s * b * h + e * a * s * s * b / t
+    return e * (4 + 12 / t) * s * b * h + 2 * s * b * h + (2 * e + 1) * a * s * s * b / t
+
+
+def activation_peak_bytes(seq: int, batch: int, d_model: int, n_heads: int, layers: int, recompute: str = "none",
+                          bytes_per_value: int = 2, dropout: bool = True, tp: int = 1, partitioned: bool = False,
+                          in_flight: int = 1) -> float:
+    """Activation bytes of `layers` transformer layers at their peak, the start of the backward pass, with
+    `in_flight` micro-batches whose backward has not run yet (1 without pipelining); A = one layer's
+    `activation_bytes_per_layer` without recomputation:
+
+        recompute="none":  in_flight · L · A
+        recompute="full":  in_flight · L · e·sbh  (/t when partitioned)  +  A
+
+    Full recomputation does not bring the peak down to the layer inputs alone: during backward each
+    layer is run forward again and its activations, A, live until that layer's backward is done, one
+    layer at a time. (Embedding, final norm and logits are not included.)
+    """
+    full = activation_bytes_per_layer(seq, batch, d_model, n_heads, "none", bytes_per_value, dropout, tp)
+    if recompute == "none":
+        return in_flight * layers * full
+    kept = activation_bytes_per_layer(seq, batch, d_model, n_heads, recompute, bytes_per_value, dropout, tp,
+                                      partitioned)
+    return in_flight * layers * kept + (full if layers else 0)
 
 
 def activation_bytes(cfg, batch: int, seq: int | None = None, recompute: str = "none",
                      bytes_per_value: int = 2, dropout: bool = True) -> float:
-    """All L transformer layers of a GPT or LLaMA config: L × `activation_bytes_per_layer`
-    (embedding, final norm and logits not included). seq defaults to the config's context length."""
+    """Activation bytes at the peak for all L transformer layers of a GPT or LLaMA config (one device,
+    no pipelining): `activation_peak_bytes`, i.e. L × A, or with full recomputation L·e·sbh + A
+    (the layer inputs, plus the one layer rebuilt during backward). seq defaults to the config's context."""
     cfg = named_config(cfg) if isinstance(cfg, str) else cfg
     if isinstance(cfg, LlamaConfig):
         layers, d, a, s = cfg.n_layers, cfg.d_model, cfg.n_heads, seq
@@ -299,7 +340,27 @@ def activation_bytes(cfg, batch: int, seq: int | None = None, recompute: str = "
             raise ValueError("a LlamaConfig has no context length: pass seq")
     else:
         layers, d, a, s = cfg.n_layer, cfg.d_model, cfg.n_head, seq or cfg.block_size
-    return layers * activation_bytes_per_layer(s, batch, d, a, recompute, bytes_per_value, dropout)
+    return activation_peak_bytes(s, batch, d, a, layers, recompute, bytes_per_value, dropout)
+
+
+def mixed_precision_peak_bytes(numel: float, activations: float, optimizer: str = "adam") -> dict:
+    """Peak of one mixed-precision step on one device (no ZeRO), in the order `par.mixed_precision` runs it,
+    with the gradients set to None between steps (torch's default):
+
+        forward ends   2Ψ weights + KΨ (fp32 masters, m, v) + A activations            (no gradients yet)
+        backward ends  2Ψ + KΨ + 2Ψ 16-bit gradients                                   (activations freed)
+        update         2Ψ + KΨ + 4Ψ fp32 gradients   (step 5 frees each 16-bit gradient as it copies it)
+
+    so the fp32 gradients raise the peak above max((2+K)Ψ + A, (4+K)Ψ) unless A ≥ 4Ψ: the claim that
+    they do not count holds only while the activations are at least the 4Ψ bytes the fp32 gradients add.
+    """
+    k = bytes_per_param("mixed", optimizer).K
+    phases = {"forward_end": (2 + k) * numel + activations, "backward_end": (4 + k) * numel,
+              "update": (6 + k) * numel}
+    peak = max(phases.values())
+    return {**phases, "peak": peak, "peak_without_fp32_grads": max(phases["forward_end"], phases["backward_end"]),
+            "fp32_grads_raise_peak": phases["update"] > max(phases["forward_end"], phases["backward_end"]),
+            "extra_fp32_grad_bytes": 4 * numel}
 
 
 # ---------------------------------------------------------------- measurement
@@ -385,6 +446,16 @@ def reset_cuda_peak(device=None) -> None:
     device = torch.device(device) if device is not None else None
     if torch.cuda.is_available() and (device is None or device.type == "cuda"):
         torch.cuda.reset_peak_memory_stats(device)
+
+
+def free_device_memory() -> None:
+    """Give back what dropped tensors held: collect reference cycles, then (on a GPU) return the caching
+    allocator's free blocks to the driver, so that a job launched next finds the memory free. Drop your
+    own references first (`del model, optimizer, ...`); a tensor still referenced stays."""
+    import gc
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 # ---------------------------------------------------------------- command line

@@ -41,11 +41,12 @@ API (`mp = MixedPrecision(model, optimizer_factory, dtype="fp16", scaler=None, r
     mp.last                  StepInfo(scale, overflow, grad_norm) of the last `step()`
     mp.skipped               how many steps were skipped so far
 
-To shard the fp32 state (ZeRO), subclass and override `make_masters` (keep only this
-rank's part), `grads_to_master` (reduce-scatter instead of copy), `master_to_model` (copy
-your part, then all-gather), and `grad_norm` (sum the squared norm over the shards).
-`found_overflow` already agrees across `group` with a MAX all-reduce, so a rank that
-sees inf only in its own shard makes every rank skip.
+Step 6 is made of plain functions over a list of fp32 gradients, so that every trainer runs the
+same code: `unscale_(grads, S)`, `found_overflow(grads, group)` (a MAX all-reduce of a 0/1 flag:
+a rank that sees inf only in its own gradients makes every rank skip), `grad_norm(grads, group,
+sharded)` (with `sharded=True` the squared norms of the ranks' shards are summed first) and
+`clip_(grads, max_norm, norm)`. `MixedPrecision` calls them on its masters; ZeRO (`par.zero`)
+calls them on its partitions, whose fp32 masters exist only for this rank's share.
 
 Typical loop (what par/jobs/train_mp.py runs):
 
@@ -67,7 +68,7 @@ from typing import Callable
 import torch
 
 from par import collectives, commlog
-from par.loss_scaler import DynamicLossScaler, StaticLossScaler
+from par.loss_scaler import default_scaler
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -81,7 +82,7 @@ def check_supported(dtype: str, device) -> None:
     if dtype not in DTYPES:
         raise ValueError(f"unknown precision {dtype!r}: use 'fp16' or 'bf16'")
     device = torch.device(device)
-    if device.type == "cuda" and dtype == "bf16" and not torch.cuda.is_bf16_supported():
+    if device.type == "cuda" and dtype == "bf16" and not bf16_supported(device):
         major, minor = torch.cuda.get_device_capability(device)
         raise UnsupportedPrecision(
             f"bf16 needs an NVIDIA Ampere GPU or newer (compute capability >= 8.0); {device} is "
@@ -93,6 +94,72 @@ def check_supported(dtype: str, device) -> None:
         raise UnsupportedPrecision(
             f"{dtype} matmul is not supported on {device} by torch {torch.__version__} ({e}). "
             f"Use dtype='fp16' or a device that supports {dtype}") from e
+
+
+def bf16_supported(device=None) -> bool:
+    """True when `device` computes in bf16 natively: the CPU, or a CUDA GPU of compute capability >= 8.0
+    (Ampere or newer). `torch.cuda.is_bf16_supported()` alone also says True on older GPUs that only
+    emulate bf16 (slowly, without bf16 tensor cores), hence `including_emulation=False`."""
+    device = torch.device(device) if device is not None else \
+        torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda":
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+
+
+# ---------------------------------------------------------------- step 6, as functions of the fp32 gradients
+@torch.no_grad()
+def unscale_(grads, scale: float) -> None:
+    """Divide every gradient by the loss scale S in place (inf and nan stay inf and nan)."""
+    inv = 1.0 / scale
+    if inv == 1.0:
+        return
+    for g in grads:
+        if g is not None:
+            g.mul_(inv)
+
+
+def _device(grads, device):
+    return device if device is not None else (grads[0].device if grads else torch.device("cpu"))
+
+
+@torch.no_grad()
+def found_overflow(grads, group=None, impl: str = "ring", device=None) -> bool:
+    """True when any gradient on ANY rank of `group` holds inf or nan.
+
+    Each rank checks its own gradients, then a MAX all-reduce of that 0/1 flag makes every rank
+    take the same decision; otherwise one rank would skip a step the others take, and the replicas
+    (or, under ZeRO, the partitions) would drift apart.
+    """
+    grads = [g for g in grads if g is not None]
+    local = torch.stack([~torch.isfinite(g).all() for g in grads]).any() if grads else torch.tensor(False)
+    flag = local.float().reshape(1).to(_device(grads, device))
+    with commlog.tag("overflow flag"):
+        collectives.all_reduce(flag, op="max", group=group, impl=impl)
+    return bool(flag.item() > 0)
+
+
+@torch.no_grad()
+def grad_norm(grads, group=None, impl: str = "ring", sharded: bool = False, device=None) -> float:
+    """‖g‖₂ = sqrt(Σ g²) over every gradient, summed in float64. `sharded`: each rank holds only its
+    shard of the gradient (ZeRO), so the ranks' Σ g² are added up over `group` first (one all-reduce)."""
+    grads = [g for g in grads if g is not None]
+    sq = torch.stack([g.double().pow(2).sum() for g in grads]).sum() if grads else torch.zeros((), dtype=torch.float64)
+    if sharded:
+        sq = sq.reshape(1).to(_device(grads, device))
+        with commlog.tag("grad norm"):
+            collectives.all_reduce(sq, op="sum", group=group, impl=impl)
+    return math.sqrt(sq.item())
+
+
+@torch.no_grad()
+def clip_(grads, max_norm: float, norm: float) -> float:
+    """If ‖g‖ = `norm` exceeds `max_norm`, multiply every gradient by max_norm / ‖g‖. Returns ‖g‖."""
+    if norm > max_norm:
+        for g in grads:
+            if g is not None:
+                g.mul_(max_norm / (norm + 1e-6))
+    return norm
 
 
 @dataclass(frozen=True)
@@ -119,8 +186,7 @@ class MixedPrecision:
         model.to(self.dtype)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = optimizer_factory(self.masters)
-        self.scaler = scaler if scaler is not None else (
-            DynamicLossScaler() if dtype == "fp16" else StaticLossScaler(1.0))
+        self.scaler = scaler if scaler is not None else default_scaler(dtype)
         self.reduce_hook, self.group, self.max_grad_norm = reduce_grads, group, max_grad_norm
         self.last: StepInfo | None = None
         self.skipped = 0
@@ -161,46 +227,25 @@ class MixedPrecision:
             m.grad = None if p.grad is None else p.grad.float()
             p.grad = None
 
-    @torch.no_grad()
+    def _grads(self) -> list:
+        return [m.grad for m in self.masters]
+
     def unscale_(self) -> None:
         """Step 6: divide the fp32 gradients by S (inf and nan stay inf and nan)."""
-        inv = 1.0 / self.scaler.scale
-        if inv == 1.0:
-            return
-        for m in self.masters:
-            if m.grad is not None:
-                m.grad.mul_(inv)
+        unscale_(self._grads(), self.scaler.scale)
 
-    @torch.no_grad()
     def found_overflow(self, group=None) -> bool:
-        """Step 6: True when any gradient on ANY rank of `group` is inf or nan.
+        """Step 6: True when any gradient on ANY rank of `group` (default: this trainer's) is inf or nan."""
+        return found_overflow(self._grads(), group if group is not None else self.group,
+                              device=self.masters[0].device)
 
-        Each rank checks its own gradients, then a MAX all-reduce of that 0/1 flag makes
-        every rank take the same decision; otherwise one rank would skip a step the others
-        take, and the replicas would drift apart.
-        """
-        grads = [m.grad for m in self.masters if m.grad is not None]
-        local = torch.stack([~torch.isfinite(g).all() for g in grads]).any() if grads else torch.tensor(False)
-        flag = local.float().reshape(1).to(self.masters[0].device)
-        with commlog.tag("overflow flag"):
-            collectives.all_reduce(flag, op="max", group=group if group is not None else self.group)
-        return bool(flag.item() > 0)
-
-    @torch.no_grad()
     def grad_norm(self) -> float:
-        """‖g‖₂ over all fp32 gradients: sqrt(Σ g²). (ZeRO: sum Σ g² over the shards first.)"""
-        squares = [m.grad.double().pow(2).sum() for m in self.masters if m.grad is not None]
-        return math.sqrt(torch.stack(squares).sum().item()) if squares else 0.0
+        """‖g‖₂ over all fp32 gradients, sqrt(Σ g²): every rank holds all of them."""
+        return grad_norm(self._grads())
 
-    @torch.no_grad()
     def clip_(self, max_norm: float) -> float:
         """Step 6: if ‖g‖ > max_norm, multiply every gradient by max_norm / ‖g‖. Returns ‖g‖ before clipping."""
-        norm = self.grad_norm()
-        if norm > max_norm:
-            for m in self.masters:
-                if m.grad is not None:
-                    m.grad.mul_(max_norm / (norm + 1e-6))
-        return norm
+        return clip_(self._grads(), max_norm, self.grad_norm())
 
     def step(self) -> bool:
         """Steps 5-8 after `backward`; returns True if the optimizer stepped, False if the step was skipped."""

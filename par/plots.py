@@ -516,3 +516,161 @@ def alpha_beta_fit(timing: dict, alpha: float, beta: float, cores: int, small: i
     right.set_title(f"all-reduce of {small} floats ({4 * small} B): latency steps, {cores} cores", fontsize=9)
     right.set_ylim(bottom=0)
     return axes
+
+
+# ---------------------------------------------------------------- ZeRO (lecture 06)
+ZERO_KINDS = {  # span name prefix -> (legend label, lane, colour)
+    "F": ("forward", "compute", "#4C72B0"),
+    "B": ("backward", "compute", "#DD8452"),
+    "update": ("optimizer update", "compute", "#55A868"),
+    "update on host": ("optimizer update on the host", "compute", "#8C8C3A"),
+    "AG": ("all-gather parameters", "comm", "#8172B2"),
+    "AG*": ("all-gather, prefetched", "comm", "#C3B6E8"),
+    "RS": ("reduce-scatter gradients", "comm", "#C44E52"),
+    "AR": ("all-reduce gradients", "comm", "#C44E52"),
+    "grads to host": ("gradients device → host", "comm", "#937860"),
+    "params to device": ("parameters host → device", "comm", "#DA8BC3"),
+}
+
+
+def zero_span_kind(name: str) -> str:
+    """The ZERO_KINDS key of a recorded ZeRO span name ('AG blocks.1 (prefetched)' -> 'AG*')."""
+    if name in ZERO_KINDS:
+        return name
+    head = name.split(" ", 1)[0]
+    if head == "AG" and "prefetched" in name:
+        return "AG*"
+    return head if head in ZERO_KINDS else "update"
+
+
+def _short_unit(name: str) -> str:
+    """'AG blocks.1 (prefetched)' -> '1', 'F embed' -> 'emb', 'RS head' -> 'head': what fits in a bar."""
+    parts = name.replace(" (prefetched)", "").split(" ")
+    unit = parts[1] if len(parts) > 1 else ""
+    last = unit.rsplit(".", 1)[-1]
+    return last if last.isdigit() else {"embed": "emb"}.get(last, last[:4])
+
+
+def zero_timeline(spans: list[dict], ax=None, title: str = "", unit: float = 1e-3):
+    """One ZeRO step as recorded by `par.timeline.Recorder`: per rank one compute lane (forward, backward,
+    update) and one communication lane (gathers, reduce-scatters, offload copies), coloured by kind with
+    a legend; a bar is labelled with its unit (a block number, 'emb', 'head') only where the label fits
+    inside it, so labels never collide. Times in ms (`unit`) from the step's start."""
+    ranks = sorted({s["rank"] for s in spans})
+    ax = _ax(ax, (11, 0.9 + 0.55 * 2 * len(ranks)))
+    fig = ax.figure
+    t0 = min(s["start"] for s in spans)
+    t1 = max(s["end"] for s in spans)
+    rows = {(r, lane): i for i, (r, lane) in enumerate((r, lane) for r in ranks for lane in ("compute", "comm"))}
+    used = {}
+    for s in spans:
+        kind = zero_span_kind(s["name"])
+        label, lane, colour = ZERO_KINDS[kind]
+        y = rows[(s["rank"], lane)]
+        ax.barh(y, (s["end"] - s["start"]) / unit, left=(s["start"] - t0) / unit, height=0.72, color=colour,
+                edgecolor="white", linewidth=0.4)
+        used[kind] = (label, colour)
+    ax.set_xlim(0, (t1 - t0) / unit * 1.005)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    fig.canvas.draw()
+    px_per_unit = ax.get_window_extent().width / ((t1 - t0) / unit * 1.005)
+    char_px = 6.5 * fig.dpi / 72 * 0.62                      # a 6.5 pt character, roughly
+    for s in spans:
+        _, lane, _ = ZERO_KINDS[zero_span_kind(s["name"])]
+        text = _short_unit(s["name"]) if s["name"].split(" ", 1)[0] in ("F", "B", "AG", "RS", "AR") else ""
+        width_px = (s["end"] - s["start"]) / unit * px_per_unit
+        if text and width_px > char_px * (len(text) + 1):
+            ax.text((s["start"] + s["end"] - 2 * t0) / 2 / unit, rows[(s["rank"], lane)], text, ha="center",
+                    va="center", fontsize=6.5, color="white")
+    ax.set_yticks(list(rows.values()))
+    ax.set_yticklabels([f"rank {r} {'compute' if lane == 'compute' else 'comm'}" for r, lane in rows])
+    ax.set_xlabel("time since the step started (ms)" if unit == 1e-3 else "time (s)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for _, c in used.values()]
+    ax.legend(handles, [lbl for lbl, _ in used.values()], fontsize=7, ncol=min(4, len(used)),
+              loc="upper center", bbox_to_anchor=(0.5, -0.2 if len(ranks) < 3 else -0.12), frameon=False)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def zero_memory_vs_nd(numel: float, measured: dict, precision: str = "fp32", optimizer: str = "adam",
+                      nd_max: int = 64, axes=None, title: str = "", unit: float = 1e6):
+    """Per-rank model-state bytes against the data-parallel degree N_d: `par.memory.model_state_bytes`'
+    curve for each stage from N_d = 1 to `nd_max` (lines), the measured bytes as markers (`measured` =
+    {N_d: {stage: bytes}}), and a second panel with measured / formula - 1 (in %) at the measured N_d
+    (stages side by side). Bytes shown in MB (`unit`), both axes logarithmic."""
+    from matplotlib.ticker import FuncFormatter
+
+    from par.memory import STAGE_NAMES, model_state_bytes
+    if axes is None:
+        fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [2.2, 1]})
+    left, right = axes
+    nds = list(range(1, nd_max + 1))
+    stages = sorted({s for per in measured.values() for s in per})
+    for k, s in enumerate(stages):
+        colour = f"C{s}"
+        left.plot(nds, [model_state_bytes(numel, n, s, precision, optimizer).total / unit for n in nds], color=colour,
+                  label=STAGE_NAMES[s])
+        pts = sorted((int(n), per[s]) for n, per in measured.items() if s in per)
+        left.plot([n for n, _ in pts], [b / unit for _, b in pts], "o", color=colour, markersize=6,
+                  markeredgecolor="black")
+        shift = (k - (len(stages) - 1) / 2) * 0.08
+        right.plot([n + shift for n, _ in pts],
+                   [100 * (b / model_state_bytes(numel, n, s, precision, optimizer).total - 1) for n, b in pts],
+                   "o", color=colour, markeredgecolor="black", label=STAGE_NAMES[s])
+    left.plot([], [], "o", color="white", markeredgecolor="black", label="measured (largest rank)")
+    left.set_xscale("log")
+    left.set_yscale("log")
+    ticks = [n for n in (1, 2, 3, 4, 8, 16, 32, 64) if n <= nd_max]
+    left.set_xticks(ticks)
+    left.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    left.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    left.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    left.set_xlabel("data-parallel degree N_d (ranks)")
+    left.set_ylabel(f"model states per rank ({'MB' if unit == 1e6 else 'bytes'})")
+    left.legend(fontsize=7, loc="lower left", title="lines: formula", title_fontsize=7)
+    right.axhspan(-2, 2, color="#DDDDDD", alpha=0.6, label="±2 %")
+    right.axhline(0, color="grey", lw=0.8)
+    right.set_xticks(sorted(int(n) for n in measured))
+    right.set_xlabel("N_d (measured)")
+    right.set_ylabel("measured / formula − 1 (%)")
+    right.set_ylim(-3, 3)
+    right.legend(fontsize=6, loc="upper right", ncol=2)
+    right.set_title("difference", fontsize=9)
+    if title:
+        left.set_title(title)
+    return left, right
+
+
+def bars_with_spread(samples: dict, ax=None, ylabel: str = "ms per step", xlabel: str = "", title: str = "",
+                     unit: float = 1e-3, extra: dict | None = None, notes: dict | None = None):
+    """One bar per name at the median of its samples (seconds), the whiskers spanning min to max.
+    `extra` {name: (label, seconds)} stacks a hatched segment on a bar's median (a modelled cost that was not
+    measured, labelled in the legend; too thin to see, it is written above the bar instead); `notes`
+    {name: text} writes a line under a bar's name."""
+    import statistics
+    names = list(samples)
+    ax = _ax(ax, (max(6, 1.2 * len(names) + 2), 3.4))
+    med = [statistics.median(samples[n]) / unit for n in names]
+    lo = [m - min(samples[n]) / unit for m, n in zip(med, names)]
+    hi = [max(samples[n]) / unit - m for m, n in zip(med, names)]
+    top = max(m + h for m, h in zip(med, hi)) * 1.3
+    ax.bar(range(len(names)), med, 0.6, color="#4C72B0", label="measured (median)")
+    ax.errorbar(range(len(names)), med, yerr=[lo, hi], fmt="none", ecolor="black", capsize=3, lw=1,
+                label="min … max")
+    for name, (label, seconds) in (extra or {}).items():
+        i = names.index(name)
+        ax.bar(i, seconds / unit, 0.6, bottom=med[i], color="white", edgecolor="#C44E52", hatch="///", label=label)
+        if seconds / unit < 0.02 * top:
+            ax.text(i, med[i] + hi[i] + 0.02 * top, f"+{seconds / unit:.3g}", ha="center", va="bottom", fontsize=7,
+                    color="#C44E52")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([n + (f"\n{notes[n]}" if notes and n in notes else "") for n in names], fontsize=8)
+    ax.set_ylabel(ylabel)
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.set_ylim(0, top)
+    ax.legend(fontsize=7, loc="upper left", ncol=3)
+    if title:
+        ax.set_title(title)
+    return ax

@@ -16,73 +16,59 @@ all-reduce. Stage 3 gathers the parameters twice (before forward and again
 before backward, because they were freed in between) and reduce-scatters the
 gradients once: 3(N-1)/N·Ψ, 1.5x.
 
-A *unit* is the granularity of all of this: one module of `model.to_layers()`
-(or each module that owns parameters directly). In stage 2 a unit is a gradient
-bucket: it is reduce-scattered as soon as backward has produced all its
-gradients. In stage 3 it is what is gathered and freed (FSDP's "unit").
+A *unit* is the granularity of all of this (`par.units`): one module of `model.to_layers()`
+(or each module with a forward of its own), plus the root for parameters no such module
+holds. In stage 2 a unit is a gradient bucket: it is reduce-scattered as soon as backward has
+produced all its gradients. In stage 3 it is what is gathered and freed (FSDP's "unit").
 
     zero = Zero(model, stage=2, optimizer="adam", lr=1e-3)
     for x, y in batches:
         zero.backward(loss_fn(model(x), y))
         zero.step()
         zero.zero_grad()
+    zero.close()            # remove the hooks: the model no longer points back at the engine
 
-`offload=True` moves the fp32 master partition, the optimizer state and the
-update to the CPU (`par.offload`). All communication goes through the
-`par.collectives` front doors, so `par.commlog` counts every byte.
+The update of this rank's partitions is done by an updater (`par.updaters`): on the device, or
+with `offload=True` on the CPU, with the fp32 master partition and the optimizer state there.
+All communication goes through the `par.collectives` front doors, so `par.commlog` counts every byte.
 
-Mixed precision (`precision="fp16"` or `"bf16"`, the steps of `par.mixed_precision`):
-the flat buffers, the forward, the backward and the gradient reduce-scatter are
-16-bit; the fp32 master weights exist only for this rank's partition, next to
-the optimizer state (K = 4 + 4 + 4 = 12 bytes per element). `backward` scales the
-loss by S (`par.loss_scaler`); `step` turns the 16-bit gradient partition into
-fp32, unscales it, agrees with every rank on overflow (MAX all-reduce of one flag;
-the step is skipped everywhere if any partition saw inf/nan), optionally clips
-the global norm (squared norms summed over the partitions), steps, and rounds the
-masters back into the 16-bit partition that the all-gather then spreads.
+Mixed precision (`precision="fp16"` or `"bf16"`) composes the steps of `par.mixed_precision`:
+the flat buffers, the forward, the backward and the gradient reduce-scatter are 16-bit; the
+fp32 master weights exist only for this rank's partition, next to the optimizer state
+(K = 4 + 4 + 4 = 12 bytes per element). `backward` scales the loss by S (`par.loss_scaler`);
+`step` hands the 16-bit gradient partition to the updater as fp32 and runs step 6 on it with
+`mixed_precision.unscale_`, `found_overflow` (every rank skips if any partition saw inf/nan),
+`grad_norm(sharded=True)` and `clip_`; the updater then steps and rounds the masters back into
+the 16-bit partition that the all-gather spreads.
 """
 from __future__ import annotations
+
+import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from par import collectives, comm_thread, commlog
+from par import coalesced, collectives, comm_thread, commlog, mixed_precision, units
 from par.flat import FlatParams
-from par.loss_scaler import DynamicLossScaler, StaticLossScaler
+from par.loss_scaler import default_scaler
 from par.memory import cuda_peak_bytes, tensor_bytes
-from par.reference import make_optimizer
+from par.updaters import CPUOffload, DeviceUpdate
 
 STAGES = (0, 1, 2, 3)
 
 
-# ---------------------------------------------------------------- units
-def unit_modules(model: nn.Module) -> list[nn.Module]:
-    """The modules ZeRO works unit by unit: `to_layers()` entries that hold parameters, or else every
-    module that owns parameters directly. Every parameter must belong to exactly one unit."""
-    if hasattr(model, "to_layers"):
-        mods = [m for m in model.to_layers() if isinstance(m, nn.Module) and any(True for _ in m.parameters())]
-    else:
-        mods = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
-    owner: dict[int, int] = {}
-    for i, m in enumerate(mods):
-        for p in m.parameters():
-            if id(p) in owner and owner[id(p)] != i:
-                raise ValueError("a parameter is shared by two units (tied weights?); ZeRO here needs each "
-                                 "parameter in exactly one unit: untie it or put both users in one module")
-            owner[id(p)] = i
-    names = [n for n, p in model.named_parameters() if id(p) not in owner]
-    if names:
-        raise ValueError(f"parameters outside every unit: {names}; give the model a to_layers() that covers them")
-    return mods
+def unit_modules(model: nn.Module, stage: int = 0) -> list[nn.Module]:
+    """The modules ZeRO works unit by unit (see `par.units.plan`)."""
+    return [m for m, _, _ in units.plan(model, stage)]
 
 
 class Unit:
     """One flat-partitioned group of parameters and everything ZeRO keeps for it on this rank."""
 
-    def __init__(self, index: int, name: str, module: nn.Module, n: int, rank: int):
+    def __init__(self, index: int, name: str, module: nn.Module, params: list, n: int, rank: int):
         self.index, self.name, self.module = index, name, module
-        self.flat = FlatParams(list(module.parameters()), n, rank)
+        self.flat = FlatParams(params, n, rank)
         self.params = self.flat.params
         self.full = self.flat.flat          # the padded parameter buffer (stage 3: storage freed between uses)
         self.shard: torch.Tensor | None = None       # stage 3: this rank's partition, kept for good
@@ -91,6 +77,7 @@ class Unit:
         self.pending = None                 # stage 3 with prefetch: the all-gather in flight
         self.arrived = 0                    # how many of the unit's parameters have their gradient this backward
         self.gathered = True
+        self.span = None                    # the open forward/backward span of a recorded step
 
     def is_full(self) -> bool:
         return self.full.untyped_storage().nbytes() > 0
@@ -105,6 +92,11 @@ def _alloc(t: torch.Tensor) -> None:
     t.untyped_storage().resize_(t.numel() * t.element_size())
 
 
+def _in_backward() -> bool:
+    """True while autograd runs a backward pass (a forward now is a recomputation, e.g. checkpointing)."""
+    return torch._C._current_graph_task_id() != -1
+
+
 # ---------------------------------------------------------------- the engine
 class Zero:
     """ZeRO stages 0-3 (and offload) around a plain `nn.Module`; the module itself keeps its forward.
@@ -113,11 +105,12 @@ class Zero:
     rank's partitions only. group: the data-parallel process group (default: everyone).
     impl: "ring" (par's hand-written ring) or "torch" for the collectives. recorder: a
     par.timeline.Recorder to note gathers, reduce-scatters, forward and backward per unit.
-    precision: "fp32", "fp16" or "bf16"; scaler: a par.loss_scaler scaler (default: dynamic for
-    fp16, static 1.0 for bf16, none for fp32); max_grad_norm: clip the global gradient norm.
-    prefetch (stage 3): start gathering the next unit (forward: k+1, backward: k-1) while this one
-    computes; every collective then runs on par's communication thread, in issue order, and at
-    most two units are gathered at a time.
+    precision: "fp32", "fp16" or "bf16"; scaler: a par.loss_scaler scaler (default:
+    `loss_scaler.default_scaler(precision)`); max_grad_norm: clip the global gradient norm.
+    prefetch (stage 3): start gathering the next unit (in the order the last forward ran them;
+    backward: the previous one) while this one computes; every collective then runs on par's
+    communication thread, in issue order, and at most two units are gathered at a time.
+    Frozen parameters (requires_grad=False) and buffers stay as they are, replicated.
     """
 
     def __init__(self, model: nn.Module, stage: int = 1, optimizer: str = "adam", lr: float = 1e-3,
@@ -135,19 +128,26 @@ class Zero:
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         if self.rank < 0:
             raise ValueError("this process is not a member of the data-parallel group it was given")
-        self.device = next(model.parameters()).device
         self._names = {id(p): name for name, p in model.named_parameters()}
-        for name, p in model.named_parameters():
-            if not p.requires_grad:
-                raise ValueError(f"parameter {name} does not require grad: freeze it outside ZeRO's units")
-        self.units = [Unit(i, self._unit_name(m, i), m, self.n, self.rank) for i, m in enumerate(unit_modules(model))]
+        self._aliases: dict[int, list[str]] = {}        # every name of a parameter (tied weights have several)
+        for name, p in model.named_parameters(remove_duplicate=False):
+            self._aliases.setdefault(id(p), []).append(name)
+        planned = units.plan(model, stage)
+        self.device = planned[0][2][0].device
+        self.units = [Unit(i, name, m, ps, self.n, self.rank) for i, (m, name, ps) in enumerate(planned)]
         self.precision, self.max_grad_norm, self.skipped = precision, max_grad_norm, 0
         self.scaler, masters = self._mixed_precision(precision, scaler)
-        self.numel = sum(u.flat.numel for u in self.units)          # Ψ
+        self.numel = sum(u.flat.numel for u in self.units)          # Ψ (trainable)
         self.padded = sum(u.flat.padded for u in self.units)        # Ψ rounded up per unit
         self._next = len(self.units) - 1   # next unit to reduce in backward (backward runs units in reverse)
         self._hooks = []
         self._reduced = False  # stages 0-1: gradients of this step already reduced?
+        self._order = [u.index for u in self.units] if hasattr(model, "to_layers") else []   # forward order
+        self._seen: list[int] = []         # units whose forward ran in the current forward
+        self._active: list[Unit] = []      # units whose forward is running now (nested units stack)
+        self._guard = None                 # stage 3: the first step runs under FreedParameterGuard
+        self._in_forward = False
+        self._checked = stage != 3
         if stage == 3:
             for u in self.units:
                 u.shard = u.flat.partition(u.full).clone()
@@ -166,18 +166,12 @@ class Zero:
             if scaler is not None:
                 raise ValueError("a loss scaler only makes sense with precision='fp16' (or 'bf16')")
             return None, None
-        from par.mixed_precision import DTYPES, check_supported
-        check_supported(precision, self.device)
+        mixed_precision.check_supported(precision, self.device)
         masters = [p.detach().float().clone() for p in self.param_partitions(full_only=True)]
         for u in self.units:
-            u.flat.cast_(DTYPES[precision])
+            u.flat.cast_(mixed_precision.DTYPES[precision])
             u.full = u.flat.flat
-        if scaler is None:
-            scaler = DynamicLossScaler() if precision == "fp16" else StaticLossScaler(1.0)
-        return scaler, masters
-    def _unit_name(self, m: nn.Module, i: int) -> str:
-        name = {id(mod): n for n, mod in self.model.named_modules()}.get(id(m), "")
-        return name or f"unit{i}"
+        return (scaler if scaler is not None else default_scaler(precision)), masters
 
     # ------------------------------------------------------------ which partition do I update?
     def param_partitions(self, full_only: bool = False) -> list[torch.Tensor]:
@@ -199,14 +193,13 @@ class Zero:
 
     def _make_updater(self, optimizer, lr, masters, **kw):
         if self.offload:
-            from par.offload import CPUOffload
             return CPUOffload(masters or self.param_partitions(), optimizer, lr, recorder=self.rec, **kw)
         return DeviceUpdate(masters or self.param_partitions(), optimizer, lr, copies=masters is not None, **kw)
 
     # ------------------------------------------------------------ collectives, logged and timed
     def _comm(self, name: str, fn, *args, **kw):
         if self.prefetch:   # one talker per process: everything goes through the communication thread
-            return self._wait(name, self._comm_async(name, fn, *args, **kw))
+            return self._wait(self._comm_async(name, fn, *args, **kw))
         with commlog.tag(name):
             if self.rec is None:
                 return fn(*args, group=self.group, impl=self.impl, **kw)
@@ -214,37 +207,38 @@ class Zero:
                 return fn(*args, group=self.group, impl=self.impl, **kw)
 
     def _comm_async(self, name: str, fn, *args, **kw):
+        """Run a collective on the communication thread (recorded there, on the comm lane, as it runs)."""
         out = []
 
         def job():
             with commlog.tag(name):
-                out.append(fn(*args, group=self.group, impl=self.impl, **kw))
+                if self.rec is None:
+                    out.append(fn(*args, group=self.group, impl=self.impl, **kw))
+                else:
+                    with self.rec.span(name, lane="comm"):
+                        out.append(fn(*args, group=self.group, impl=self.impl, **kw))
         pending = comm_thread.run_async(job)
         pending.result = out
         return pending
 
-    def _wait(self, name: str, pending):
+    @staticmethod
+    def _wait(pending):
         pending.wait()
-        if self.rec is not None:
-            self.rec.add(name, pending.start - self.rec.t0, pending.end - self.rec.t0, lane="comm")
         return pending.result[0]
 
     def _reduce(self, u: Unit) -> None:
-        """Average the unit's gradient over the group: all-reduce (stage 0) or reduce-scatter (1-3)."""
-        if self.stage == 0:
-            self._comm(f"AR {u.name}", collectives.all_reduce, u.grad_full, op="avg")
-            return
+        """Stages 2-3, during backward: reduce-scatter the unit's gradient (averaged over the group), keep
+        only my partition; the full gradient goes away (stage 3: the parameters too)."""
         mine = self._comm(f"RS {u.name}", collectives.reduce_scatter, u.grad_full, op="avg")
-        if self.stage >= 2:          # keep only my partition; the full gradient goes away
-            u.grad_shard.add_(mine)
-            u.grad_full = None
-            if self.stage == 3:
-                self._free_params(u)
+        u.grad_shard.add_(mine)
+        u.grad_full = None
+        if self.stage == 3:
+            self._free_params(u)
 
     def _all_gather_params(self, u: Unit) -> None:
         """Stage 3: materialise the unit's full parameters from everyone's shard (or finish the prefetch)."""
         if u.pending is not None:
-            self._wait(f"AG {u.name} (prefetched)", u.pending)
+            self._wait(u.pending)
             u.pending, u.gathered = None, True
         if u.gathered:
             return
@@ -253,47 +247,95 @@ class Zero:
         self._comm(f"AG {u.name}", collectives.all_gather, u.full)
         u.gathered = True
 
-    def _prefetch(self, index: int) -> None:
-        """Start gathering unit `index` now; the hook that needs it waits for it."""
-        if not self.prefetch or not 0 <= index < len(self.units):
+    def _prefetch(self, u: Unit, step: int) -> None:
+        """Start gathering the unit after `u` in forward order (step=+1) or before it (backward, step=-1)."""
+        if not self.prefetch or u.index not in self._order:
             return
-        u = self.units[index]
-        if u.gathered or u.pending is not None:
+        k = self._order.index(u.index) + step
+        if not 0 <= k < len(self._order):
             return
-        _alloc(u.full)
-        u.flat.partition(u.full).copy_(u.shard)
-        u.pending = self._comm_async(f"AG {u.name} (prefetched)", collectives.all_gather, u.full)
+        nxt = self.units[self._order[k]]
+        if nxt.gathered or nxt.pending is not None:
+            return
+        _alloc(nxt.full)
+        nxt.flat.partition(nxt.full).copy_(nxt.shard)
+        nxt.pending = self._comm_async(f"AG {nxt.name} (prefetched)", collectives.all_gather, nxt.full)
 
     def _free_params(self, u: Unit) -> None:
+        if u.pending is not None:       # a prefetch still writing into the buffer: let it land first
+            self._wait(u.pending)
+            u.pending = None
         _free(u.full)
         u.gathered = False
 
+    # ------------------------------------------------------------ spans of a recorded step
+    def _open(self, u: Unit, name: str) -> None:
+        if self.rec is not None and u.span is None:
+            u.span = self.rec.span(name, lane="compute")
+            u.span.__enter__()
+
+    def _close(self, u: Unit) -> None:
+        if u.span is not None:
+            span, u.span = u.span, None
+            span.__exit__(None, None, None)
+
     # ------------------------------------------------------------ hooks
     def _install_param_hooks(self) -> None:
-        """Stage 3: gather before forward, free after it; gather again when backward reaches the unit."""
+        """Stage 3: gather before forward, free after it; gather again when backward reaches the unit.
+        The first forward and backward run under `units.FreedParameterGuard`."""
+        root = self.model
+        self._hooks.append(root.register_forward_pre_hook(lambda m, a: self._guard_on()))
         for u in self.units:
             self._hooks.append(u.module.register_forward_pre_hook(lambda m, a, u=u: self._before_forward(u)))
-            self._hooks.append(u.module.register_forward_hook(lambda m, a, out, u=u: self._after_forward(u, out)))
+            self._hooks.append(u.module.register_forward_hook(lambda m, a, out, u=u: self._after_forward(u, out),
+                                                              always_call=True))
+        self._hooks.append(root.register_forward_hook(lambda m, a, out: self._guard_off(), always_call=True))
+
+    def _guard_on(self) -> None:
+        """Root forward starts. On the first step, watch every operation until that step's backward ends."""
+        self._seen, self._in_forward = [], True
+        if not self._checked and self._guard is None:
+            self._guard = units.FreedParameterGuard(self)
+            self._guard.__enter__()
+
+    def _guard_off(self) -> None:
+        """Root forward ends: remember the order the units ran in (for prefetch). The guard stays on
+        through the loss and the backward when a backward can follow (`backward` turns it off)."""
+        self._in_forward = False
+        if self._seen and not _in_backward():
+            self._order = list(self._seen)
+        if self._guard is not None and (not torch.is_grad_enabled() or sys.exc_info()[0] is not None):
+            self._guard_stop()          # no backward will follow (no grad), or the forward failed
+
+    def _guard_stop(self) -> None:
+        if self._guard is not None:
+            guard, self._guard = self._guard, None
+            guard.__exit__(None, None, None)
 
     def _before_forward(self, u: Unit) -> None:
         self._all_gather_params(u)
-        self._prefetch(u.index + 1)
-        u.t_forward = self.rec.now() if self.rec else 0.0
+        if u.index not in self._seen:
+            self._seen.append(u.index)
+        self._active.append(u)
+        self._prefetch(u, +1)
+        self._open(u, f"F {u.name}")
 
     def _after_forward(self, u: Unit, out) -> None:
-        if self.rec:
-            self.rec.add(f"F {u.name}", u.t_forward, self.rec.now())
+        self._close(u)
+        if self._active and self._active[-1] is u:
+            self._active.pop()
+        if _in_backward():       # a recomputation (activation checkpointing): keep it for the backward
+            return
         self._free_params(u)
         if torch.is_grad_enabled():
-            outs = out if isinstance(out, (tuple, list)) else (out,)
-            for t in outs:
-                if isinstance(t, torch.Tensor) and t.requires_grad:
+            for t in units.output_tensors(out):
+                if t.requires_grad:
                     t.register_hook(lambda g, u=u: self._before_backward(u))
 
     def _before_backward(self, u: Unit) -> None:
         self._all_gather_params(u)
-        self._prefetch(u.index - 1)
-        u.t_backward = self.rec.now() if self.rec else 0.0
+        self._prefetch(u, -1)
+        self._open(u, f"B {u.name}")
 
     def _install_grad_hooks(self) -> None:
         """Stages 2-3: each parameter hands its gradient to its unit's bucket as soon as it is accumulated."""
@@ -309,8 +351,7 @@ class Zero:
         p.grad = None
         u.arrived += 1
         if u.arrived == len(u.params):
-            if self.rec and self.stage == 3:
-                self.rec.add(f"B {u.name}", u.t_backward, self.rec.now())
+            self._close(u)
             self._reduce_in_order()
 
     def _reduce_in_order(self, flush: bool = False) -> None:
@@ -320,6 +361,7 @@ class Zero:
             u = self.units[self._next]
             if u.arrived < len(u.params) and not flush:
                 return
+            self._close(u)
             if u.grad_full is None:
                 u.grad_full = torch.zeros(u.flat.padded, dtype=u.flat.dtype, device=self.device)
             self._reduce(u)
@@ -330,30 +372,70 @@ class Zero:
             h.remove()
         self._hooks.clear()
 
+    def close(self) -> None:
+        """Remove every hook: the model stops pointing back at this engine (through its hooks), so
+        dropping both frees them at once, without waiting for the cycle collector. Call it before
+        building the next engine when you measure peak memory per configuration."""
+        self.remove_hooks()
+        self._guard_stop()
+
+    # ------------------------------------------------------------ who holds a freed tensor (for the guard)
+    def owner_of(self, t: torch.Tensor):
+        """(parameter name, unit name) of a tensor that is a view of a stage-3 unit's buffer, else None."""
+        key = t.untyped_storage()._cdata
+        for u in self.units:
+            if u.full.untyped_storage()._cdata == key:
+                at = t.storage_offset() - u.full.storage_offset()
+                for p, (a, b) in zip(u.params, u.flat.offsets):
+                    if a <= at < b:
+                        return self._names.get(id(p), "?"), u.name
+                return "?", u.name
+        return None
+
+    def active_units(self) -> list[str]:
+        """Names of the units whose forward is running now, innermost last (the model itself when none)."""
+        return [u.name for u in self._active] or (["the model (outside every unit)"] if self._in_forward else [])
+
     # ------------------------------------------------------------ the training step
     def backward(self, loss: torch.Tensor) -> None:
         """loss.backward() (times the loss scale S in fp16). Stages 2-3 reduce each unit's gradient
         while backward runs; stages 0-1 let gradients accumulate locally and reduce them once per
         step (`reduce_gradients`), so accumulating micro-batches averages every partition once."""
-        (loss.float() * self.scaler.scale if self.scaler is not None else loss).backward()
+        scaled = loss.float() * self.scaler.scale if self.scaler is not None else loss
+        try:
+            scaled.backward()
+        finally:
+            if self._guard is not None:      # the first stage-3 step was watched to its end
+                self._guard_stop()
+                self._checked = True
         if self.stage >= 2:
             self._reduce_in_order(flush=True)
             for u in self.units:
                 u.arrived = 0
             self._next = len(self.units) - 1
+        if self.stage == 3:      # a prefetched unit whose forward did not run this step
+            for u in self.units:
+                if u.gathered or u.pending is not None:
+                    self._free_params(u)
 
     def reduce_gradients(self) -> None:
         """Stages 0-1, once per step (`step` calls it): put each unit's accumulated gradients in its flat
-        buffer and all-reduce (stage 0) or reduce-scatter (stage 1) it, last unit first. Stage 1 must
-        not reduce after every micro-batch: only my partition is averaged, the rest keeps local sums."""
+        buffer and all-reduce (stage 0) or reduce-scatter (stage 1) all of them, in one coalesced ring
+        (`par.coalesced`: each unit's chunks, one message per ring step). Stage 1 must not reduce after
+        every micro-batch: only my partition is averaged, the rest keeps local sums."""
         if self.stage <= 1 and not self._reduced:
-            for u in reversed(self.units):
+            for u in self.units:
                 self._collect_grads(u)
-                self._reduce(u)
+            grads = [u.grad_full for u in reversed(self.units)]
+            if self.stage == 0:
+                self._comm("AR (every unit)", coalesced.all_reduce, grads, op="avg")
+            else:
+                self._comm("RS (every unit)", coalesced.reduce_scatter, grads, op="avg")
             self._reduced = True
 
     def _collect_grads(self, u: Unit) -> None:
-        """Stages 0-1: the unit's gradients live in one flat buffer; .grad of each param is a view of it."""
+        """Stages 0-1: the unit's gradients live in one flat buffer; .grad of each param is a view of it
+        (from the second step on autograd accumulates straight into the buffer: nothing to copy)."""
         if u.grad_full is None:
             u.grad_full = torch.zeros(u.flat.padded, dtype=u.flat.dtype, device=self.device)
         for p, view in zip(u.params, u.flat.views(u.grad_full)):
@@ -366,8 +448,10 @@ class Zero:
         mixed precision skipped the step because some rank's gradients overflowed."""
         self.reduce_gradients()
         self.updater.load_grads(self.grad_partitions())
+        grads = [m.grad for m in self.updater.masters()]
         if self.scaler is not None:
-            overflow = self._unscale_and_check()
+            mixed_precision.unscale_(grads, self.scaler.scale)
+            overflow = mixed_precision.found_overflow(grads, self.group, self.impl, self.device)
             self.scaler.update(overflow)
             if overflow:
                 self.updater.clear_grads()
@@ -375,40 +459,20 @@ class Zero:
                 return False
         if self.max_grad_norm is not None:
             self.clip_grad_norm_(self.max_grad_norm)
-        if self.rec:
+        if self.rec and not self.offload:       # CPUOffload records its own phases
             with self.rec.span("update", lane="compute"):
                 self.updater.apply(self.param_partitions())
         else:
             self.updater.apply(self.param_partitions())
         if self.stage in (1, 2):
-            for u in self.units:
-                self._comm(f"AG {u.name}", collectives.all_gather, u.full)
+            self._comm("AG (every unit)", coalesced.all_gather, [u.full for u in self.units])
         return True
 
-    @torch.no_grad()
-    def _unscale_and_check(self) -> bool:
-        """Divide the fp32 gradients by S; True when any rank's partition holds inf or nan."""
-        grads = [m.grad for m in self.updater.masters()]
-        for g in grads:
-            g.mul_(1.0 / self.scaler.scale)
-        bad = torch.stack([~torch.isfinite(g).all() for g in grads]).any().float().reshape(1).to(self.device)
-        with commlog.tag("overflow flag"):
-            collectives.all_reduce(bad, op="max", group=self.group, impl=self.impl)
-        return bool(bad.item() > 0)
-
-    @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> float:
         """‖g‖ = sqrt(Σ over ranks of Σ over my partition g²) (stage 0 holds all of it); scale g if ‖g‖ > max_norm."""
         grads = [m.grad for m in self.updater.masters()]
-        sq = torch.stack([g.double().pow(2).sum() for g in grads]).sum().reshape(1).to(self.device)
-        if self.stage > 0:
-            with commlog.tag("grad norm"):
-                collectives.all_reduce(sq, op="sum", group=self.group, impl=self.impl)
-        norm = sq.sqrt().item()
-        if norm > max_norm:
-            for g in grads:
-                g.mul_(max_norm / (norm + 1e-6))
-        return norm
+        norm = mixed_precision.grad_norm(grads, self.group, self.impl, sharded=self.stage > 0, device=self.device)
+        return mixed_precision.clip_(grads, max_norm, norm)
 
     def zero_grad(self) -> None:
         self._reduced = False
@@ -443,8 +507,8 @@ class Zero:
 
     # ------------------------------------------------------------ the whole model, for checks and checkpoints
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter at full size and in fp32 (the updater's master values), on every rank.
-        Costs one all-gather of Ψ (logged like everything else)."""
+        """Every trainable parameter at full size and in fp32 (the updater's master values), on every rank,
+        under each of its names (a tied weight appears under both). Costs one all-gather of Ψ (logged)."""
         out = {}
         masters = self.updater.masters()
         for u, m in zip(self.units, masters):
@@ -455,9 +519,9 @@ class Zero:
                 u.flat.partition(full).copy_(m.detach())
                 self._comm(f"AG {u.name} state", collectives.all_gather, full)
             for p, view in zip(u.params, u.flat.views(full)):
-                out[self._names[id(p)]] = view.clone()
+                for name in self._aliases[id(p)]:
+                    out[name] = view.clone()
         return out
-
 
     def load_partitions(self, masters: list[torch.Tensor], states: list[dict]) -> None:
         """Set this rank's master partitions and their optimizer state (from `par.checkpoint`), then
@@ -480,46 +544,3 @@ class Zero:
         if self.stage in (1, 2):
             for u in self.units:
                 self._comm(f"AG {u.name} load", collectives.all_gather, u.full)
-
-
-class DeviceUpdate:
-    """The optimizer over this rank's partitions, on the training device.
-
-    fp32: the optimizer's parameters *are* the partitions (views, no copy), so its update writes
-    straight into the flat buffers. Mixed precision: they are fp32 master copies of the partitions,
-    and `apply` rounds them back into the 16-bit partitions after the step.
-    """
-
-    def __init__(self, masters: list[torch.Tensor], optimizer: str, lr: float, copies: bool = False, **kw):
-        self.params = [nn.Parameter(p, requires_grad=True) for p in masters]   # shares storage with `masters`
-        self.copies = copies   # the masters are fp32 copies (mixed precision), not the partitions themselves
-        self.opt = make_optimizer(self.params, optimizer, lr, **kw)
-
-    def load_grads(self, grads) -> None:
-        """The reduced gradient partitions become the masters' .grad (fp32; no copy when already fp32)."""
-        for m, g in zip(self.params, grads):
-            m.grad = g if g.dtype == torch.float32 else g.float()
-
-    def apply(self, partitions) -> None:
-        self.opt.step()
-        with torch.no_grad():
-            for m, p in zip(self.params, partitions):
-                if p.data_ptr() != m.data_ptr():
-                    p.copy_(m)
-        self.clear_grads()
-
-    def clear_grads(self) -> None:
-        for m in self.params:
-            m.grad = None
-
-    def masters(self) -> list[torch.Tensor]:
-        return self.params
-
-    def state_tensors(self) -> list[torch.Tensor]:
-        return [v for st in self.opt.state.values() for v in st.values()
-                if isinstance(v, torch.Tensor) and v.dim() > 0]
-
-    def state_bytes(self) -> dict:
-        """Per-element optimizer state, plus the fp32 masters when they are copies (mixed precision)."""
-        b = tensor_bytes(self.state_tensors() + (self.params if self.copies else []))
-        return {"total": b, "device": b, "host": 0}

@@ -245,7 +245,7 @@ def test_cuda_peak_is_none_on_cpu():
 
 # ---------------------------------------------------------------- the launched job
 def test_job_on_two_ranks_predicted_equals_measured():
-    r = par.launch.run("par.jobs.memory", nproc=2, timeout=180, quiet=True, retries_on_crash=1,
+    r = par.launch.run("par.jobs.memory", nproc=2, timeout=180, quiet=True,
                        args=["--optimizers", "adam,momentum,sgd", "--precisions", "fp32,bf16", "--steps", "3"])
     assert r["world_size"] == 2 and r["numel"] == memory.param_count("tiny")
     psi = r["numel"]
@@ -276,3 +276,57 @@ def test_memory_bars_draws_one_stack_per_stage():
     assert len(ax.patches) == 3 * len(rows)
     tops = sorted(float(t.get_text()) for t in ax.texts)
     assert tops == sorted(float(f"{r['total'] / 1e9:.3g}") for r in rows)
+
+
+# ---------------------------------------------------------------- peaks: recomputation, mixed precision, offload
+def test_full_recomputation_peak_keeps_one_layer_rebuilt():
+    s, b, h, a, L = 2048, 1, 768, 12, 12
+    full = memory.activation_bytes_per_layer(s, b, h, a)
+    kept = memory.activation_bytes_per_layer(s, b, h, a, "full")
+    assert memory.activation_peak_bytes(s, b, h, a, L) == L * full
+    assert memory.activation_peak_bytes(s, b, h, a, L, "full") == L * kept + full      # not L · 2sbh alone
+    assert memory.activation_peak_bytes(s, b, h, a, L, "full", in_flight=3) == 3 * L * kept + full
+    assert memory.activation_bytes("gpt3-small", batch=b, seq=s, recompute="full") == L * 2 * s * b * h + full
+    assert memory.activation_bytes("gpt3-small", batch=b, seq=s) == L * full
+    assert memory.activation_peak_bytes(s, b, h, a, 0, "full") == 0
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+def test_tensor_parallel_activations_follow_korthikanti(t):
+    s, b, h, a = 2048, 2, 1024, 16
+    got = memory.activation_bytes_per_layer(s, b, h, a, tp=t)
+    assert got == pytest.approx(s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) if t > 1 else s * b * h * (34 + 5 * a * s / h))
+    assert memory.activation_bytes_per_layer(s, b, h, a, "full", tp=t) == 2 * s * b * h              # replicated
+    assert memory.activation_bytes_per_layer(s, b, h, a, "full", tp=t, partitioned=True) == 2 * s * b * h / t
+    with pytest.raises(ValueError, match="tensor-parallel degree"):
+        memory.activation_bytes_per_layer(s, b, h, a, tp=0)
+
+
+def test_fp32_gradients_raise_the_mixed_precision_peak_only_when_activations_are_small():
+    psi = 1e9
+    small = memory.mixed_precision_peak_bytes(psi, activations=1e9)      # A < 4Ψ: the update is the peak
+    assert small["fp32_grads_raise_peak"] and small["peak"] == 18 * psi
+    assert small["peak_without_fp32_grads"] == 16 * psi                   # backward's end: 2 + 12 + 2
+    edge = memory.mixed_precision_peak_bytes(psi, activations=4 * psi)   # A = 4Ψ: the forward's end ties it
+    assert not edge["fp32_grads_raise_peak"] and edge["peak"] == 18 * psi
+    large = memory.mixed_precision_peak_bytes(psi, activations=20 * psi)
+    assert not large["fp32_grads_raise_peak"] and large["peak"] == 34 * psi
+    g3 = memory.param_count("gpt3-small")
+    assert not memory.mixed_precision_peak_bytes(g3, memory.activation_bytes("gpt3-small", 8, 2048))["fp32_grads_raise_peak"]
+    l7 = memory.param_count("llama-7b")
+    assert memory.mixed_precision_peak_bytes(l7, memory.activation_bytes("llama-7b", 1, 2048, recompute="full"))[
+        "fp32_grads_raise_peak"]
+    assert memory.mixed_precision_peak_bytes(psi, 0, "sgd")["update"] == (2 + 4 + 4) * psi
+
+
+def test_offload_transfers_over_pcie():
+    from par import offload
+    moved = offload.transfer_bytes_per_step(1001, 4, 2, 2)
+    assert moved == {"to_host": 251 * 2, "to_device": 251 * 2}
+    t = offload.transfer_seconds(1001, 4, 2, 2, bandwidth=1e3)
+    assert t == {"to_host": 0.502, "to_device": 0.502, "total": 1.004}
+    assert offload.transfer_seconds(8e9, 8)["total"] == pytest.approx(2 * 4e9 / offload.PCIE_BYTES_PER_S)
+
+
+def test_free_device_memory_is_harmless_on_the_cpu():
+    memory.free_device_memory()

@@ -248,12 +248,13 @@ def test_bad_input_is_one_clear_error():
 _RESULTS: dict = {}
 
 
-@pytest.fixture(params=(2, 3), ids=lambda n: f"n{n}")
+@pytest.fixture(params=((2, False), (3, False), (3, True)), ids=lambda r: f"n{r[0]}" + ("-nccl-emulation" if r[1] else ""))
 def ranks(request):
-    n = request.param
-    if n not in _RESULTS:
-        _RESULTS[n] = par.launch.run(str(WORKER), nproc=n, timeout=400, quiet=True, retries_on_crash=1)
-    return n, _RESULTS[n]
+    n, emulated = request.param
+    if request.param not in _RESULTS:   # emulated: batch_isend_irecv as under NCCL (one Work, data valid after wait)
+        _RESULTS[request.param] = par.launch.run(str(WORKER), nproc=n, timeout=400, quiet=True,
+                                                 env={"PAR_NCCL_EMULATION": "1"} if emulated else None)
+    return n, _RESULTS[request.param]
 
 
 @pytest.mark.parametrize("case", ["overflow fp16", "overflow bf16"])
@@ -285,7 +286,7 @@ def test_data_parallel_hook_averages_16_bit_gradients(ranks):
 
 def test_training_job_reports_skips_memory_and_16_bit_traffic():
     """par.jobs.train_mp on 2 ranks: inf injected on rank 1 only, 16-bit DP all-reduce, memory = formula."""
-    res = par.launch.run("par.jobs.train_mp", nproc=2, timeout=400, quiet=True, retries_on_crash=1, args=[
+    res = par.launch.run("par.jobs.train_mp", nproc=2, timeout=400, quiet=True, args=[
         "--dtype", "fp32,fp16,bf16", "--steps", 4, "--batch", 4, "--init-scale", 2 ** 12, "--window", 2,
         "--inject", "1,2", "--inject-rank", 1, "--max-grad-norm", 1.0, "--warmup", 2])
     runs = {r["dtype"]: r for r in res["runs"]}
@@ -311,3 +312,34 @@ def test_composes_with_the_naive_data_parallel_wrapper(ranks):
     assert len({r["start"] for r in per_rank}) == 1, "NaiveDP broadcast rank 0's weights before the masters were taken"
     assert len({r["hash"] for r in per_rank}) == 1 and per_rank[0]["hash"] != per_rank[0]["start"]
     assert all(r["dtype"] == "torch.float16" and r["skipped"] == 0 for r in per_rank)
+
+
+def test_bf16_support_ignores_emulation(monkeypatch):
+    """A pre-Ampere GPU emulates bf16: torch.cuda.is_bf16_supported() says True unless emulation is excluded."""
+    from par import mixed_precision
+    assert mixed_precision.bf16_supported("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert not mixed_precision.bf16_supported("cuda")
+    with pytest.raises(UnsupportedPrecision, match="Ampere .* sm_75"):
+        check_supported("bf16", "cuda")
+
+
+def test_step_six_is_one_set_of_functions():
+    """ZeRO and MixedPrecision run the same unscale / overflow / norm / clip (par.mixed_precision), and the
+    default scaler is chosen in one place (par.loss_scaler.default_scaler)."""
+    import inspect
+
+    from par import loss_scaler, mixed_precision, zero
+    g = [torch.tensor([3.0, 4.0]), torch.tensor([0.0])]
+    mixed_precision.unscale_(g, 2.0)
+    assert torch.equal(g[0], torch.tensor([1.5, 2.0]))
+    assert mixed_precision.grad_norm(g) == 2.5
+    assert mixed_precision.clip_(g, 1.0, 2.5) == 2.5 and abs(mixed_precision.grad_norm(g) - 1.0) < 1e-5
+    assert not mixed_precision.found_overflow(g) and mixed_precision.found_overflow([torch.tensor([float("nan")])])
+    assert isinstance(loss_scaler.default_scaler("fp16"), DynamicLossScaler)
+    assert loss_scaler.default_scaler("bf16").scale == 1.0 and loss_scaler.default_scaler("fp32") is None
+    source = inspect.getsource(zero)
+    assert "isfinite" not in source and "DynamicLossScaler" not in source and ".pow(2)" not in source
+    assert "import zero" not in inspect.getsource(__import__("par.updaters", fromlist=["x"]))

@@ -14,12 +14,16 @@ optimizer, trains it for `--steps` real steps on batches of its own:
 It measures the live bytes of parameters, gradients and optimizer state after
 building, after the first backward and after every step
 (`par.memory.live_model_state_bytes`), beside the formula `model_state_bytes`; the
-bytes autograd saves for one forward (activations); and the CUDA peak on a GPU.
-Rank 0 saves every rank's numbers, keyed "<precision> <optimizer>".
+bytes autograd saves for one forward (activations); and the CUDA peak on a GPU, each
+configuration's own (the previous one is released first). Rank 0 saves {"world_size",
+"backend", ..., "runs": {"<precision> <optimizer>": ...}}, each run with every rank's numbers
+and the job contract's `losses` (mean over the ranks' own batches), `step_s` (slowest rank) and
+`per_rank`.
 """
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 
@@ -51,6 +55,7 @@ def parse(argv=None):
 
 def measure_one(cfg, precision: str, optimizer: str, batch: int, steps: int, seed: int, env) -> dict:
     """`steps` steps; live model-state bytes after build, the first backward and each step."""
+    memory.free_device_memory()       # the previous configuration's tensors must not count in this peak
     memory.reset_cuda_peak(env.device)
     model = build(cfg, seed=seed).to(env.device, DTYPES[precision])
     params = list(model.parameters())
@@ -59,12 +64,14 @@ def measure_one(cfg, precision: str, optimizer: str, batch: int, steps: int, see
     data = CharDataset(block_size=cfg.block_size)
     g = torch.Generator().manual_seed(seed * 1000 + env.rank)
     phases = {"built": memory.live_model_state_bytes(model, opt).to_dict()}
-    totals = []
+    totals, losses, times = [], [], []
     for step in range(max(1, steps)):
+        t0 = time.perf_counter()
         rows = torch.randint(len(data), (batch,), generator=g).tolist()
         x, y = (torch.stack(t).to(env.device) for t in zip(*(data[i] for i in rows)))
         opt.zero_grad(set_to_none=True)
-        lm_loss(model(x).float(), y).backward()
+        loss = lm_loss(model(x).float(), y)
+        loss.backward()
         if step == 0:
             phases["backward"] = memory.live_model_state_bytes(model, opt).to_dict()
         if masters is not params:                     # mixed precision: update the fp32 masters
@@ -76,6 +83,8 @@ def measure_one(cfg, precision: str, optimizer: str, batch: int, steps: int, see
                 for m, p in zip(masters, params):
                     p.copy_(m)
                     m.grad = None
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
         totals.append(memory.live_model_state_bytes(model, opt).total)
     measured = memory.live_model_state_bytes(model, opt)
     phases["step"] = measured.to_dict()
@@ -90,6 +99,7 @@ def measure_one(cfg, precision: str, optimizer: str, batch: int, steps: int, see
         "activation_bytes": activations,
         "scalar_bytes": memory.live_model_state_bytes(model, opt, include_scalars=True).optimizer - measured.optimizer,
         "cuda_peak": memory.cuda_peak_bytes(env.device),
+        "losses": losses, "times": times,
     }
 
 
@@ -110,7 +120,10 @@ def main(argv=None):
         par.dist.save_result({
             "preset": args.preset, "steps": args.steps, "batch": args.batch, "world_size": env.world_size,
             "backend": env.backend, "device": str(env.device), "numel": memory.param_count(cfg),
-            "runs": {k: {"predicted": mine[k]["predicted"], **{f: [r[k][f] for r in ranks] for f in per_rank}}
+            "runs": {k: {"predicted": mine[k]["predicted"], **{f: [r[k][f] for r in ranks] for f in per_rank},
+                         "losses": [sum(r[k]["losses"][s] for r in ranks) / len(ranks) for s in range(len(mine[k]["losses"]))],
+                         "step_s": [max(r[k]["times"][s] for r in ranks) for s in range(len(mine[k]["times"]))],
+                         "per_rank": [{f: r[k][f] for f in ("losses", "times", "cuda_peak")} for r in ranks]}
                      for k in mine},
         })
     par.dist.teardown()

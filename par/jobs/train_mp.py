@@ -8,10 +8,12 @@ rows r, r+N, ... as DistributedSampler would); the 16-bit gradients are averaged
 ranks (par.dp_naive.average_gradients) between backward and unscale. `--inject` puts an inf
 into one gradient on `--inject-rank` at the listed steps of the fp16/bf16 runs: every rank must
 skip them (fp32 training has no overflow check, so an inf there would end the run in nan).
-Rank 0 saves {"runs": [...]}: per step the loss (mean over ranks), the loss scale used,
-skipped or not, gradient norm and learning rate; the model-state bytes measured after a
-backward beside the formula; the bytes autograd saved for backward (activations); the
-bytes the gradient all-reduce sent; whether the replicas ended identical.
+Rank 0 saves {"world_size", "backend", "runs": [...]} (the job contract of `par.jobs`), per run:
+`losses` (per step, the mean over ranks), `step_s` (per step, the slowest rank), `per_rank`
+(each rank's losses, times, parameter hash and skips), and per step the loss scale used, skipped
+or not, gradient norm and learning rate; the model-state bytes measured after a backward beside
+the formula; the bytes autograd saved for backward (activations); the bytes the gradient
+all-reduce sent; whether the replicas ended identical.
 """
 from __future__ import annotations
 
@@ -72,6 +74,8 @@ def poison(params, kind: str = "inf") -> None:
 
 def train_one(args, dtype: str, env) -> dict:
     n, rank = env.world_size, env.rank
+    memory.free_device_memory()       # the previous dtype's run is gone: its peak must not count here
+    memory.reset_cuda_peak(env.device)
     if args.batch % n:
         raise ValueError(f"--batch {args.batch} must be divisible by the world size {n}")
     cfg = preset(args.preset)
@@ -134,8 +138,9 @@ def train_one(args, dtype: str, env) -> dict:
               "activation_bytes": activations,
               "scaler": repr(mp.scaler) if mp else None}
     if per_rank is not None:
-        result["loss"] = [sum(r["loss"][s] for r in per_rank) / n for s in range(len(log["loss"]))]
-        result["step_time"] = [max(r["time"][s] for r in per_rank) for s in range(len(log["time"]))]
+        result["losses"] = [sum(r["loss"][s] for r in per_rank) / n for s in range(len(log["loss"]))]
+        result["step_s"] = [max(r["time"][s] for r in per_rank) for s in range(len(log["time"]))]
+        result["per_rank"] = per_rank
         result["replicas_identical"] = len({r["hash"] for r in per_rank}) == 1
         result["same_skips_on_all_ranks"] = len({tuple(r["skipped"]) for r in per_rank}) == 1
     return result

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import par.dist
-from par import checkpoint, commlog, memory
+from par import checkpoint, coalesced, collectives, commlog, memory
 from par.loss_scaler import DynamicLossScaler
 from par.mixed_precision import MixedPrecision
 from par.model import GPTLite, TinyMLP, lm_loss, preset
@@ -255,12 +255,32 @@ def checkpoint_cases(rank, n, root, out):
             out["reshard"].append(gathered)
 
 
+def coalesced_cases(rank, n, out):
+    """par.coalesced against one par.collectives call per buffer: the same bits, the same logged bytes."""
+    sizes = [1, 7, 33, 1000, 3 * n + 1]
+    for kind in ("reduce_scatter", "all_reduce", "all_gather"):
+        for op in ("sum", "avg", "max") if kind != "all_gather" else ("-",):
+            g = torch.Generator().manual_seed(11 + rank)
+            a = [torch.randn(k, generator=g) for k in sizes]
+            b = [t.clone() for t in a]
+            kw = {} if kind == "all_gather" else {"op": op}
+            with commlog.capture() as la:
+                getattr(coalesced, kind)(a, **kw)
+            with commlog.capture() as lb:
+                for t in b:
+                    getattr(collectives, kind)(t, **kw)
+            out["coalesced"].append({"kind": kind, "op": op, "equal": all(torch.equal(x, y) for x, y in zip(a, b)),
+                                     "events": [(e.kind, e.numel, e.bytes_sent) for e in la.events],
+                                     "reference": [(e.kind, e.numel, e.bytes_sent) for e in lb.events]})
+
+
 def main():
     root = sys.argv[1]
     env = par.dist.init()
     rank, n = env.rank, env.world_size
     out = {"world": n, "equivalence": [], "accumulation": [], "bytes": [], "memory": [], "resume": [], "reshard": [],
-           "mixed": [], "mixed_sgd": []}
+           "mixed": [], "mixed_sgd": [], "coalesced": []}
+    coalesced_cases(rank, n, out)
     equivalence(rank, n, out)
     bytes_and_memory(rank, n, out)
     mixed_precision(rank, n, out)
