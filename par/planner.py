@@ -165,18 +165,14 @@ def group_bandwidth(axis: str, layout: Layout, hw: Hardware) -> float:
 
 def activation_bytes(w: Workload, micro_batch: int, layers: int, in_flight: int, tp: int,
                      last_stage: bool) -> float:
-    """Activations one device keeps at the peak: per-layer formula / tp × layers × micro-batches in flight,
+    """Activations one device keeps at the peak: `par.memory.activation_peak_bytes` for the stage's layers
+    and the micro-batches in flight (with full recomputation: the layer inputs plus one layer rebuilt),
     plus the logits (2·b·s·V values) on the last stage."""
     cfg, e = w.model, w.bytes_per_value
-    full = memory.activation_bytes_per_layer(w.seq, micro_batch, cfg.d_model, cfg.n_head,
-                                             bytes_per_value=e, dropout=False) / tp
+    acts = memory.activation_peak_bytes(w.seq, micro_batch, cfg.d_model, cfg.n_head, layers, w.recompute, e,
+                                        dropout=False, tp=tp, in_flight=in_flight)
     logits = 2 * micro_batch * w.seq * cfg.vocab_size * e if last_stage else 0
-    if w.recompute == "full":   # the layer inputs stay; one layer at a time is rebuilt in full during backward
-        # THE ONE CALL SITE for the recomputation peak (lecture 01's formula). When par.memory gets that
-        # formula (zero branch: "L layer inputs + one layer rebuilt"), call it here instead of the next lines.
-        kept = memory.activation_bytes_per_layer(w.seq, micro_batch, cfg.d_model, cfg.n_head, "full", e)
-        return kept * layers * in_flight + full + logits
-    return full * layers * in_flight + logits * in_flight
+    return acts + logits * (1 if w.recompute == "full" else in_flight)
 
 
 def zero_bytes_per_step(numel: float, dp: int, stage: int, microbatches: int = 1, bytes_per_value: int = 2) -> float:
