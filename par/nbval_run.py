@@ -40,6 +40,7 @@ _LOCK = threading.Lock()
 KERNEL_DIED_EXIT = 3
 ROOT = Path(__file__).resolve().parents[1]
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+LAUNCH_ROOT_CAUSE = re.compile(r"\brank (\d+) failed: (.+)$")
 ERROR_LINE = re.compile(r"^\s*(?:\[\w+\]:\s*)*[\w.]+(?:Error|Exception|Interrupt|Exit)\b")
 
 
@@ -175,6 +176,9 @@ def summary(text: str) -> tuple[str, str]:
     if "Timeout of" in text:
         line = next(line for line in lines if "Timeout of" in line)
         return line.strip(), "\n".join(lines[-15:])
+    launched = next((m for m in map(LAUNCH_ROOT_CAUSE.search, lines) if m), None)
+    if launched:    # a launched job failed: par.launch.LaunchError's first line names the rank and the error
+        return f"{launched.group(2).strip()} (rank {launched.group(1)})"[:300], "\n".join(lines[-15:])
     error = next((line for line in reversed(lines) if re.match(ERROR_LINE, line)), lines[-1] if lines else "")
     rank = re.match(r"^\s*(?:\[\w+\]:\s*)*\[rank(\d+)\]:", error)     # a launched rank's error, prefixed by torchrun
     error = re.sub(r"^\s*(?:\[\w+\]:\s*)+", "", error).strip() + (f" (rank {rank.group(1)})" if rank else "")

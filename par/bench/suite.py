@@ -197,7 +197,12 @@ def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
     bad = [row["error"] for row in rows.values() if "error" in row]
     if strict and bad:
         raise BenchmarkError(bad[0])
-    todo = sorted(launches(rows).items())
+    from par.preflight import choose_backend
+    if choose_backend(nproc, backend) == "nccl":   # on GPUs: a row needing more GPUs than the run has is skipped
+        for row in rows.values():
+            if row["nproc"] > nproc and "error" not in row:
+                row["skipped"] = f"needs {row['nproc']} GPUs, this run has {nproc}"
+    todo = sorted(launches({k: r for k, r in rows.items() if "skipped" not in r}).items())
     if progress:
         from tqdm.auto import tqdm
         todo = tqdm(todo, desc="launches", unit="launch")
