@@ -1,0 +1,115 @@
+"""Ring attention (context parallelism) equals dense causal attention.
+
+In-process: the layouts (who holds which tokens), the causal work per rank, the online-softmax merge,
+the byte formulas. Multi-process: one launch per world size (2, 3, 4) runs tests/workers/cp_check.py:
+attention for both layouts and lengths that do and do not divide, a GPT-lite trained three Adam steps,
+bytes against `ring_attention_bytes`; the 3-rank launch runs with gloo and with NCCL emulation (`p2p_env`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from par import context_parallel as cp, launch
+from par.model import causal_attention
+
+WORKER = Path(__file__).parent / "workers" / "cp_check.py"
+TOL = 5e-6
+_CACHE: dict = {}
+
+
+def run_worker(n: int, env: dict | None = None) -> list[dict]:
+    key = (n, tuple(sorted((env or {}).items())))
+    if key not in _CACHE:
+        out = launch.run(str(WORKER), nproc=n, timeout=240, quiet=True, env=env)
+        assert out["world_size"] == n and out["nccl_emulation"] == bool(env)
+        _CACHE[key] = out["ranks"]
+    return _CACHE[key]
+
+
+# ---------------------------------------------------------------- in-process
+@pytest.mark.parametrize("seq,n", [(12, 2), (13, 3), (17, 4), (8, 4)])
+@pytest.mark.parametrize("layout", cp.LAYOUTS)
+def test_layouts_cover_every_token_once(seq, n, layout):
+    pos = cp.all_positions(seq, n, layout)
+    assert sorted(torch.cat(pos).tolist()) == list(range(seq))
+    sizes = [len(p) for p in pos]
+    assert max(sizes) - min(sizes) <= (2 if layout == "balanced" else 1)
+
+
+def test_balanced_layout_holds_one_early_and_one_late_chunk():
+    assert cp.chunk_positions(16, 4, 0).tolist() == [0, 1, 14, 15]
+    assert cp.chunk_positions(16, 4, 3).tolist() == [6, 7, 8, 9]
+    assert cp.chunk_positions(16, 4, 1, "naive").tolist() == [4, 5, 6, 7]
+
+
+def test_balanced_layout_evens_out_the_causal_work():
+    naive, balanced = cp.causal_pairs(1024, 4, "naive"), cp.causal_pairs(1024, 4)
+    assert sum(naive) == sum(balanced) == 1024 * 1025 // 2
+    assert max(naive) / min(naive) > 6                 # rank 3 scores 7x the pairs rank 0 does
+    assert max(balanced) == min(balanced)
+
+
+def test_short_sequences_and_unknown_layouts_fail_in_one_line():
+    with pytest.raises(ValueError, match="at least 8 tokens"):
+        cp.chunk_positions(7, 4, 0)
+    with pytest.raises(ValueError, match="layout"):
+        cp.chunk_positions(16, 4, 0, "zigzag")
+
+
+def test_merging_block_states_is_the_softmax_of_the_whole_row():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 5, 4), torch.randn(2, 9, 4), torch.randn(2, 9, 3)
+    s = q @ k.transpose(-2, -1)
+    s[:, 0, :6] = float("-inf")                         # a row whose first blocks are all masked
+    state = cp.block_state(s[..., :3], v[:, :3])
+    for a, b in ((3, 6), (6, 9)):
+        state = cp.merge(*state, *cp.block_state(s[..., a:b], v[:, a:b]))
+    out, lse = cp.finish(*state)
+    assert torch.allclose(out, torch.softmax(s, -1) @ v, atol=1e-6)
+    assert torch.allclose(lse, torch.logsumexp(s, -1, keepdim=True), atol=1e-6)
+    assert not torch.isnan(out).any()
+
+
+def test_one_rank_is_dense_attention():
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 11, 8, requires_grad=True) for _ in range(3))
+    out = cp.ring_attention(q, k, v, cp.all_positions(11, 1))
+    assert (out - causal_attention(q, k, v)).abs().max() <= TOL
+    out.sum().backward()
+    assert q.grad is not None and k.grad is not None
+
+
+def test_byte_formulas():
+    assert cp.ring_attention_bytes([4, 4, 4, 4], 1, 2, 8) == cp.ring_attention_bytes_even(2, 16, 8, 4)
+    # uneven: rank 0 of [5, 4, 4] sends its own block (5) then rank 2's (4), K and V
+    assert cp.ring_attention_bytes([5, 4, 4], 0, 1, 1, 1) == {"forward": 2 * 9, "backward": 2 * 9 + 2 * 13}
+
+
+# ---------------------------------------------------------------- multi-process
+def _check_ranks(ranks, n):
+    assert len(ranks) == n
+    for r, res in enumerate(ranks):
+        cases = [k for k in res if k.startswith("attention")]
+        assert len(cases) == 4
+        for case in cases:
+            c = res[case]
+            for key in ("forward", "dq", "dk", "dv"):
+                assert c[key] <= TOL, (r, case, key, c[key])
+            assert c["bytes"] == c["formula"], (r, case)
+            assert c["tags"] == ["cp/bwd", "cp/fwd"]
+        g = res["gpt"]
+        assert g["logits"] <= TOL and g["grads"] <= TOL and g["loss"] <= TOL and g["params"] <= 1e-5, g
+        assert res["timeline"] == {"compute": n, "comm": n - 1}
+        assert "at least" in res["errors"]["short"]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ring_attention_equals_dense(n):
+    _check_ranks(run_worker(n), n)
+
+
+def test_ring_attention_equals_dense_three_ranks(p2p_env):
+    _check_ranks(run_worker(3, p2p_env), 3)
