@@ -242,9 +242,14 @@ def attention_forward(attn, x, positions, group=None, recorder=None) -> torch.Te
     from par.model import merge_heads, split_heads
     q, k, v = attn.qkv(x).chunk(3, dim=-1)
     h = attn.n_head
-    y = ring_attention(split_heads(q, h), split_heads(k, h).contiguous(), split_heads(v, h).contiguous(),
-                       positions, group, recorder)
-    return attn.proj(merge_heads(y))
+    q, k, v = (split_heads(t, h).contiguous() for t in (q, k, v))   # own storages: the ring keeps only these
+    return attn.proj(merge_heads(ring_attention(q, k, v, positions, group, recorder)))
+
+
+def block_forward(block, x, positions, group=None, recorder=None) -> torch.Tensor:
+    """`par.model.Block` on this rank's tokens: x + Attn_ring(LN(x)), then x + MLP(LN(x))."""
+    x = x + attention_forward(block.attn, block.ln1(x), positions, group, recorder)
+    return x + block.mlp(block.ln2(x))
 
 
 def gpt_forward(model, idx, positions, group=None, recorder=None) -> torch.Tensor:
@@ -255,20 +260,11 @@ def gpt_forward(model, idx, positions, group=None, recorder=None) -> torch.Tenso
     pos = positions[me].to(idx.device)
     x = model.embed.tok(idx) + model.embed.pos(pos)
     for block in model.blocks:
-        x = x + attention_forward(block.attn, block.ln1(x), positions, group, recorder)
-        x = x + block.mlp(block.ln2(x))
+        x = block_forward(block, x, positions, group, recorder)
     return model.head(x)
 
 
 def sync_grads(model, group=None, impl: str = "ring") -> None:
     """Sum the replicated weights' gradients over the context-parallel group (each rank saw other tokens)."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if group_size(group) == 1 or not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    with commlog.tag("cp/grads"):
-        collectives.all_reduce(flat, "sum", group=group, impl=impl)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
+    from par.sequence_parallel import sum_gradients
+    sum_gradients(list(model.parameters()), group, impl, "cp/grads")

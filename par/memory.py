@@ -24,7 +24,8 @@ mixed precision shown (fp32: 4Ψ weights and 4Ψ grads instead of 2Ψ):
 
 Activations of one transformer layer (`activation_bytes_per_layer`, Korthikanti
 et al. 2022): s·b·h·(34 + 5·a·s/h) bytes with 16-bit activations, or 2·s·b·h bytes
-(the layer input) with full recomputation. At the peak (`activation_peak_bytes`) full
+(the layer input) with full recomputation; with tensor + sequence parallelism all of it
+divided by t, with ring attention over c ranks e·(17·sbh + a·s·b)/c. At the peak (`activation_peak_bytes`) full
 recomputation holds every layer's input *plus* one layer rebuilt in full during backward:
 L·2·s·b·h + s·b·h·(34 + 5·a·s/h), not L·2·s·b·h alone.
 
@@ -272,7 +273,7 @@ def calculator(params: float, dp: int = 1, precision: str = "mixed", optimizer: 
 # ---------------------------------------------------------------- activations
 def activation_bytes_per_layer(seq: int, batch: int, d_model: int, n_heads: int, recompute: str = "none",
                                bytes_per_value: int = 2, dropout: bool = True, tp: int = 1,
-                               partitioned: bool = False) -> float:
+                               partitioned: bool = False, sequence_parallel: bool = False, cp: int = 1) -> float:
     """Bytes of activations one transformer layer keeps for backward (Korthikanti et al. 2022,
     no sequence parallelism). s = seq, b = batch, h = d_model, a = n_heads, e = bytes_per_value,
     t = tp (the tensor-parallel degree).
@@ -289,10 +290,23 @@ def activation_bytes_per_layer(seq: int, batch: int, d_model: int, n_heads: int,
     recompute="full": only the layer input is kept, e·sbh (= 2·sbh for 16-bit), replicated on the t
         ranks, or e·sbh/t when `partitioned` (ZeRO-R: each rank keeps a 1/t slice and they all-gather
         it before recomputing). The rest is rebuilt during backward at the cost of one more forward.
+    sequence_parallel=True (Megatron SP on TP, `par.sequence_parallel`): the LayerNorm/dropout regions
+        are split along the sequence too, so everything is divided by t: s·b·h·(34 + 5as/h) / t.
+    cp = c > 1 (ring attention, `par.context_parallel`, no dropout, t = 1): every per-token tensor is
+        divided by c and the as²b score matrix is never kept (backward recomputes it from the saved
+        log-sum-exp): e·(17·sbh + a·s·b) / c, the 17th sbh being the attention output the ring keeps.
     """
     s, b, h, a, e, t = seq, batch, d_model, n_heads, bytes_per_value, tp
     if t < 1 or int(t) != t:
         raise ValueError(f"the tensor-parallel degree must be a positive integer, got {tp}")
+    if cp < 1 or int(cp) != cp:
+        raise ValueError(f"the context-parallel degree must be a positive integer, got {cp}")
+    if cp > 1:
+        if t > 1 or dropout or recompute != "none":
+            raise ValueError("the context-parallel formula covers tp=1, dropout=False, recompute='none' only")
+        return e * (17 * s * b * h + a * s * b) / cp
+    if sequence_parallel:
+        return activation_bytes_per_layer(s, b, h, a, recompute, e, dropout) / t
     if recompute == "full":
         return e * s * b * h / (t if partitioned else 1)
     if recompute != "none":

@@ -1,32 +1,20 @@
 """Ring attention (context parallelism) equals dense causal attention.
 
 In-process: the layouts (who holds which tokens), the causal work per rank, the online-softmax merge,
-the byte formulas. Multi-process: one launch per world size (2, 3, 4) runs tests/workers/cp_check.py:
+the byte formulas. Multi-process: one launch per world size (2, 3, 4) runs tests/workers/seqctx_check.py:
 attention for both layouts and lengths that do and do not divide, a GPT-lite trained three Adam steps,
 bytes against `ring_attention_bytes`; the 3-rank launch runs with gloo and with NCCL emulation (`p2p_env`).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from par import context_parallel as cp, launch
+from par import context_parallel as cp
 from par.model import causal_attention
+from seqctx_runs import ranks as run_worker
 
-WORKER = Path(__file__).parent / "workers" / "cp_check.py"
 TOL = 5e-6
-_CACHE: dict = {}
-
-
-def run_worker(n: int, env: dict | None = None) -> list[dict]:
-    key = (n, tuple(sorted((env or {}).items())))
-    if key not in _CACHE:
-        out = launch.run(str(WORKER), nproc=n, timeout=240, quiet=True, env=env)
-        assert out["world_size"] == n and out["nccl_emulation"] == bool(env)
-        _CACHE[key] = out["ranks"]
-    return _CACHE[key]
 
 
 # ---------------------------------------------------------------- in-process

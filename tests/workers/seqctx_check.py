@@ -1,11 +1,16 @@
-"""Ring attention vs dense causal attention, every case in one launch: run with torchrun on 2, 3 or 4 ranks.
+"""Sequence and context parallelism vs the dense model, every case in one launch: torchrun on 2, 3 or 4 ranks.
 
+Context parallelism (ring attention):
 For each layout (balanced, naive) and sequence length (one a multiple of 2N, one not), rank r takes
 its tokens of the same random Q, K, V, runs `ring_attention`, and compares its output and its Q, K, V
 gradients with the dense `causal_attention`'s rows at its positions; the bytes it sent forward and
 backward are compared with `ring_attention_bytes`. Then a whole GPT-lite: logits, every weight
 gradient (after `sync_grads`) and three Adam steps against the dense model. Largest differences go
 to the test as JSON, one dict per rank.
+
+Sequence parallelism on TP (`par.sequence_parallel`), with and without re-gathering: one block
+(forward, input and weight gradients, bytes and saved activations against the formulas, beside the
+TP block's) and a whole GPT-lite trained three Adam steps, compared with the dense model's shards.
 """
 from __future__ import annotations
 
@@ -16,10 +21,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import par.dist
-from par import commlog, nccl_emulation
-from par import context_parallel as cp
+from par import commlog, memory, nccl_emulation
+from par import context_parallel as cp, sequence_parallel as sp, tensor_parallel as tp
 from par.data import CharDataset, global_batches
-from par.model import GPTConfig, build, causal_attention, lm_loss
+from par.collectives import ring_all_reduce_bytes
+from par.model import Block, GPTConfig, build, causal_attention, lm_loss
 from par.reference import make_optimizer
 from par.timeline import Recorder
 
@@ -90,6 +96,86 @@ def timeline_case(n: int, seq: int) -> dict:
     return {"compute": sum(s.lane == "compute" for s in spans), "comm": sum(s.lane == "comm" for s in spans)}
 
 
+SP_CFG = GPTConfig(vocab_size=65, block_size=24, n_layer=2, n_head=12, d_model=48)   # splits over 2, 3 and 4
+
+
+def grads_as_module(m):
+    g = build(SP_CFG, seed=0) if hasattr(m, "blocks") else Block(SP_CFG)
+    g.load_state_dict({k: p.grad for k, p in m.named_parameters()})
+    return g
+
+
+def diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys(), (sorted(a), sorted(b))
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def sp_block_case(n: int, r: int, regather: bool) -> dict:
+    torch.manual_seed(4)
+    dense = Block(SP_CFG)
+    seq = SP_CFG.block_size
+    x, w = torch.randn(B, seq, SP_CFG.d_model), torch.randn(B, seq, SP_CFG.d_model)
+    xd = x.clone().requires_grad_()
+    (dense(xd) * w).sum().backward()
+    yd = dense(x)
+    block = sp.SequenceParallelBlock.from_dense(dense, regather=regather)
+    xl = sp.my_sequence_slice(x).requires_grad_()
+    params = list(block.parameters())
+    with commlog.capture() as fwd:
+        y, saved = memory.saved_activation_bytes(block, xl, exclude=params)
+    with commlog.capture() as bwd:
+        (y * sp.my_sequence_slice(w)).sum().backward()
+    sp.sync_grads(block)
+    res = {"forward": (y - sp.my_sequence_slice(yd)).abs().max().item(),
+           "input_grad": (xl.grad - sp.my_sequence_slice(xd.grad)).abs().max().item(),
+           "weight_grad": diff({k: p.grad for k, p in block.named_parameters()},
+                               tp.TensorParallelBlock.from_dense(grads_as_module(dense)).state_dict()),
+           "kinds": sorted({e.kind for e in fwd.events + bwd.events}),
+           "bytes": fwd.total_bytes() + bwd.total_bytes(),
+           "bytes_formula": sp.sp_bytes_per_layer(B, seq, SP_CFG.d_model, n, regather=regather),
+           "tp_allreduce_bytes": 4 * ring_all_reduce_bytes(B * seq * SP_CFG.d_model, n, r),
+           "saved": saved,
+           "saved_formula": memory.activation_bytes_per_layer(seq, B, SP_CFG.d_model, SP_CFG.n_head, "none", 4,
+                                                              dropout=False, tp=n, sequence_parallel=True)}
+    tblock = tp.TensorParallelBlock.from_dense(dense)
+    _, res["tp_saved"] = memory.saved_activation_bytes(tblock, x.clone().requires_grad_(),
+                                                       exclude=list(tblock.parameters()))
+    res["tp_saved_formula"] = memory.activation_bytes_per_layer(seq, B, SP_CFG.d_model, SP_CFG.n_head, "none", 4,
+                                                                dropout=False, tp=n)
+    return res
+
+
+def sp_gpt_case(n: int, r: int, steps: int = 3) -> dict:
+    dense = build(SP_CFG, seed=5)
+    model = sp.SequenceParallelGPT.from_dense(dense)
+    opt_d = make_optimizer(dense.parameters(), "adam", 1e-3, eps=1e-6)
+    opt_s = make_optimizer(model.parameters(), "adam", 1e-3, eps=1e-6)
+    res = {"logits": 0.0, "grads": 0.0, "loss": 0.0}
+    for x, y in global_batches(CharDataset(block_size=SP_CFG.block_size), B, steps, seed=6):
+        for m, opt in ((dense, opt_d), (model, opt_s)):
+            opt.zero_grad(set_to_none=True)
+        ld_logits = dense(x)
+        ld = lm_loss(ld_logits, y)
+        ld.backward()
+        logits = model(x)
+        ls = lm_loss(logits, y)
+        ls.backward()
+        sp.sync_grads(model)
+        res["logits"] = max(res["logits"], (logits - ld_logits).abs().max().item())
+        res["loss"] = max(res["loss"], abs(ls.item() - ld.item()))
+        res["grads"] = max(res["grads"], diff({k: p.grad for k, p in model.named_parameters()},
+                                              tp.TensorParallelGPT.from_dense(grads_as_module(dense)).state_dict()))
+        opt_d.step()
+        opt_s.step()
+    res["params"] = diff(model.state_dict(), tp.TensorParallelGPT.from_dense(dense).state_dict())
+    try:
+        model(torch.zeros(1, n * 5 + 1, dtype=torch.long))
+        res["error"] = "no error"
+    except ValueError as e:
+        res["error"] = str(e)
+    return res
+
+
 def main() -> int:
     env = par.dist.init()
     n, r = env.world_size, env.rank
@@ -100,6 +186,9 @@ def main() -> int:
             res[f"attention {layout} T={seq}"] = attention_case(n, r, seq, layout)
     res["gpt"] = gpt_case(n, r, 4 * n + 3)
     res["timeline"] = timeline_case(n, 4 * n)
+    for regather in (True, False):
+        res[f"sp block regather={regather}"] = sp_block_case(n, r, regather)
+    res["sp gpt"] = sp_gpt_case(n, r)
     errors = {}
     try:
         cp.chunk_positions(2 * n - 1, n, 0)
