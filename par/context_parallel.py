@@ -72,6 +72,19 @@ def causal_pairs(seq: int, n: int, layout: str = "balanced") -> list[int]:
     return [int((p + 1).sum()) for p in all_positions(seq, n, layout)]
 
 
+def computed_pairs(seq: int, n: int, layout: str = "balanced") -> list[int]:
+    """Scores each rank computes in one ring-attention forward: Σ over blocks of (visible rows × visible keys).
+
+    Balanced: T_r² for its own block + (N-1) half blocks, the same on every rank; naive: r + 1 whole
+    blocks on rank r (the last rank does N times the first's)."""
+    pos = all_positions(seq, n, layout)
+    out = []
+    for r in range(n):
+        seen = [visible(pos[r], pos[j]) for j in range(n)]
+        out.append(sum((len(pos[r]) - v[0]) * v[1] for v in seen if v))
+    return out
+
+
 def shard_sequence(x: torch.Tensor, positions: torch.Tensor, dim: int = 1) -> torch.Tensor:
     """This rank's tokens of a full tensor (no communication)."""
     return x.index_select(dim, positions.to(x.device))
@@ -129,9 +142,17 @@ def _wait(works) -> None:
         w.wait()
 
 
-def _skip(pos_q, pos_k) -> bool:
-    """True when every key of the block comes after every query: nothing to compute (causal)."""
-    return bool(pos_k.min() > pos_q.max())
+def visible(pos_q, pos_k):
+    """The rows and columns of a block that the causal mask leaves anything in: queries i0.. and keys ..j1.
+
+    Positions are sorted on every rank, so the queries that see some key form a suffix (position >=
+    the first key's) and the keys some query sees form a prefix (position <= the last query's).
+    None when the block is entirely in the future. In the balanced layout a block from an earlier
+    rank keeps half its keys (its early chunk) and one from a later rank half the queries (the late
+    chunk): every off-diagonal block costs half a block, on every rank."""
+    i0 = int(torch.searchsorted(pos_q, pos_k[:1]))
+    j1 = int(torch.searchsorted(pos_k, pos_q[-1:], right=True))
+    return None if i0 >= len(pos_q) or j1 == 0 else (i0, j1)
 
 
 class _RingAttention(torch.autograd.Function):
@@ -160,8 +181,13 @@ class _RingAttention(torch.autograd.Function):
                 t_post = recorder.mark() if recorder else None
                 works, (k_next, v_next) = _pass_on([kj, vj], [shape((src - 1) % n)] * 2, group, q)
             t0 = recorder.mark() if recorder else None
-            if not _skip(pos_q, positions[src]):
-                m, l, o = merge(m, l, o, *block_state(block_scores(q, kj, pos_q, positions[src], scale), vj))
+            seen = visible(pos_q, positions[src])
+            if seen:                                        # rows a.., keys ..b: the rest is masked
+                a, b = seen
+                new = merge(m[..., a:, :], l[..., a:, :], o[..., a:, :], *block_state(
+                    block_scores(q[..., a:, :], kj[..., :b, :], pos_q[a:], positions[src][:b], scale), vj[..., :b, :]))
+                for state, part in zip((m, l, o), new):
+                    state[..., a:, :] = part
             if recorder:
                 recorder.add(f"attend to block {src}", t0, recorder.mark(), "compute")
             if i < n - 1:
@@ -188,12 +214,15 @@ class _RingAttention(torch.autograd.Function):
             src = (me - i) % n
             if i < n - 1:                                        # prefetch the next K, V
                 works, (k_next, v_next) = _pass_on([kj, vj], [shape((src - 1) % n)] * 2, group, q)
-            if not _skip(pos_q, positions[src]):
-                p = torch.exp(block_scores(q, kj, pos_q, positions[src], scale) - lse)
-                dvj = dvj + p.transpose(-2, -1) @ d_out
-                ds = p * (d_out @ vj.transpose(-2, -1) - delta)
-                dq = dq + (ds @ kj) * scale
-                dkj = dkj + (ds.transpose(-2, -1) @ q) * scale
+            seen = visible(pos_q, positions[src])
+            if seen:
+                a, b = seen
+                qa, do, kb, vb = q[..., a:, :], d_out[..., a:, :], kj[..., :b, :], vj[..., :b, :]
+                p = torch.exp(block_scores(qa, kb, pos_q[a:], positions[src][:b], scale) - lse[..., a:, :])
+                ds = p * (do @ vb.transpose(-2, -1) - delta[..., a:, :])
+                dq[..., a:, :] += (ds @ kb) * scale
+                dkj[..., :b, :] += (ds.transpose(-2, -1) @ qa) * scale
+                dvj[..., :b, :] += p.transpose(-2, -1) @ do
             if n == 1:
                 break
             grads, (dk_next, dv_next) = _pass_on([dkj, dvj], [shape((src - 1) % n)] * 2, group, q)

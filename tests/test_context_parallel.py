@@ -40,6 +40,17 @@ def test_balanced_layout_evens_out_the_causal_work():
     assert max(balanced) == min(balanced)
 
 
+def test_ring_computes_half_of_every_off_diagonal_block_when_balanced():
+    pos = cp.all_positions(16, 4)
+    assert cp.visible(pos[2], pos[2]) == (0, 4)        # own block: all of it, masked inside
+    assert cp.visible(pos[2], pos[0]) == (0, 2)        # earlier rank: its early chunk of keys
+    assert cp.visible(pos[0], pos[2]) == (2, 4)        # later rank: my late chunk of queries
+    naive = cp.all_positions(16, 4, "naive")
+    assert cp.visible(naive[0], naive[3]) is None      # entirely in the future: skipped
+    assert cp.computed_pairs(16, 4) == [16 + 3 * 8] * 4
+    assert cp.computed_pairs(16, 4, "naive") == [16, 32, 48, 64]
+
+
 def test_short_sequences_and_unknown_layouts_fail_in_one_line():
     with pytest.raises(ValueError, match="at least 8 tokens"):
         cp.chunk_positions(7, 4, 0)
