@@ -189,7 +189,7 @@ class _RingAttention(torch.autograd.Function):
                 for state, part in zip((m, l, o), new):
                     state[..., a:, :] = part
             if recorder:
-                recorder.add(f"attend to block {src}", t0, recorder.mark(), "compute")
+                recorder.add(f"Fwd: block {src}", t0, recorder.mark(), "compute")
             if i < n - 1:
                 _wait(works)
                 if recorder:

@@ -363,6 +363,21 @@ def launches_07(W, backend, preset, steps):
             for (n, _), (args, work) in groups.items() if not (on_gpus(backend, W) and n > W)]
 
 
+def launches_08(W, backend, preset, steps):
+    """Lecture 08: one launch on the TP degree's ranks measures activation memory (DP, TP, TP+SP, CP),
+    trains TP+SP and CP beside the dense model and records the ring-attention timeline
+    (`par.jobs.seq_context`). Its work is costed as TP training with the dense reference beside it
+    (the planner's TP activations bound TP+SP's and CP's)."""
+    from par.tensor_parallel import tp_degree
+    cfg = _model(preset)
+    n = tp_degree(cfg, W)
+    b = per_rank_batch(cfg, 4)
+    train_steps = max(2, min(steps, 5))
+    work = [Training(cfg, b, tp=n, steps=3 * train_steps, reference_batch=b, label=f"TP+SP and CP on {n}")]
+    return [launch("08_sequence_context_parallel", "memory, training, timeline", "par.jobs.seq_context", n, [
+        "--preset", preset, "--steps", train_steps, "--batch-size", b], backend, work)]
+
+
 REGISTRY = {
     "00_distributed_basics": launches_00,
     "01_memory": launches_01,
@@ -372,6 +387,7 @@ REGISTRY = {
     "05_mixed_precision": launches_05,
     "06_zero": launches_06,
     "07_putting_it_together": launches_07,
+    "08_sequence_context_parallel": launches_08,
 }
 
 
