@@ -43,6 +43,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from par import memory, partition
+from par.context_parallel import ring_attention_bytes_even
 from par.grid import Layout, group_ranks, layout_label
 
 
@@ -102,6 +103,7 @@ class Plan:
     bytes: dict = field(default_factory=dict)        # sent per device per step: dp, tp, pp, total
     fits: bool = False
     samples_per_s: float = 0.0
+    cp: int = 1                                      # context-parallel degree (ring attention); devices = dp·pp·tp·cp
 
     @property
     def layout(self) -> str:
@@ -109,7 +111,8 @@ class Plan:
 
     @property
     def label(self) -> str:
-        return f"{self.layout} ZeRO-{self.zero_stage}{' +off' if self.offload else ''} m={self.microbatches}"
+        cp = f"×cp{self.cp}" if self.cp > 1 else ""
+        return f"{self.layout}{cp} ZeRO-{self.zero_stage}{' +off' if self.offload else ''} m={self.microbatches}"
 
     def to_dict(self) -> dict:
         return {**asdict(self), "layout": self.layout, "label": self.label}
@@ -198,10 +201,15 @@ def step_flops(w: Workload) -> float:
 
 
 def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microbatches: int = 1,
-            hw: Hardware = Hardware(), offload: bool = False) -> Plan:
+            hw: Hardware = Hardware(), offload: bool = False, cp: int = 1) -> Plan:
     """Memory per device and step time of one layout (see the module docstring); `valid` False with the reason
-    when the layout cannot run."""
-    plan = Plan(dp, pp, tp, zero_stage, microbatches, offload)
+    when the layout cannot run.
+
+    cp > 1 (context parallelism, `par.context_parallel`): cp ranks split every sequence, so activations and
+    compute per device are divided by cp (the TP activation formula / cp: an upper bound, ring attention also
+    drops the as²b scores); each layer and micro-batch sends its K, V blocks around the cp ring,
+    `ring_attention_bytes_even` forward + backward with width d/tp; the gradients are summed over dp·cp ranks."""
+    plan = Plan(dp, pp, tp, zero_stage, microbatches, offload, cp=cp)
     cfg = w.model
     problems = []
     if cfg.n_head % tp or cfg.d_model % tp or cfg.ffn % tp:
@@ -214,6 +222,8 @@ def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microba
         problems.append(f"ZeRO-{zero_stage} with pp/tp > 1")
     if offload and zero_stage == 0:
         problems.append("offload needs ZeRO >= 1")
+    if cp < 1 or w.seq < 2 * cp:
+        problems.append(f"cp {cp} needs at least 2·cp = {2 * cp} tokens per sequence (seq {w.seq})")
     if problems:
         plan.valid, plan.reason = False, "; ".join(problems)
         return plan
@@ -221,11 +231,11 @@ def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microba
     plan.micro_batch = b
     psi, bounds = stage_params(cfg, pp, tp)
     plan.params_per_device = psi
-    states = memory.model_state_bytes(psi, dp, zero_stage, w.precision, w.optimizer)
+    states = memory.model_state_bytes(psi, dp * cp, zero_stage, w.precision, w.optimizer)
     opt_device = 0.0 if offload else states.optimizer
     blocks_per_stage = max(sum(1 for i in range(a, c) if 1 <= i <= cfg.n_layer) for a, c in bounds)
     in_flight = min(pp, microbatches) if pp > 1 else 1
-    act = activation_bytes(w, b, blocks_per_stage, in_flight, tp, last_stage=True)
+    act = activation_bytes(w, b, blocks_per_stage, in_flight, tp, last_stage=True) / cp
     plan.memory = {"params": states.params, "grads": states.grads, "optimizer": opt_device, "activations": act,
                    "host": states.optimizer if offload else 0.0}
     plan.memory["total"] = states.params + states.grads + opt_device + act
@@ -233,18 +243,23 @@ def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microba
     # time
     lay = Layout(dp, pp, tp)
     e, bp = w.bytes_per_value, memory.bytes_per_param(w.precision, w.optimizer)
-    compute = step_flops(w) / (dp * pp * tp * hw.flops)
+    compute = step_flops(w) / (dp * pp * tp * cp * hw.flops)
     bubble = compute * (pp - 1) / microbatches
-    act_msg = b * w.seq * cfg.d_model * e
-    plan.bytes = {"dp": zero_bytes_per_step(psi, dp, zero_stage, microbatches, bp.grads),
+    act_msg = b * w.seq * cfg.d_model * e / cp
+    ring = ring_attention_bytes_even(b, w.seq, cfg.d_model // tp, cp, e)
+    plan.bytes = {"dp": zero_bytes_per_step(psi, dp * cp, zero_stage, microbatches, bp.grads),
                   "tp": 4 * blocks_per_stage * microbatches * 2 * (tp - 1) / tp * act_msg,
                   "pp": 2 * microbatches * act_msg * (pp - 1) / pp}
+    if cp > 1:
+        plan.bytes["cp"] = blocks_per_stage * microbatches * (ring["forward"] + ring["backward"])
     plan.bytes["total"] = sum(plan.bytes.values())
     t_dp = plan.bytes["dp"] / group_bandwidth("dp", lay, hw)
     t_tp = plan.bytes["tp"] / group_bandwidth("tp", lay, hw)
     t_pp = 2 * microbatches * act_msg / group_bandwidth("pp", lay, hw)   # a middle stage: both directions
     t_off = (bp.grads + bp.weights) * math.ceil(psi / dp) / hw.bw_host if offload else 0.0
     plan.time = {"compute": compute, "bubble": bubble, "dp": t_dp, "tp": t_tp, "pp": t_pp, "offload": t_off}
+    if cp > 1:   # the cp ring inside a node when tp·cp GPUs fit in one, else across the network
+        plan.time["cp"] = plan.bytes["cp"] / (hw.bw_node if tp * cp <= hw.gpus_per_node else hw.bw_network)
     plan.time["total"] = sum(plan.time.values())
     plan.samples_per_s = w.global_batch / plan.time["total"]
     return plan

@@ -112,3 +112,16 @@ def test_ring_attention_equals_dense(n):
 
 def test_ring_attention_equals_dense_three_ranks(p2p_env):
     _check_ranks(run_worker(3, p2p_env), 3)
+
+
+def test_planner_places_a_context_parallel_degree():
+    from par import planner
+    from par.model import preset
+    w = planner.Workload(preset("gpt3-small"), 8)
+    one, two = planner.predict(w, 2, 1, 2), planner.predict(w, 2, 1, 2, cp=2)
+    assert two.valid and two.cp == 2 and "cp2" in two.label
+    assert two.memory["activations"] == pytest.approx(one.memory["activations"] / 2)
+    assert two.time["compute"] == pytest.approx(one.time["compute"] / 2)
+    ring = cp.ring_attention_bytes_even(4, 2048, 768 // 2, 2, 2)
+    assert two.bytes["cp"] == 12 * (ring["forward"] + ring["backward"]) and "cp" not in one.bytes
+    assert not planner.predict(planner.Workload(preset("tiny", block_size=6), 8), 1, 1, 1, cp=4).valid
