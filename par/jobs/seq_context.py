@@ -85,12 +85,13 @@ def train(cfg, n: int, r: int, args, device) -> dict:
     dense = build(cfg, seed=args.seed).to(device)
     spm = sp.SequenceParallelGPT.from_dense(dense)
     cpm = build(cfg, seed=args.seed).to(device)
-    positions = cp.all_positions(cfg.block_size, n)
+    seq = cfg.block_size - cfg.block_size % n          # SP cuts the sequence into n equal slices
+    positions = cp.all_positions(seq, n)
     opts = {k: make_optimizer(m.parameters(), "adam", args.lr, eps=1e-6) for k, m in
             (("dense", dense), ("sp", spm), ("cp", cpm))}
     losses = {"dense": [], "sp": [], "cp": []}
     step_s = []
-    for x, y in global_batches(CharDataset(block_size=cfg.block_size), args.batch_size, args.steps, seed=args.seed):
+    for x, y in global_batches(CharDataset(block_size=seq), args.batch_size, args.steps, seed=args.seed):
         x, y = x.to(device), y.to(device)
         for o in opts.values():
             o.zero_grad(set_to_none=True)
