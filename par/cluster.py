@@ -42,6 +42,7 @@ from par.launch import MultiNode, describe_failure, signal_name
 PREFIX = "parc"                  # every namespace this module creates starts with it
 SUBNET = "10.213.0"              # host i is SUBNET.(i+1); only inside our namespaces
 CMD_TIMEOUT = 20                 # seconds for one `ip`/`tc` call
+MARK = "[par-mark]"              # a rank's line `[par-mark] NAME`: read the links' byte counters now
 
 
 class ClusterError(RuntimeError):
@@ -226,6 +227,14 @@ class Cluster:
             except ProcessLookupError:
                 pass
 
+    def link_bytes(self) -> dict[str, int]:
+        """{host: bytes it has sent over its link} (the kernel's counter of its eth0: the shaped link)."""
+        out = {}
+        for host in self.hosts:
+            stats = json.loads(sh("ip", "-n", self.ns(host), "-j", "-s", "link", "show", "eth0").stdout)
+            out[host] = int(stats[0]["stats64"]["tx"]["bytes"])
+        return out
+
     # ---------------------------------------------------------- jobs
     def nodes(self, nproc_per_node: int, port: int = 29400) -> MultiNode:
         return MultiNode(len(self.hosts), nproc_per_node, f"{self.addr(self.hosts[0])}:{port}",
@@ -244,6 +253,8 @@ class Cluster:
         """Start one torchrun per host, stream `[hN] ...` lines, return rank 0's saved result (or None).
 
         `power_off=(host, regex)`: power that host off when a line matches `regex` (fault injection).
+        A line `[par-mark] NAME` (printed by a rank) reads `link_bytes()` at once; the result then holds
+        them as {"links": {NAME: {host: bytes sent}}}.
         Raises ClusterError naming the host that failed first, or the hosts still running at `timeout`."""
         nodes = self.nodes(nproc_per_node)
         with tempfile.TemporaryDirectory(prefix="par-cluster-") as tmp:
@@ -260,6 +271,7 @@ class Cluster:
                 self.procs[host] = proc
                 threading.Thread(target=_pump, args=(host, proc, q), daemon=True).start()
             exits: dict[str, tuple[int, float]] = {}
+            links: dict[str, dict] = {}
             start, stop_at, first = time.monotonic(), time.monotonic() + timeout, None
             try:
                 while len(exits) < len(self.hosts):
@@ -271,6 +283,8 @@ class Cluster:
                         lines[host].append(line)
                         if not quiet:
                             print(f"[{host}] {line}", end="", flush=True)
+                        if MARK in line:
+                            links[line.split(MARK, 1)[1].strip()] = self.link_bytes()
                         if power_off and host is not None and re.search(power_off[1], line) \
                                 and power_off[0] not in self.powered_off:
                             self.power_off(power_off[0])
@@ -293,10 +307,11 @@ class Cluster:
                                    f"still running: {', '.join(running)} (killed)")
             if first is not None or any(code for code, _ in exits.values()):
                 raise ClusterError(self.explain(exits, lines, running))
-            if os.path.exists(result):
-                with open(result) as f:
-                    return json.load(f)
-            return None
+            if not os.path.exists(result):
+                return {"links": links} if links else None
+            with open(result) as f:
+                saved = json.load(f)
+            return {**saved, "links": links} if links and isinstance(saved, dict) else saved
 
     def explain(self, exits: dict, lines: dict, running: list[str]) -> str:
         """First line: the host that failed first, by cause (a signal, then its own error, then a lost peer)."""
