@@ -86,6 +86,25 @@ def test_train_with_nodes_refuses_bad_input_in_one_line(args, says):
     assert len(p.stderr.strip().splitlines()) == 1
 
 
+def test_the_slurm_template_runs_the_printed_command_on_every_node(tmp_path):
+    """configs/slurm/train.sbatch under fake `scontrol`/`srun`: it checks the config, then starts on every node
+    exactly the torchrun command of par.launch.MultiNode."""
+    for tool, body in (("scontrol", 'printf "gpu-a\\ngpu-b\\n"'), ("srun", 'printf "%s\\n" "$@" > "$SRUN_ARGS"')):
+        (tmp_path / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_NNODES": "2", "SLURM_GPUS_ON_NODE": "4",
+           "SLURM_JOB_NODELIST": "gpu-[a-b]", "SLURM_JOB_ID": "77", "PAR_PYTHON": sys.executable,
+           "SRUN_ARGS": str(tmp_path / "srun.txt")}
+    p = subprocess.run(["bash", "configs/slurm/train.sbatch", "configs/3d.json", "--steps", "5"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "node 1 (ranks 4-7): torchrun" in p.stdout
+    started = (tmp_path / "srun.txt").read_text().splitlines()
+    want = MultiNode(2, 4, "gpu-a:29500", rdzv_id="77").command("par.jobs.train", ["--config", "configs/3d.json",
+                                                                                   "--steps", "5"], torchrun=())
+    assert started[started.index("torch.distributed.run") + 1:] == want
+
+
 # ---------------------------------------------------------------- the emulated cluster (root)
 def cluster_or_skip():
     from par import cluster
