@@ -267,7 +267,7 @@ class Cluster:
             for host in self.hosts:
                 proc = subprocess.Popen(self.command(nodes, host, target, args), stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, env=child_env,
-                                        start_new_session=True, bufsize=1)
+                                        start_new_session=True, bufsize=1, preexec_fn=_die_with_parent)
                 self.procs[host] = proc
                 threading.Thread(target=_pump, args=(host, proc, q), daemon=True).start()
             exits: dict[str, tuple[int, float]] = {}
@@ -343,6 +343,15 @@ def _counter():
 
 
 _COUNTER = _counter()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL me if the process that started me dies (a killed notebook kernel)."""
+    import ctypes
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def _pump(host: str, proc: subprocess.Popen, q: queue.Queue) -> None:

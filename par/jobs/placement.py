@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=g)
     y = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=g)
-    calibration = calibrate(cfg, x, y, env, made["node"], args.steps)
+    calibration = calibrate(cfg, x, y, env, made["node"], repeats=5)
     runs = []
     for placement in PLACEMENTS:
         tp_kind, dp_kind = axis_groups(placement)["tp"], axis_groups(placement)["dp"]
