@@ -105,6 +105,30 @@ def test_the_slurm_template_runs_the_printed_command_on_every_node(tmp_path):
     assert started[started.index("torch.distributed.run") + 1:] == want
 
 
+# ---------------------------------------------------------------- the placement lesson's formulas (no root)
+def test_placements_put_the_other_axis_on_the_link():
+    from par import placement
+    assert placement.groups_of(4, 2) == {"node": [[0, 1], [2, 3]], "across": [[0, 2], [1, 3]]}
+    assert placement.crossing("tp-in-node") == "dp" and placement.crossing("tp-across") == "tp"
+    pred = placement.predictions("25mbit", placement.RECORDED_CALIBRATION)
+    inside, across = pred["tp-in-node"], pred["tp-across"]
+    assert inside["link_bytes"] == 2 * inside["dp_bytes"] and across["link_bytes"] == 2 * across["tp_bytes"]
+    w = placement.workload()
+    # 4 all-reduces per layer of one replica's activations b·s·d in fp32, 2(t-1)/t of it sent (t = 2)
+    assert across["tp_bytes"] == 4 * w.model.n_layer * (128 // 2) * 64 * 16 * 4
+    link = 25e6 / 8 / 2                                   # a host's link shared by its 2 ranks
+    assert across["tp_s"] == pytest.approx(across["tp_bytes"] / link)
+    assert across["step_s"] > 4 * inside["step_s"]        # the lesson: the link dominates when TP crosses it
+
+
+def test_without_root_the_cluster_says_why(monkeypatch):
+    from par import cluster
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 1000)
+    assert "needs root" in cluster.missing()
+    with pytest.raises(cluster.ClusterError, match="needs root"):
+        cluster.Cluster(2)
+
+
 # ---------------------------------------------------------------- the emulated cluster (root)
 def cluster_or_skip():
     from par import cluster
