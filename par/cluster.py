@@ -177,6 +177,7 @@ class Cluster:
     def __enter__(self) -> "Cluster":
         cleanup_stale(self.prefix)
         _LIVE.add(self)
+        self._sigterm = _sigterm_raises()
         try:
             self.build()
         except BaseException:
@@ -213,6 +214,9 @@ class Cluster:
             delete_namespace(ns)
         self.created.clear()
         _LIVE.discard(self)
+        if getattr(self, "_sigterm", None) is not None:       # put back the SIGTERM handler we replaced
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
 
     def power_off(self, host: str) -> None:
         """Emulate a machine losing power: SIGKILL every process on `host` at once."""
@@ -343,6 +347,18 @@ def _counter():
 
 
 _COUNTER = _counter()
+
+
+def _sigterm_raises():
+    """While a cluster exists, SIGTERM (a `kill`, a CI timeout) raises SystemExit, so that `finally` and
+    teardown run (the default handler would end Python without them). Returns the handler it replaced."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+    return signal.signal(signal.SIGTERM, stop)
 
 
 def _die_with_parent() -> None:
