@@ -152,11 +152,11 @@ def cluster():
     assert left == [], f"namespaces left behind: {left}"
 
 
-def test_two_hosts_train_equal_to_one_process(cluster):
+def test_two_hosts_train_equal_to_one_process(cluster, p2p_env):
     with cluster.Cluster(2, rate="1gbit", prefix=PREFIX) as c:
         assert len(c.created) == 3 and set(c.created) <= set(cluster.ours(PREFIX))   # two hosts, the switch
         r = c.run("par.jobs.train", ["--config", "configs/ddp.json", "--steps", "3", "--check"],
-                  nproc_per_node=1, timeout=150, quiet=True)
+                  nproc_per_node=1, timeout=150, quiet=True, env=p2p_env)
     assert r["world_size"] == 2 and len(r["losses"]) == 3
     assert r["max_param_diff"] <= 1e-5, r["max_param_diff"]
 
