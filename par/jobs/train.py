@@ -6,6 +6,9 @@ Two ways in, one file; the training itself is `par.train` (read that for what a 
   that many ranks with `par.launch.run` and print the result. A bad config, a world size the degrees do
   not divide, a missing file or a backend this machine lacks is one line `error: ...` naming the fix
   and exit code 2, before any rank starts; `--debug` (or `PAR_DEBUG=1`) shows the traceback instead.
+* on several machines (`--nnodes M --rdzv-endpoint HOST:PORT`): check the config for the whole world of
+  `--nproc` ranks, then print the torchrun command each node runs (`par.launch.MultiNode`); nothing starts
+  here (`configs/slurm/train.sbatch` runs them under Slurm).
 * under torchrun (LOCAL_RANK is set): every rank parses the config(s) for the world it sees, runs
   `par.train.train`, and rank 0 saves `par.train.summarize` of all ranks.
 
