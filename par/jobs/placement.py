@@ -12,8 +12,13 @@ placement: one warm-up step, then `--steps` timed steps between barriers. Around
 rank 0 prints `[par-mark] <placement> begin|end` lines and every rank then sleeps a moment, so
 that `par.cluster.Cluster.run` can read the links' byte counters while nothing is sent.
 
-Result: world_size, backend, runs = [{placement, layout, losses, step_s, per_rank: [{tp_bytes,
-dp_bytes}] per step}]; the tp/dp bytes are what `par.commlog` counted per rank per timed step.
+Before both, `calibrate` measures what the planner needs about these ranks with all of them busy
+(`par.placement.predictions` reads it): a dense step on 1/N of the batch, and an in-node all-reduce
+of one TP message. Gradients are averaged in one flat all-reduce per step.
+
+Result: world_size, backend, ranks_per_node, calibration {compute_s, node_bytes_s}, runs = [{placement,
+layout, losses, step_s, per_rank: [{tp_bytes, dp_bytes, tp_group, dp_group}]}]; the tp/dp bytes are what
+`par.commlog` counted per rank and timed step.
 """
 from __future__ import annotations
 
