@@ -6,6 +6,9 @@ Two ways in, one file; the training itself is `par.train` (read that for what a 
   that many ranks with `par.launch.run` and print the result. A bad config, a world size the degrees do
   not divide, a missing file or a backend this machine lacks is one line `error: ...` naming the fix
   and exit code 2, before any rank starts; `--debug` (or `PAR_DEBUG=1`) shows the traceback instead.
+* on several machines (`--nnodes M --rdzv-endpoint HOST:PORT`): check the config for the whole world of
+  `--nproc` ranks, then print the torchrun command each node runs (`par.launch.MultiNode`); nothing starts
+  here (`configs/slurm/train.sbatch` runs them under Slurm).
 * under torchrun (LOCAL_RANK is set): every rank parses the config(s) for the world it sees, runs
   `par.train.train`, and rank 0 saves `par.train.summarize` of all ranks.
 
@@ -82,9 +85,15 @@ def launch(argv) -> int:
     ap.add_argument("--timeout", type=int, default=600, help="seconds before the job is killed")
     ap.add_argument("--check", action="store_true", help="compare with one process trained on the same batches")
     ap.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    ap.add_argument("--nnodes", type=int, default=None,
+                    help="several machines: print the torchrun command for each node (--nproc ranks in all)")
+    ap.add_argument("--rdzv-endpoint", default="node0:29500", help="with --nnodes: HOST:PORT of node 0")
+    ap.add_argument("--rdzv-backend", default="c10d", help="with --nnodes: c10d (same command everywhere) or static")
     args = ap.parse_args(argv)
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.nnodes is not None:
+        return print_nodes(args)
     tc = load(args.config, args.nproc)     # the config's own error, before starting ranks
     import par.dist
     par.dist.choose_backend(args.nproc, args.backend)
@@ -99,6 +108,24 @@ def launch(argv) -> int:
               timeout=args.timeout)
     print(f"{'strategy':<28} {'samples/s (range)':>21} {'mem avg':>11} {'mem peak':>11} {'bytes/step':>11}")
     print(format_row(row))
+    return 0
+
+
+def print_nodes(args) -> int:
+    """`--nnodes N`: check the config for the whole world, then print the command each node runs."""
+    from par.launch import MultiNode, MultiNodeError
+    if args.nnodes < 1 or args.nproc % args.nnodes:
+        raise ConfigError(f"--nproc {args.nproc} ranks do not split over --nnodes {args.nnodes}: "
+                          f"give --nproc a multiple of --nnodes (ranks in all, e.g. --nproc {2 * max(1, args.nnodes)})")
+    tc = load(args.config, args.nproc)
+    try:
+        nodes = MultiNode(args.nnodes, args.nproc // args.nnodes, args.rdzv_endpoint, rdzv_id="par-train",
+                          rdzv_backend=args.rdzv_backend)
+    except MultiNodeError as e:
+        raise ConfigError(str(e)) from None
+    extra = (["--steps", str(args.steps)] if args.steps is not None else []) + (["--check"] if args.check else [])
+    print(f"{tc.strategy} ({tc.layout}) on {args.nproc} ranks over {args.nnodes} nodes: batch {tc.train_batch_size}")
+    print(nodes.describe("par.jobs.train", ["--config", args.config, *extra]))
     return 0
 
 
