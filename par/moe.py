@@ -150,6 +150,7 @@ class MoE(nn.Module):
 
     forward(x (B, T, d), groups) -> (B, T, d); afterwards `self.aux` (mean over groups) and
     `self.routings` (one `Routing` per group) describe what happened."""
+    routes_tokens = True
 
     def __init__(self, d_model: int, ffn: int, n_experts: int = 4, k: int = 1, capacity_factor: float = 1.25):
         super().__init__()
@@ -211,8 +212,9 @@ def build_moe_gpt(cfg: GPTConfig | str = "tiny", n_experts: int = 4, k: int = 1,
     return model
 
 
-def moe_layers(model: nn.Module) -> list[MoE]:
-    return [m for m in model.modules() if isinstance(m, MoE)]
+def moe_layers(model: nn.Module) -> list[nn.Module]:
+    """The layers that route tokens (`MoE`, and `par.expert_parallel.ExpertParallelMoE`): `routes_tokens`."""
+    return [m for m in model.modules() if getattr(m, "routes_tokens", False)]
 
 
 def aux_loss(model: nn.Module) -> torch.Tensor:
@@ -229,3 +231,9 @@ def set_groups(model: nn.Module, groups: int) -> None:
     for block in model.modules():
         if isinstance(block, MoEBlock):
             block.groups = groups
+
+
+def moe_loss(model: nn.Module, logits: torch.Tensor, targets: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Next-token cross-entropy + alpha · Σ_layers aux (the balancing loss of the forward just run)."""
+    from par.model import lm_loss
+    return lm_loss(logits, targets) + alpha * aux_loss(model)
