@@ -203,16 +203,21 @@ def expert_parameters(model: nn.Module) -> set:
 
 def sync_gradients(model: nn.Module, groups: EPGroups, impl: str = "ring") -> None:
     """Sum replicated weights' gradients over all ranks, experts' over the ranks holding the same experts
-    (each rank back-propagated loss / W)."""
+    (each rank back-propagated loss / W): one all-reduce of each kind, on the gradients laid end to end."""
     experts = expert_parameters(model)
-    for p in model.parameters():
-        if p.grad is None:
-            continue
-        if id(p) in experts:
-            if groups.dp > 1:                   # pure EP (ep = W): each expert lives on one rank only
-                all_reduce(p.grad, "sum", groups.expert_dp, impl)
-        else:
-            all_reduce(p.grad, "sum", None, impl)
+    with_grad = [p for p in model.parameters() if p.grad is not None]
+    _sum_flat([p for p in with_grad if id(p) not in experts], None, impl)
+    if groups.dp > 1:                           # pure EP (ep = W): each expert lives on one rank only
+        _sum_flat([p for p in with_grad if id(p) in experts], groups.expert_dp, impl)
+
+
+def _sum_flat(params, group, impl: str) -> None:
+    if not params:
+        return
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    all_reduce(flat, "sum", group, impl)
+    for p, g in zip(params, flat.split([p.numel() for p in params])):
+        p.grad.copy_(g.view_as(p.grad))
 
 
 def ep_layers(model: nn.Module) -> list[ExpertParallelMoE]:
@@ -245,3 +250,9 @@ def train_step(model: nn.Module, opt, x: torch.Tensor, y: torch.Tensor, groups: 
     total = loss.detach().clone().reshape(1)
     dist.all_reduce(total)
     return total.item() / groups.world
+
+
+def moe_step_bytes(n_moe_layers: int, n_experts: int, cap: int, d: int, n: int, r: int, itemsize: int = 4) -> int:
+    """Bytes rank r sends in all-to-alls per training step: per MoE layer dispatch + combine forward,
+    and the same two backward (their gradients)."""
+    return n_moe_layers * 2 * sum(alltoall_bytes(n_experts, cap, d, n, r, itemsize))
