@@ -47,6 +47,10 @@ def parse(argv=None):
     return p.parse_args(argv)
 
 
+def device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
 def global_load(model) -> list[list[int]]:
     """Choices per expert of the last forward, per layer, summed over every rank."""
     load = torch.stack([layer.routings[0].load for layer in moe_layers(model)]).double()
@@ -56,7 +60,7 @@ def global_load(model) -> list[list[int]]:
 
 def global_dropped(model) -> float:
     counts = torch.tensor([[sum(r.dropped for r in layer.routings), layer.routings[0].kept.numel()]
-                           for layer in moe_layers(model)], dtype=torch.float64).sum(0)
+                           for layer in moe_layers(model)], dtype=torch.float64).sum(0).to(device_of(model))
     dist.all_reduce(counts)
     return (counts[0] / counts[1]).item()
 
@@ -91,7 +95,7 @@ def run(args, alpha: float, env) -> dict:
             out["losses"].append(ep.train_step(model, opt, xs, ys, groups, alpha))
         if env.device.type == "cuda":
             torch.cuda.synchronize(env.device)
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=env.device)
         dist.all_reduce(elapsed, dist.ReduceOp.MAX)
         out["step_s"].append(elapsed.item())
         sent.append(log.total_bytes("all_to_all"))
@@ -102,7 +106,8 @@ def run(args, alpha: float, env) -> dict:
     if args.check:
         out["max_loss_diff"] = max(abs(a - b) for a, b in zip(out["losses"], out["reference_losses"]))
         want = ep.reference_shard(dense, model)
-        diff = torch.tensor([max((p.cpu() - want[k]).abs().max().item() for k, p in model.state_dict().items())])
+        diff = torch.tensor([max((p.cpu() - want[k]).abs().max().item() for k, p in model.state_dict().items())],
+                            device=env.device)
         dist.all_reduce(diff, dist.ReduceOp.MAX)
         out["max_param_diff"] = diff.item()
     out["per_rank"] = par.dist.gather_object({"rank": r, "alltoall_bytes_per_step": sent[-1], "formula": formula})
