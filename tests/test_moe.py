@@ -113,3 +113,41 @@ def test_moe_gpt_trains_and_reports_tokens_per_expert():
     assert len(loads) == 4 and all(sum(l) == 2 * 32 * 2 for l in loads)
     assert moe.aux_loss(model).item() >= 1.0 - 1e-6
     assert torch.equal(model(idx), moe.build_moe_gpt("tiny", n_experts=4, k=2)(idx)), "same seed, same model"
+
+
+# ---------------------------------------------------------------- the memory calculator and the planner learn ep
+def test_moe_param_count_matches_the_model_and_its_shards():
+    from par import memory
+    from par.expert_parallel import expert_range
+    from par.model import preset
+    cfg = preset("tiny")
+    model = moe.build_moe_gpt(cfg, n_experts=5, k=2)
+    replicated, experts = memory.moe_param_count(cfg, 5, ep=1)
+    assert replicated + experts == sum(p.numel() for p in model.parameters())
+    assert experts == sum(p.numel() for layer in moe.moe_layers(model) for p in layer.experts.parameters())
+    for ep in (2, 3, 4):
+        busiest = max(b - a for a, b in (expert_range(5, ep, r) for r in range(ep)))
+        shard = model.blocks[0].moe.experts.shard(0, busiest)
+        assert memory.moe_param_count(cfg, 5, ep) == (replicated, cfg.n_layer * sum(p.numel() for p in shard.parameters()))
+    assert memory.moe_block_params(32, 128, 5, 2) * cfg.n_layer == \
+        memory.moe_param_count(cfg, 5, 2)[0] + memory.moe_param_count(cfg, 5, 2)[1] - \
+        (memory.gpt_param_count(cfg) - cfg.n_layer * memory.gpt_block_params(32, 128))
+
+
+def test_planner_places_the_ep_degree():
+    from par import planner
+    from par.expert_parallel import moe_step_bytes
+    from par.model import preset
+    w = planner.Workload(preset("gpt3-small"), 64)
+    spec = planner.MoE(n_experts=8, k=2, capacity_factor=1.25)
+    plans = {ep: planner.predict_moe(w, spec, 8, ep) for ep in (1, 2, 4, 8)}
+    states = [plans[ep].memory["total"] - plans[ep].memory["activations"] for ep in (1, 2, 4, 8)]
+    assert states == sorted(states, reverse=True) and states[0] > 3 * states[-1], "experts sharded: less per rank"
+    assert plans[1].bytes["ep"] == 0 and plans[8].ep == 8
+    cap = moe.capacity(8 * 2048, 8, 2, 1.25)
+    for ep in (2, 4, 8):    # the planner's bytes are the job's formula (fp16/bf16: 2 bytes a value)
+        assert plans[ep].bytes["ep"] == moe_step_bytes(12, 8, cap, 768, ep, 0, itemsize=2)
+    bad = planner.predict_moe(w, spec, 8, 3)
+    assert not bad.valid and "ep 3 does not divide the 8 ranks" in bad.reason
+    ranked = planner.moe_plans(w, spec, 8)
+    assert ranked and {p.ep for p in ranked} == {1, 2, 4, 8} and ranked[0].fits
