@@ -363,6 +363,31 @@ def launches_07(W, backend, preset, steps):
             for (n, _), (args, work) in groups.items() if not (on_gpus(backend, W) and n > W)]
 
 
+def launches_09(W, backend, preset, steps):
+    """Lecture 09: a MoE GPT-lite with expert parallelism (ep = W), with and without the balancing loss;
+    then EP inside DP (4 ranks, ep = 2) on CPU ranks or a server with 4 GPUs. The planner has no MoE: the
+    work is a dense model whose FFN holds the experts a rank keeps (a go/no-go estimate)."""
+    nb, cfg = "09_mixture_of_experts", _model(preset)
+    experts, k, b = max(4, W), 2, per_rank_batch(cfg, 4)   # ep = W: at least one expert per rank
+    check = cfg.block_size <= 256        # the single-process reference beside: only where it is small
+
+    def work(n, ep, label, runs):
+        held = replace(cfg, d_ff=cfg.ffn * max(k, math.ceil(experts / ep)))
+        return [Training(held, b * n, dp=n, steps=steps, reference_batch=b * n if check else 0,
+                         label=f"{label} {r}") for r in runs]
+    args = ["--preset", preset, "--steps", steps, "--batch", b, "--experts", experts, "--k", k,
+            *(["--check"] if check else [])]
+    out = [launch(nb, "EP training", "par.jobs.train_moe", W, [*args, "--alphas", "0,0.1"], backend,
+                  work(W, W, "EP alpha", ("0", "0.1")))]
+    if 4 in world_sizes({4}, W, backend):
+        short = max(1, min(steps, 3))
+        out.append(launch(nb, "EP inside DP", "par.jobs.train_moe", 4, [
+            "--preset", preset, "--steps", short, "--batch", b, "--experts", 4, "--k", k, "--ep", 2,
+            "--alphas", "0.1", *(["--check"] if check else [])], backend,
+            [replace(w, steps=short) for w in work(4, 2, "EP2 x DP2 alpha", ("0.1",))]))
+    return out
+
+
 REGISTRY = {
     "00_distributed_basics": launches_00,
     "01_memory": launches_01,
@@ -372,6 +397,7 @@ REGISTRY = {
     "05_mixed_precision": launches_05,
     "06_zero": launches_06,
     "07_putting_it_together": launches_07,
+    "09_mixture_of_experts": launches_09,
 }
 
 

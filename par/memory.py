@@ -93,6 +93,26 @@ def gpt_param_count(cfg) -> int:
     return v * d + cfg.block_size * d + cfg.n_layer * gpt_block_params(d, cfg.ffn) + 2 * d + head
 
 
+def expert_params(d: int, ffn: int) -> int:
+    """One expert of a MoE layer: a GPT-lite MLP, fc (d·ffn + ffn) + proj (ffn·d + d)."""
+    return 2 * d * ffn + ffn + d
+
+
+def moe_block_params(d: int, ffn: int, n_experts: int, ep: int = 1) -> int:
+    """One MoE block on the busiest of `ep` expert-parallel ranks (`par.moe.MoEBlock`): the dense block
+    without its MLP, the router (d·E, no bias) and ceil(E/ep) experts (`par.expert_parallel.expert_range`)."""
+    return gpt_block_params(d, ffn) - expert_params(d, ffn) + d * n_experts + \
+        math.ceil(n_experts / ep) * expert_params(d, ffn)
+
+
+def moe_param_count(cfg, n_experts: int, ep: int = 1) -> tuple[int, int]:
+    """(replicated, expert) parameters one rank of a MoE GPT-lite holds with ep-way expert parallelism:
+    Ψ = replicated + expert; the experts are ceil(E/ep) per layer."""
+    experts = cfg.n_layer * math.ceil(n_experts / ep) * expert_params(cfg.d_model, cfg.ffn)
+    dense = gpt_param_count(cfg) - cfg.n_layer * expert_params(cfg.d_model, cfg.ffn)
+    return dense + cfg.n_layer * cfg.d_model * n_experts, experts
+
+
 def llama_block_params(cfg: LlamaConfig) -> int:
     """One LLaMA block: q and o (d² each) + k and v (d·d_kv each, d_kv = n_kv_heads·d/n_heads)
     + SwiGLU gate, up, down (3·d·ffn) + 2 RMSNorm weights (2d)."""
