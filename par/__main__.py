@@ -39,7 +39,7 @@ STARTS_RANKS = {"batch": "default", "train": 1, "bench": 1}
 USER_ERRORS = (
     "par.config:ConfigError",
     "par.preflight:BackendError",
-    "par.batching:BatchSizeError",
+    "par.batch_size:BatchSizeError",
     "par.grid:GridError",
     "par.mixed_precision:UnsupportedPrecision",
     "par.course:CourseError",
