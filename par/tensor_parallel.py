@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from par.collectives import all_reduce_formula_bytes, group_rank, group_size
 from par.memory import gpt_param_count
-from par.model import GPTConfig, causal_attention, merge_heads, split_heads
+from par.model import GPTConfig, GPTLite, causal_attention, merge_heads, split_heads
 from par.tp_ops import copy_to_region, gather_from_region, reduce_from_region, scatter_to_region
 
 
@@ -258,14 +258,8 @@ class TensorParallelGPT(nn.Module):
         blocks = [TensorParallelBlock.from_dense(b, group, impl, f"layer {i}") for i, b in enumerate(model.blocks)]
         return cls(model.cfg, embed, blocks, head)
 
-    def to_layers(self) -> list[nn.Module]:
-        return [self.embed, *self.blocks, self.head]
-
-    def forward(self, idx):
-        x = idx
-        for layer in self.to_layers():
-            x = layer(x)
-        return x
+    to_layers = GPTLite.to_layers     # the same layers in the same order as the dense model: one definition
+    forward = GPTLite.forward
 
 
 def shard_like(tp_module: nn.Module, dense: nn.Module, group=None) -> dict:
