@@ -133,9 +133,7 @@ def block_params(cfg, tp: int = 1) -> float:
     """One block's parameters on one tp rank: `par.memory.gpt_block_params` with everything but the
     replicated pieces split over tp. Replicated: the 2 LayerNorms (4d) and the biases of the two
     row-parallel projections (2d), added after the all-reduce (`par.tensor_parallel`)."""
-    d = cfg.d_model
-    replicated = 4 * d + 2 * d
-    return (memory.gpt_block_params(d, cfg.ffn) - replicated) / tp + replicated
+    return memory.gpt_block_params(cfg.d_model, cfg.ffn, tp)
 
 
 def layer_params(cfg, tp: int = 1) -> list[float]:
