@@ -26,7 +26,7 @@ COMMANDS = {
     "bench": ("par.bench.cli", "benchmarks vs the torch built-ins: python -m par bench <name> (collectives, ...)"),
     "batch": ("par.batch", "run every lecture notebook with papermill into runs/<time>/ and summarise "
                            "(--dry-run: check a GPU batch without a GPU)"),
-    "train": ("par.jobs.train", "train GPT-lite from a DeepSpeed-style JSON config: --config configs/3d.json --nproc 8"),
+    "train": ("par.train_cli", "train GPT-lite from a DeepSpeed-style JSON config: --config configs/3d.json --nproc 8"),
     "plan": ("par.planner", "rank 3D layouts by predicted memory and step time: --model 100,96,12288 --world 800"),
     "memory": ("par.memory", "per-rank model-state memory per ZeRO stage (--params 7.5e9 --dp 64 | --model llama-7b)"),
 }
@@ -39,7 +39,7 @@ STARTS_RANKS = {"batch": "default", "train": 1, "bench": 1}
 USER_ERRORS = (
     "par.config:ConfigError",
     "par.preflight:BackendError",
-    "par.batching:BatchSizeError",
+    "par.batch_size:BatchSizeError",
     "par.grid:GridError",
     "par.mixed_precision:UnsupportedPrecision",
     "par.course:CourseError",

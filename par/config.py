@@ -14,7 +14,7 @@
       "model": {"preset": "tiny", "n_layer": 4},  "steps": 20, "seed": 0
     }
 
-The batch identity (DeepSpeed's, `par.batching`) counts data-parallel replicas, not GPUs:
+The batch identity (DeepSpeed's, `par.batch_size`) counts data-parallel replicas, not GPUs:
 
     train_batch_size = micro_batch × gradient_accumulation_steps × dp,   dp = world_size / (pp · tp)
 
@@ -38,7 +38,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from par.batching import BatchSizeError, resolve_batch
+from par.batch_size import BatchSizeError, resolve_batch
 from par.grid import layout_label
 
 TOP_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer",

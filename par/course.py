@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 
 from par import planner
 from par.memory import format_bytes
+from par.tensor_parallel import tp_degree   # noqa: F401  (the one home of the rule; re-exported)
 
 CELL_TIMEOUT_S = 600.0      # the batch's cell timeout for a notebook that launches little
 NOTEBOOK_S = 60.0           # what a cell does besides its launches (plots, small computations)
@@ -119,7 +120,8 @@ class Training:
         return self.steps * per_step
 
     def describe(self) -> str:
-        layout = f"dp{self.dp}×pp{self.pp}×tp{self.tp}" + (f" ZeRO-{self.zero_stage}" if self.zero_stage else "")
+        from par.grid import layout_label
+        layout = layout_label(self.dp, self.pp, self.tp) + (f" ZeRO-{self.zero_stage}" if self.zero_stage else "")
         return f"{self.label or 'training'} ({layout}, {self.precision}, batch {self.global_batch})"
 
 
@@ -156,11 +158,32 @@ class Launch:
     timeout: float
     work: tuple = field(default_factory=tuple)
 
-    def run(self, **kwargs):
-        """Run it: `par.launch.run` with exactly these parameters (quiet=..., env=... pass through)."""
+    def run(self, show: bool = True, **kwargs):
+        """Run it: `par.launch.run` with exactly these parameters (quiet=..., env=... pass through).
+        `show`: first print the one-line command (what a student would type), so the notebook says what runs."""
         from par.launch import run
+        if show:
+            print(f"$ {self.command()}")
         return run(self.module, nproc=self.nproc, args=list(self.args), backend=self.backend,
                    timeout=self.timeout, **kwargs)
+
+    def command(self) -> str:
+        """The launch as a shell command: `torchrun --nproc-per-node N -m module args...`."""
+        return " ".join(["torchrun", f"--nproc-per-node={self.nproc}", "-m", self.module, *self.args])
+
+    def arg(self, flag: str) -> str:
+        """The value given to `flag` (e.g. "--preset"): notebooks read their parameters from the launch."""
+        i = self.args.index(flag)
+        return self.args[i + 1]
+
+    def with_arg(self, flag: str, value) -> "Launch":
+        """The launch with `flag`'s value replaced (e.g. fewer dtypes on a GPU without bf16)."""
+        i = self.args.index(flag)
+        return replace(self, args=(*self.args[:i + 1], str(value), *self.args[i + 2:]))
+
+    def fill(self, **values) -> "Launch":
+        """The launch with `{name}` placeholders in its arguments filled in (e.g. a temporary directory)."""
+        return replace(self, args=tuple(a.format(**values) if "{" in a else a for a in self.args))
 
     def name(self) -> str:
         return f"{self.notebook} [{self.cell}] {self.module} on {self.nproc} rank{'s' if self.nproc > 1 else ''}"
@@ -204,17 +227,33 @@ def world_sizes(candidates, world_size: int, backend: str) -> list[int]:
     return sorted(n for n in set(candidates) if not on_gpus(backend, world_size) or n <= world_size)
 
 
+def cores() -> int:
+    from par.preflight import physical_cores
+    return physical_cores()
+
+
+def csv(values) -> str:
+    return ",".join(map(str, values))
+
+
+# Lecture 00: the ring all-reduce on `world_size` ranks, then the same job on 2, 3 and 4 ranks.
+COLLECTIVE_SIZES = (64, 1024, 16384, 1 << 18, 1 << 20, 1 << 22)   # float32 elements timed: 256 B to 16 MB
+COUNTED_SIZES = (1, 5, 7, 1001, 4096, 65536)                      # bytes counted, uneven chunks included
+SWEEP_NUMEL = 4096                                                # bytes counted on every world size
+
+
 def launches_00(W, backend, preset, steps):
     nb = "00_distributed_basics"
-    sizes = (64, 4096, 65536, 1 << 20, 1 << 22)
     out = [launch(nb, "collectives", "par.jobs.collectives", W, [
-        "--parts", "env,show,trace,bytes,timing", "--sizes", ",".join(map(str, sizes)), "--reps", 9, "--warmup", 2],
-        backend, [Collectives(sizes, 11)])]
+        "--parts", "env,show,trace,bytes,timing", "--sizes", csv(COLLECTIVE_SIZES), "--bytes-sizes",
+        csv(COUNTED_SIZES), "--reps", 9, "--warmup", 2], backend, [Collectives(COLLECTIVE_SIZES, 11)])]
+    gpus = on_gpus(backend, W)
     for n in world_sizes({2, 3, 4}, W, backend):
-        if n != W:
+        if n != W:          # timings only where each rank has a core (or GPU) of its own, else the latency point
+            timed = COLLECTIVE_SIZES if gpus or n <= cores() else (64,)
             out.append(launch(nb, "world-size sweep", "par.jobs.collectives", n, [
-                "--parts", "bytes,timing", "--bytes-sizes", 4096, "--sizes", 64, "--reps", 9, "--warmup", 2],
-                backend, [Collectives((4096, 64), 11)]))
+                "--parts", "trace,bytes,timing" if n == 4 else "bytes,timing", "--bytes-sizes", SWEEP_NUMEL,
+                "--reps", 9, "--warmup", 2, "--sizes", csv(timed)], backend, [Collectives((SWEEP_NUMEL, *timed), 11)]))
     return out
 
 
@@ -228,66 +267,134 @@ def launches_01(W, backend, preset, steps):
         "--batch", b], backend, runs)]
 
 
+def bucket_kb(cfg) -> float:
+    """A bucket cap of a quarter of the fp32 gradients (about 4 buckets, whatever the model), in KiB."""
+    from par.memory import param_count
+    return round(max(1.0, 4 * param_count(cfg) / 4 / 1024), 1)
+
+
 def launches_02(W, backend, preset, steps):
     nb, cfg = "02_data_parallel", _model(preset)
     from par.memory import param_count
-    bucket_kb = max(1.0, 4 * param_count(cfg) / 4 / 1024)      # about 4 buckets, whatever the preset
+    gpus = on_gpus(backend, W)
     long = cfg.block_size > 256
-    batch = 2 * W if long else 32                              # the global batch of every run
+    batch = 2 * W if long else 32                    # the global batch of every run
+    # the timeline: a model large enough that backward outlasts the all-reduces, one core (or GPU) per rank
+    timed_preset = preset if param_count(cfg) >= param_count(_model("small")) else "small"
+    timed_cfg, timed_ranks = _model(timed_preset), W if gpus else min(W, cores())
 
-    def train(n, label, runs=1):
-        """The runs of one launch on n ranks; a long context accumulates micro-batches of one sequence."""
-        accum = batch // n if long else 1
-        work = [Training(cfg, batch, dp=n, microbatches=accum, steps=steps, label=label)] * runs
-        return work, (["--accum", accum] if long else [])
-    work, accum = train(W, "naive, bucketed", 2)
-    out = [launch(nb, "bucketed timeline", "par.jobs.train_dp", W, [
-        "--dp", "naive,bucketed", "--impl", "ring", "--bucket-kb", f"{bucket_kb:.1f}", "--preset", preset,
-        "--steps", steps, "--batch", batch, *accum], backend, work)]
+    def train(n, c, label, micro=None, runs=1, n_steps=steps):
+        """Work and arguments of a launch on n ranks; a long context trains micro-batches of one sequence."""
+        micro = 1 if long else micro
+        accum = batch // (micro * n) if micro else 1
+        work = [Training(c, batch, dp=n, microbatches=accum, steps=n_steps, label=label)] * runs
+        return work, (["--micro-batch", micro] if micro else [])
+    timeline_steps = max(4, steps // 5)              # the third step is drawn; the median of all is printed
+    work, micro = train(timed_ranks, timed_cfg, "naive, bucketed", runs=2, n_steps=timeline_steps)
+    out = [launch(nb, "bucketed timeline", "par.jobs.train_dp", timed_ranks, [
+        "--dp", "naive,bucketed", "--impl", "ring", "--bucket-kb", bucket_kb(timed_cfg), "--preset", timed_preset,
+        "--steps", timeline_steps, "--batch", batch, *micro], backend, work)]
+    work, micro = train(W, cfg, "bucketed, ddp", runs=2)
+    out.append(launch(nb, "torch DDP", "par.jobs.train_dp", W, [
+        "--dp", "bucketed,ddp", "--impl", "ring", "--bucket-kb", bucket_kb(cfg), "--preset", preset,
+        "--steps", steps, "--batch", batch, *micro, "--compare"], backend, work))
     for n in world_sizes({1, 2, 4}, W, backend):
-        if n != W and batch % n == 0:
-            work, accum = train(n, f"{n} rank(s)")
+        if n != W and batch % n == 0:    # the same micro-batches on every world size: the same losses
+            work, micro = train(n, cfg, f"{n} rank(s)", micro=batch // max(n, W))
             out.append(launch(nb, "loss curves", "par.jobs.train_dp", n, [
                 "--dp", "none" if n == 1 else "bucketed", "--impl", "torch", "--preset", preset, "--steps", steps,
-                "--batch", batch, *accum], backend, work))
-    work, accum = train(W, "none, topk, randomk, int8", 4)
+                "--batch", batch, *micro], backend, work))
+    work, micro = train(W, cfg, "none, topk, randomk, int8", runs=4)
     out.append(launch(nb, "compression", "par.jobs.train_dp", W, [
-        "--dp", "bucketed", "--impl", "torch", "--bucket-kb", f"{bucket_kb:.1f}", "--preset", preset,
-        "--steps", steps, "--batch", batch, "--compression", "none,topk,randomk,int8", "--ratio", 0.05, *accum],
+        "--dp", "bucketed", "--impl", "torch", "--bucket-kb", bucket_kb(cfg), "--preset", preset,
+        "--steps", steps, "--batch", batch, *micro, "--compression", "none,topk,randomk,int8", "--ratio", 0.05],
         backend, work))
     return out
 
 
+@dataclass(frozen=True)
+class PipelineSetup:
+    """Lecture 03's experiments, chosen from the batch's parameters (`pipeline_setup`)."""
+    on_gpu: bool           # one GPU per rank; else CPU ranks on gloo
+    backend: str           # what the timed launches use
+    processors: int        # GPUs, or physical CPU cores: timing needs one per rank
+    p_time: int            # ranks of the timed experiments (bubble vs m, fixed batch, torch)
+    p_chart: int           # ranks of the Gantt charts
+    timed_steps: int       # timed steps per launched run (the median is reported)
+    time_cfg: object       # identical blocks: the bubble formula's equal stages
+    chart_cfg: object
+    trade_cfg: object
+    time_mbs: int          # sequences per micro-batch
+    chart_mbs: int
+    trade_batch: int       # the fixed batch of the step-time trade-off
+
+    @property
+    def chart_timed(self) -> bool:
+        """Whether the chart's ranks each have a processor (else their wall clock times the waiting for one)."""
+        return self.p_chart <= self.processors
+
+
+def pipeline_setup(W, backend, preset, steps) -> PipelineSetup:
+    """Stages whose actions last far longer than the overhead around them (Python between actions, a
+    message each way): identical blocks, a 65-symbol vocabulary (embedding and head cost next to nothing),
+    2 or 4 blocks per stage. GPUs: GPT-3 Small's width, one stage per GPU. CPU: one thread per rank,
+    width 256 on 12 sequences of 64 tokens (tens of ms per action), the chart on 4 cheap ranks."""
+    from par.model import preset as model_preset
+    gpus = on_gpus(backend, W)
+    processors = W if gpus else cores()
+    p_time = W if gpus else max(2, min(W, processors))
+    p_chart = p_time if gpus else 4
+    if gpus:
+        time_cfg = model_preset("gpt3-small", vocab_size=65, block_size=1024, n_layer=4 * p_time)
+        chart_cfg = model_preset("gpt3-small", vocab_size=65, block_size=1024, n_layer=4 * p_chart)
+        trade_cfg, sizes = time_cfg, (8, 2, 32)
+    else:
+        time_cfg = model_preset("small", d_model=256, n_head=8, n_layer=2 * p_time)
+        chart_cfg = model_preset("small", n_layer=p_chart)
+        trade_cfg, sizes = model_preset("small", block_size=32, n_layer=2 * p_time), (12, 2, 32)
+    return PipelineSetup(gpus, backend if gpus else "gloo", processors, p_time, p_chart,
+                         max(2, min(3, steps // 6)), time_cfg, chart_cfg, trade_cfg, *sizes)
+
+
+def model_args(c) -> list:
+    """The command-line arguments that give `par.jobs.pipeline` the GPT-lite configuration `c`."""
+    return ["--preset", "tiny", "--vocab-size", c.vocab_size, "--d-model", c.d_model, "--n-head", c.n_head,
+            "--block-size", c.block_size, "--n-layer", c.n_layer]
+
+
 def launches_03(W, backend, preset, steps):
-    nb, cfg = "03_pipelines", _model(preset)
-    stages = W if on_gpus(backend, W) else max(W, 4)    # GPUs: one stage per GPU; CPU ranks are cheap
-    mbs = 16 if preset == "tiny" else (2 if cfg.block_size <= 256 else 1)
-    timed = max(1, min(3, steps // 10))
-    check = cfg.block_size <= 256        # a single-process reference of a long-context model would not fit
+    nb, cfg, s = "03_pipelines", _model(preset), pipeline_setup(W, backend, preset, steps)
     out = []
 
-    def pipe(cell, n, schedules, ms, extra=(), batch=None, reference=False):
-        layers = max(cfg.n_layer, n - 2)
-        model = replace(cfg, n_layer=layers)
-        work = [Training(model, batch or m * mbs, pp=n, microbatches=m, steps=timed + 1,
-                         reference_batch=(batch or m * mbs) if reference else 0, label=f"{s} m={m}")
-                for s in schedules for m in ms]
-        args = ["--schedules", ",".join(schedules), "--microbatches", ",".join(map(str, ms)), "--preset", preset,
-                "--n-layer", layers, "--steps", timed, *(["--batch", batch] if batch else ["--micro-batch-size", mbs]),
-                *extra]
-        out.append(launch(nb, cell, "par.jobs.pipeline", n, args, backend, work))
+    def pipe(cell, n, model, schedules, ms, size, timed, extra=(), batch=None, reference=False,
+             module="par.jobs.pipeline", run_backend=s.backend):
+        work = [Training(model, batch or m * size, pp=n, microbatches=m, steps=timed + 1,
+                         reference_batch=(batch or m * size) if reference else 0, label=f"{sc} m={m}")
+                for sc in schedules for m in ms]
+        out.append(launch(nb, cell, module, n, [*extra, "--steps", timed], run_backend, work))
 
-    pipe("gantt", stages, ("gpipe", "1f1b"), (2 * stages,), ["--check"] if check else [], reference=check)
-    pipe("bubble vs m", W, ("1f1b",), (1, 2, 4, 8, 16))
-    batch = 64 if preset == "tiny" else 8
-    pipe("fixed batch", W, ("1f1b",), tuple(m for m in (1, 2, 4, 8, 16) if batch % m == 0), batch=batch)
+    m_chart = 2 * s.p_chart
+    check = s.chart_cfg.block_size <= 256     # a single-process reference of a long-context model would not fit
+    pipe("gantt", s.p_chart, s.chart_cfg, ("gpipe", "1f1b"), (m_chart,), s.chart_mbs, 1,
+         ["--schedules", "gpipe,1f1b", "--microbatches", m_chart, *model_args(s.chart_cfg),
+          "--micro-batch-size", s.chart_mbs, *(["--check"] if check else [])], reference=check)
+    ms = (1, 2, 4, 8, 16)
+    pipe("bubble vs m", s.p_time, s.time_cfg, ("1f1b",), ms, s.time_mbs, s.timed_steps,
+         ["--schedules", "1f1b", "--microbatches", csv(ms), *model_args(s.time_cfg), "--micro-batch-size",
+          s.time_mbs, "--warmup-once", "--record-comm"])
+    ms_c = tuple(m for m in ms if s.trade_batch % m == 0)
+    pipe("fixed batch", s.p_time, s.trade_cfg, ("1f1b",), ms_c, 0, max(3, s.timed_steps),
+         ["--schedules", "1f1b", "--microbatches", csv(ms_c), *model_args(s.trade_cfg), "--batch", s.trade_batch],
+         batch=s.trade_batch)
+    layers = max(cfg.n_layer, s.p_time - 2)
+    pipe("torch pipelining", s.p_time, replace(cfg, n_layer=layers), ("1f1b",), (2 * s.p_time,), 2, 3,
+         ["--schedule", "1f1b", "--microbatches", 2 * s.p_time, "--preset", preset, "--n-layer", layers,
+          "--micro-batch-size", 2], module="par.jobs.pipeline_vs_torch")
+    if not s.on_gpu or W >= 4:      # dp 2 × pp 2: four ranks (on a smaller GPU server: skipped)
+        pipe("dp x pp", 4, cfg, ("1f1b",), (3,), 2, 2,
+             ["--dp", 2, "--schedules", "1f1b", "--microbatches", 3, "--preset", preset, "--micro-batch-size", 2,
+              *(["--check"] if cfg.block_size <= 256 else [])], reference=cfg.block_size <= 256)
     return out
-
-
-def tp_degree(cfg, world_size: int) -> int:
-    """The largest TP degree <= world_size that divides the heads, the width and the FFN size."""
-    return max(n for n in range(1, world_size + 1) if cfg.n_head % n == 0 and cfg.d_model % n == 0
-               and cfg.ffn % n == 0)
 
 
 def launches_04(W, backend, preset, steps):
@@ -297,8 +404,8 @@ def launches_04(W, backend, preset, steps):
     dense = cfg.block_size <= 256        # the dense model beside the TP one: only where it is small
     work = [Training(cfg, b, tp=n, steps=steps, reference_batch=b if dense else 0, label=f"TP {n}")]
     return [launch("04_tensor_parallel", "TP training", "par.jobs.train_tp", n, [
-        "--preset", preset, "--steps", steps, "--batch-size", b, *([] if dense else ["--no-reference"])],
-        backend, work)]
+        "--preset", preset, "--steps", steps, "--batch-size", b, "--eps", 1e-6,
+        *([] if dense else ["--no-reference"])], backend, work)]
 
 
 def launches_05(W, backend, preset, steps):
@@ -309,66 +416,85 @@ def launches_05(W, backend, preset, steps):
     return [
         launch(nb, "loss scaling", "par.jobs.train_mp", W, [
             "--dtype", "fp16", "--preset", preset, "--steps", steps, "--batch", batch, "--window", 5,
-            "--inject", ",".join(map(str, inject)), "--inject-rank", 0, "--warmup", 4, "--max-grad-norm", 1.0],
+            "--inject", csv(inject), "--inject-rank", 0, "--warmup", 4, "--max-grad-norm", 1.0],
             backend, [Training(cfg, batch, dp=W, precision="fp16", steps=steps, label="fp16")]),
         launch(nb, "fp32 / fp16 / bf16", "par.jobs.train_mp", W, [
-            "--dtype", ",".join(dtypes), "--preset", preset, "--steps", steps, "--batch", batch,
+            "--dtype", csv(dtypes), "--preset", preset, "--steps", steps, "--batch", batch,
             "--init-scale", 2 ** 13], backend,
             [Training(cfg, batch, dp=W, precision=d, steps=steps, label=d) for d in dtypes]),
     ]
 
 
-def launches_06(W, backend, preset, steps):
-    nb, cfg = "06_zero", _model(preset)
-    batch = per_rank_batch(cfg, 4) * W
+ZERO_STAGES = ("0", "1", "2", "3")
 
-    def zero(label, precision="fp32", n_steps=steps):
-        stage = int(label[0])
-        return Training(cfg, batch, dp=W, zero_stage=stage, offload="offload" in label, precision=precision,
-                        steps=n_steps, label=f"ZeRO {label}")
-    runs = ("0", "1", "2", "3", "3+prefetch", "3+offload")
-    return [
-        launch(nb, "stages", "par.jobs.train_zero", W, [
-            "--runs", ",".join(runs), "--preset", preset, "--steps", steps, "--batch", batch,
-            "--timeline-runs", "3,3+prefetch,3+offload"], backend, [zero(r) for r in runs]),
-        launch(nb, "mixed precision", "par.jobs.train_zero", W, [
-            "--runs", "0,1,2,3", "--preset", preset, "--steps", 3, "--batch", batch, "--precision", "bf16",
-            "--timeline-runs", ""], backend, [zero(r, "bf16", 3) for r in ("0", "1", "2", "3")]),
-    ]
+
+def launches_06(W, backend, preset, steps):
+    """ZeRO on `W` ranks (every stage in fp32 and 16 bits, prefetch, offload, FSDP2), then on the other
+    data-parallel degrees 2-4: one global batch they all divide, so every degree trains the same thing.
+    The 4-rank job saves a sharded checkpoint (`{checkpoint}`: the notebook fills in a directory) that
+    the 2-rank job resumes."""
+    nb, cfg = "06_zero", _model(preset)
+    long = cfg.block_size > 256
+    half = "bf16"        # the CPU, and the GPUs of a course server (Ampere or newer), compute in bf16
+    degrees = [n for n in world_sizes({2, 3, 4, W}, W, backend) if n == W or not long or W % n == 0]
+    batch = W if long else math.lcm(2, 3, 4, W)          # gpt3-small's 2048 tokens: one sequence per rank
+    out = []
+    for n in sorted(degrees, reverse=True):              # 4 first: it saves the checkpoint 2 loads
+        main = n == W
+        runs = [*ZERO_STAGES, *(f"{st}+{half}" for st in ZERO_STAGES), *(["3+prefetch", "3+offload", "fsdp2"]
+                                                                         if main else [])]
+        n_steps = steps if main else 3
+        args = ["--preset", preset, "--steps", n_steps, "--batch", batch,
+                "--timeline-runs", "3,3+prefetch,3+offload" if main else ""]
+        if n == 4:
+            args += ["--checkpoint", "{checkpoint}", "--checkpoint-run", "3", "--checkpoint-step", 2]
+        if n == 2 and 4 in degrees:
+            runs.append("3+resume")
+            args += ["--resume", "{checkpoint}"]
+        work = [Training(cfg, batch, dp=n, zero_stage=int(r[0]) if r[0].isdigit() else 3,
+                         offload="offload" in r, precision=half if half in r else "fp32", steps=n_steps,
+                         label=f"ZeRO {r}") for r in runs]
+        out.append(launch(nb, "stages", "par.jobs.train_zero", n, ["--runs", csv(runs), *args], backend, work))
+    t = tp_degree(cfg, W)
+    out.append(launch(nb, "ZeRO-R", "par.jobs.zero_r", t, ["--preset", preset, "--batch", 4], backend,
+                      [Training(cfg, 4, tp=t, steps=1, label="ZeRO-R activations")]))
+    return out
+
+
+def bench_steps(steps: int) -> int:
+    """Steps of each benchmark row: the first is a warm-up, the others are timed (4 or 5)."""
+    return max(4, min(steps, 5))
 
 
 def launches_07(W, backend, preset, steps):
-    """Lecture 07's benchmark table: `par.bench.suite`'s configurations, grouped into launches as
-    `suite.run_suite` groups them (by ranks, and data-parallel family apart from pipeline/TP)."""
-    import json
-
+    """Lecture 07's benchmark table: the launches `par.bench.suite.run_suite` makes, from its own functions
+    (`plan_rows`, `launches`, `launch_args`): first the 3D row, then the others (bf16 only on GPUs)."""
     from par.bench import suite
-    from par.config import ConfigError, model_config, parse
-    bench_steps = max(3, min(steps, 10))
-    groups: dict = {}
-    for name in suite.NAMES:
-        cfg, n = suite.config_for(name, W, preset, 2, bench_steps)
-        try:
-            tc = parse(cfg, n)
-        except ConfigError:
-            continue            # the suite shows such a row as an error; it never launches it
-        work = Training(model_config(tc), tc.train_batch_size, tc.dp, tc.pp, tc.tp, tc.zero_stage, tc.offload,
-                        tc.grad_accum, tc.precision, tc.optimizer, bench_steps, label=name)
-        key = (n, tc.pp * tc.tp > 1)
-        groups.setdefault(key, ([], []))
-        groups[key][0].extend(["--config", json.dumps(cfg)])
-        groups[key][1].append(work)
-    # on GPUs a row needing more ranks than the server has GPUs (the 3D row's 8) is skipped (par.bench.suite)
-    return [launch("07_putting_it_together", "benchmark table", "par.jobs.train", n, args, backend, work)
-            for (n, _), (args, work) in groups.items() if not (on_gpus(backend, W) and n > W)]
+    from par.config import model_config, parse
+    n_steps, gpus = bench_steps(steps), on_gpus(backend, W)
+    out = []
+    for cell, names in (("3D", ["3D"]), ("benchmark table", [n for n in LECTURE_07_ROWS if n != "bf16" or gpus])):
+        rows = suite.plan_rows(names, W, preset, 2, n_steps, W if gpus else cores())
+        for (n, _), group in sorted(suite.launches(rows).items()):
+            if gpus and n > W:     # a row needing more GPUs than the server has (the 3D row's 8) is skipped
+                continue
+            work = []
+            for name in group:
+                tc = parse(rows[name]["config"], n)
+                work.append(Training(model_config(tc), tc.train_batch_size, tc.dp, tc.pp, tc.tp, tc.zero_stage,
+                                     tc.offload, tc.grad_accum, tc.precision, tc.optimizer, n_steps, label=name))
+            out.append(launch("07_putting_it_together", cell, "par.jobs.train", n, suite.launch_args(rows, group),
+                              backend, work))
+    return out
 
+
+LECTURE_07_ROWS = ("single", "pipeline", "TP", "DDP", "ZeRO-1", "ZeRO-3", "ZeRO-3+offload", "bf16")
 
 def launches_08(W, backend, preset, steps):
     """Lecture 08: one launch on the TP degree's ranks measures activation memory (DP, TP, TP+SP, CP),
     trains TP+SP and CP beside the dense model and records the ring-attention timeline
     (`par.jobs.seq_context`). Its work is costed as TP training with the dense reference beside it
     (the planner's TP activations bound TP+SP's and CP's)."""
-    from par.tensor_parallel import tp_degree
     cfg = _model(preset)
     n = tp_degree(cfg, W)
     b = per_rank_batch(cfg, 4)
@@ -376,6 +502,31 @@ def launches_08(W, backend, preset, steps):
     work = [Training(cfg, b, tp=n, steps=3 * train_steps, reference_batch=b, label=f"TP+SP and CP on {n}")]
     return [launch("08_sequence_context_parallel", "memory, training, timeline", "par.jobs.seq_context", n, [
         "--preset", preset, "--steps", train_steps, "--batch-size", b], backend, work)]
+
+
+def launches_09(W, backend, preset, steps):
+    """Lecture 09: a MoE GPT-lite with expert parallelism (ep = W), with and without the balancing loss;
+    then EP inside DP (4 ranks, ep = 2) on CPU ranks or a server with 4 GPUs. The planner has no MoE: the
+    work is a dense model whose FFN holds the experts a rank keeps (a go/no-go estimate)."""
+    nb, cfg = "09_mixture_of_experts", _model(preset)
+    experts, k, b = max(4, W), 2, per_rank_batch(cfg, 4)   # ep = W: at least one expert per rank
+    check = cfg.block_size <= 256        # the single-process reference beside: only where it is small
+
+    def work(n, ep, label, runs):
+        held = replace(cfg, d_ff=cfg.ffn * max(k, math.ceil(experts / ep)))
+        return [Training(held, b * n, dp=n, steps=steps, reference_batch=b * n if check else 0,
+                         label=f"{label} {r}") for r in runs]
+    args = ["--preset", preset, "--steps", steps, "--batch", b, "--experts", experts, "--k", k,
+            *(["--check"] if check else [])]
+    out = [launch(nb, "EP training", "par.jobs.train_moe", W, [*args, "--alphas", "0,0.1"], backend,
+                  work(W, W, "EP alpha", ("0", "0.1")))]
+    if 4 in world_sizes({4}, W, backend):
+        short = max(1, min(steps, 3))
+        out.append(launch(nb, "EP inside DP", "par.jobs.train_moe", 4, [
+            "--preset", preset, "--steps", short, "--batch", b, "--experts", 4, "--k", k, "--ep", 2,
+            "--alphas", "0.1", *(["--check"] if check else [])], backend,
+            [replace(w, steps=short) for w in work(4, 2, "EP2 x DP2 alpha", ("0.1",))]))
+    return out
 
 
 REGISTRY = {
@@ -388,6 +539,22 @@ REGISTRY = {
     "06_zero": launches_06,
     "07_putting_it_together": launches_07,
     "08_sequence_context_parallel": launches_08,
+    "09_mixture_of_experts": launches_09,
+}
+
+# The cells of each notebook that launch (`find`'s names): a cell may have no launch at some parameters
+# (e.g. the world-size sweep when world_size is every size), never a name that is not here.
+CELLS = {
+    "00_distributed_basics": ("collectives", "world-size sweep"),
+    "01_memory": ("measured model states",),
+    "02_data_parallel": ("bucketed timeline", "torch DDP", "loss curves", "compression"),
+    "03_pipelines": ("gantt", "bubble vs m", "fixed batch", "torch pipelining", "dp x pp"),
+    "04_tensor_parallel": ("TP training",),
+    "05_mixed_precision": ("loss scaling", "fp32 / fp16 / bf16"),
+    "06_zero": ("stages", "ZeRO-R"),
+    "07_putting_it_together": ("3D", "benchmark table"),
+    "08_sequence_context_parallel": ("memory, training, timeline",),
+    "09_mixture_of_experts": ("EP training", "EP inside DP"),
 }
 
 
@@ -403,11 +570,12 @@ def launches(notebook: str, world_size: int, backend: str = "auto", preset: str 
 
 def find(notebook: str, cell: str, world_size: int, backend: str = "auto", preset: str = "tiny",
          steps: int = 20) -> list[Launch]:
-    """The launches of one cell of a notebook (what that cell should run, in order)."""
-    found = [l for l in launches(notebook, world_size, backend, preset, steps) if l.cell == cell]
-    if not found:
-        raise CourseError(f"{notebook} has no cell {cell!r}")
-    return found
+    """The launches of one cell of a notebook (what that cell should run, in order; [] where the cell
+    launches nothing at these parameters). A cell name the notebook does not have is an error."""
+    key = notebook.rsplit("/", 1)[-1].removesuffix(".ipynb")
+    if cell not in CELLS.get(key, ()):
+        raise CourseError(f"{notebook} has no cell {cell!r}: its cells are {', '.join(CELLS.get(key, ()))}")
+    return [l for l in launches(notebook, world_size, backend, preset, steps) if l.cell == cell]
 
 
 def notebook_timeout(found: list[Launch]) -> float:

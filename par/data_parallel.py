@@ -7,7 +7,7 @@
               "none"     a single process, no wrapper
     step      micro-batches under no_sync() except the last (gradient accumulation), then the optimizer
 
-Batch sizes obey train_batch_size = micro_batch × grad_accum × world_size (`par.batching`).
+Batch sizes obey train_batch_size = micro_batch × grad_accum × world_size (`par.batch_size`).
 Limits, which ZeRO (lecture 06) removes: every rank holds the full parameters, gradients and
 optimizer states, plus (bucketed) a gradient-sized bucket buffer.
 """

@@ -130,6 +130,7 @@ class BucketedDP(nn.Module):
         self._in_backward = False
         self._next = 0                  # the next bucket to launch: buckets go out strictly in order
         self._backward_start = None
+        self._backward_start_mark = self._backward_done_mark = None   # the recorder's marks (`_mark`)
         self.backward_done_at = None    # when the last gradient of the step was ready (`_clock()`)
         self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._grad_ready, i))
                        for i, p in enumerate(self.params)]
@@ -164,8 +165,15 @@ class BucketedDP(nn.Module):
         """The recorder's clock when there is one (its spans need its times), else perf_counter."""
         return self.recorder.now() if self.recorder is not None else time.perf_counter()
 
+    def _mark(self, seconds):
+        """The recorder's mark for a span: a CUDA event on a GPU (the CPU clock would time the launch, not
+        the work), else `seconds` itself (`_clock()`'s reading)."""
+        rec = self.recorder
+        return rec.mark() if rec is not None and rec.clock == "cuda" else seconds
+
     def _backward_starts(self, grad):
         self._backward_start = self._clock()
+        self._backward_start_mark = self._mark(self._backward_start)
         if self._sync:
             self._begin_step()
 
@@ -196,19 +204,20 @@ class BucketedDP(nn.Module):
 
     def _launch(self, i: int) -> None:
         flat = self.buckets[i].flat
-        clock = self.recorder.now if self.recorder is not None else None
+        rec = self.recorder
         if self.compression is None:
-            self.buckets[i].pending = comm_thread.all_reduce_async(flat, "avg", self.group, self.impl, clock)
+            self.buckets[i].pending = comm_thread.all_reduce_async(flat, "avg", self.group, self.impl, recorder=rec)
         else:
             compression, group, impl = self.compression, self.group, self.impl
             self.buckets[i].pending = comm_thread.run_async(
-                lambda: compression.average(flat, key=i, group=group, impl=impl), clock)
+                lambda: compression.average(flat, key=i, group=group, impl=impl), recorder=rec)
 
     def _end_of_backward(self) -> None:
         """Every gradient is computed: send what is left (unused parameters as zeros), wait, write back."""
         if not self._in_backward:
             return
         self.backward_done_at = self._clock()
+        self._backward_done_mark = self._mark(self.backward_done_at)
         for b in self.buckets:
             for slot, p in enumerate(b.params):
                 if slot not in b.ready:  # no gradient this backward: whatever accumulated, else zeros
@@ -224,10 +233,10 @@ class BucketedDP(nn.Module):
         rec = self.recorder
         if rec is None:
             return
-        if self._backward_start is not None:
-            rec.add("B", self._backward_start, self.backward_done_at)
-        rec.add("sync", self.backward_done_at, rec.now())
-        for i, b in enumerate(self.buckets):
+        if self._backward_start_mark is not None:
+            rec.add("B", self._backward_start_mark, self._backward_done_mark)
+        rec.add("sync", self._backward_done_mark, rec.mark())
+        for i, b in enumerate(self.buckets):     # marks: CUDA events on a GPU (par.timeline.Recorder)
             p = b.pending
-            if p.start is not None and p.end is not None:
-                rec.add(f"AR{i}", p.start, p.end, lane="comm")
+            if p.started is not None and p.ended is not None:
+                rec.add(f"AR{i}", p.started, p.ended, lane="comm")

@@ -80,18 +80,45 @@ LLAMA_PRESETS = {
 }
 
 
-def gpt_block_params(d: int, ffn: int) -> int:
+def gpt_block_params(d: int, ffn: int, tp: int = 1) -> int:
     """One GPT-lite block: 2 LayerNorms (2·2d) + qkv (3d² + 3d) + attention proj (d² + d)
-    + MLP fc (d·ffn + ffn) + MLP proj (ffn·d + d)  =  4d² + 2·d·ffn + 9d + ffn."""
-    return 4 * d * d + 2 * d * ffn + 9 * d + ffn
+    + MLP fc (d·ffn + ffn) + MLP proj (ffn·d + d)  =  4d² + 2·d·ffn + 9d + ffn.
+
+    On one of `tp` tensor-parallel ranks (Megatron): the matrices and the column-parallel biases (qkv,
+    fc) split over tp, the LayerNorms (4d) and the two row-parallel biases (2d, added after the
+    all-reduce) replicated: (4d² + 2·d·ffn + 3d + ffn)/tp + 6d (a float when tp does not divide)."""
+    replicated = 4 * d + 2 * d
+    split, rest = divmod(4 * d * d + 2 * d * ffn + 3 * d + ffn, tp)
+    return split + replicated if rest == 0 else (4 * d * d + 2 * d * ffn + 3 * d + ffn) / tp + replicated
 
 
-def gpt_param_count(cfg) -> int:
+def gpt_param_count(cfg, tp: int = 1) -> int:
     """Ψ of GPT-lite = token emb (V·d) + position emb (T·d) + L blocks + final LayerNorm (2d)
-    + LM head (d·V, no bias; 0 when tied to the token embedding)."""
+    + LM head (d·V, no bias; 0 when tied to the token embedding). `tp`: on one tensor-parallel rank
+    (embeddings, final LayerNorm and head replicated, the blocks as `gpt_block_params`)."""
     d, v = cfg.d_model, cfg.vocab_size
     head = 0 if cfg.tie_embeddings else d * v
-    return v * d + cfg.block_size * d + cfg.n_layer * gpt_block_params(d, cfg.ffn) + 2 * d + head
+    return v * d + cfg.block_size * d + cfg.n_layer * gpt_block_params(d, cfg.ffn, tp) + 2 * d + head
+
+
+def expert_params(d: int, ffn: int) -> int:
+    """One expert of a MoE layer: a GPT-lite MLP, fc (d·ffn + ffn) + proj (ffn·d + d)."""
+    return 2 * d * ffn + ffn + d
+
+
+def moe_block_params(d: int, ffn: int, n_experts: int, ep: int = 1) -> int:
+    """One MoE block on the busiest of `ep` expert-parallel ranks (`par.moe.MoEBlock`): the dense block
+    without its MLP, the router (d·E, no bias) and ceil(E/ep) experts (`par.expert_parallel.expert_range`)."""
+    return gpt_block_params(d, ffn) - expert_params(d, ffn) + d * n_experts + \
+        math.ceil(n_experts / ep) * expert_params(d, ffn)
+
+
+def moe_param_count(cfg, n_experts: int, ep: int = 1) -> tuple[int, int]:
+    """(replicated, expert) parameters one rank of a MoE GPT-lite holds with ep-way expert parallelism:
+    Ψ = replicated + expert; the experts are ceil(E/ep) per layer."""
+    experts = cfg.n_layer * math.ceil(n_experts / ep) * expert_params(cfg.d_model, cfg.ffn)
+    dense = gpt_param_count(cfg) - cfg.n_layer * expert_params(cfg.d_model, cfg.ffn)
+    return dense + cfg.n_layer * cfg.d_model * n_experts, experts
 
 
 def llama_block_params(cfg: LlamaConfig) -> int:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from par.collectives import chunk_bounds
+
 METHODS = ("parameters", "uniform")
 
 
@@ -35,13 +37,7 @@ def _check(n_layers: int, stages: int) -> None:
 def uniform(n_layers: int, stages: int) -> list[tuple[int, int]]:
     """[start, end) of each stage, with n_layers // stages layers each and one more for the first few."""
     _check(n_layers, stages)
-    base, extra = divmod(n_layers, stages)
-    bounds, start = [], 0
-    for s in range(stages):
-        end = start + base + (1 if s < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
+    return chunk_bounds(n_layers, stages)
 
 
 def balanced(weights, stages: int) -> list[tuple[int, int]]:

@@ -104,6 +104,7 @@ class Plan:
     fits: bool = False
     samples_per_s: float = 0.0
     cp: int = 1                                      # context-parallel degree (ring attention); devices = dp·pp·tp·cp
+    ep: int = 1                                      # expert-parallel degree (MoE: `predict_moe`)
 
     @property
     def layout(self) -> str:
@@ -135,9 +136,7 @@ def block_params(cfg, tp: int = 1) -> float:
     """One block's parameters on one tp rank: `par.memory.gpt_block_params` with everything but the
     replicated pieces split over tp. Replicated: the 2 LayerNorms (4d) and the biases of the two
     row-parallel projections (2d), added after the all-reduce (`par.tensor_parallel`)."""
-    d = cfg.d_model
-    replicated = 4 * d + 2 * d
-    return (memory.gpt_block_params(d, cfg.ffn) - replicated) / tp + replicated
+    return memory.gpt_block_params(cfg.d_model, cfg.ffn, tp)
 
 
 def layer_params(cfg, tp: int = 1) -> list[float]:
@@ -358,3 +357,73 @@ def main(argv=None) -> int:
           f"{sum(p.fits for p in ranked)} of {len(ranked)} valid plans fit")
     print(format_plans(ranked, args.top))
     return 0
+
+
+# ---------------------------------------------------------------- mixture of experts: the ep degree
+@dataclass(frozen=True)
+class MoE:
+    """The MoE layers of a workload (`par.moe`): E experts per block, top-k, capacity factor f."""
+    n_experts: int = 8
+    k: int = 2
+    capacity_factor: float = 1.25
+
+
+def predict_moe(w: Workload, moe: MoE, world: int, ep: int, zero_stage: int = 0, hw: Hardware = Hardware()) -> Plan:
+    """Memory per device and step time of EP inside DP: `world` data-parallel ranks, experts sharded over
+    EP groups of `ep` consecutive ranks (`par.expert_parallel`), every block a MoE block.
+
+    memory    states of the replicated Ψ_r over `world` ranks + states of the rank's experts Ψ_e over the
+              world/ep ranks that hold them (`par.memory.moe_param_count`, `model_state_bytes`); activations
+              as the dense model's (the dispatch buffers, f·k·b·s·d per layer, are left out)
+    compute   the active parameters: the router picks k experts per token, so 6·Ψ_active·B·s with
+              Ψ_active = Ψ_r + k·L·expert (`step_flops` of a dense model whose FFN is k times wider)
+    dp        gradients: Ψ_r over all ranks, Ψ_e over world/ep (`zero_bytes_per_step`)
+    ep        4 all-to-alls per layer (dispatch, combine, and both backward), each
+              (ep-1)/ep · E·C·d values, C = ceil(f·k·b·s/E) (`par.expert_parallel.alltoall_formula_bytes`);
+              inside a node when ep <= gpus_per_node (its ranks are consecutive)"""
+    from par.expert_parallel import alltoall_formula_bytes
+    from par.moe import capacity
+    plan = Plan(world, 1, 1, zero_stage, 1, ep=ep)
+    cfg, problems = w.model, []
+    if ep < 1 or world % ep:
+        problems.append(f"ep {ep} does not divide the {world} ranks")
+    if ep > moe.n_experts:
+        problems.append(f"ep {ep} > {moe.n_experts} experts")
+    if w.global_batch % world:
+        problems.append(f"batch {w.global_batch} not divisible by dp {world}")
+    if zero_stage > 1:
+        problems.append(f"ZeRO-{zero_stage} with expert parallelism (only 0 and 1 here)")
+    if problems:
+        plan.valid, plan.reason = False, "; ".join(problems)
+        return plan
+    b = w.global_batch // world
+    plan.micro_batch = b
+    replicated, experts = memory.moe_param_count(cfg, moe.n_experts, ep)
+    plan.params_per_device = replicated + experts
+    s_r = memory.model_state_bytes(replicated, world, zero_stage, w.precision, w.optimizer)
+    s_e = memory.model_state_bytes(experts, world // ep, zero_stage, w.precision, w.optimizer)
+    act = activation_bytes(w, b, cfg.n_layer, 1, 1, last_stage=True)
+    plan.memory = {"params": s_r.params + s_e.params, "grads": s_r.grads + s_e.grads,
+                   "optimizer": s_r.optimizer + s_e.optimizer, "activations": act, "host": 0.0}
+    plan.memory["total"] = sum(v for k_, v in plan.memory.items() if k_ != "host")
+    plan.fits = plan.memory["total"] <= hw.memory
+    e, bp = w.bytes_per_value, memory.bytes_per_param(w.precision, w.optimizer)
+    active = replace(w, model=replace(cfg, d_ff=cfg.ffn * moe.k))
+    compute = step_flops(active) / (world * hw.flops)
+    cap = capacity(b * w.seq, moe.n_experts, moe.k, moe.capacity_factor)
+    plan.bytes = {"dp": zero_bytes_per_step(replicated, world, zero_stage, 1, bp.grads)
+                  + zero_bytes_per_step(experts, world // ep, zero_stage, 1, bp.grads),
+                  "ep": 4 * cfg.n_layer * alltoall_formula_bytes(moe.n_experts, cap, cfg.d_model, ep, e)}
+    plan.bytes["total"] = plan.bytes["dp"] + plan.bytes["ep"]
+    bw_dp = hw.bw_node if world <= hw.gpus_per_node else hw.bw_network
+    bw_ep = hw.bw_node if ep <= hw.gpus_per_node else hw.bw_network
+    plan.time = {"compute": compute, "dp": plan.bytes["dp"] / bw_dp, "ep": plan.bytes["ep"] / bw_ep}
+    plan.time["total"] = sum(plan.time.values())
+    plan.samples_per_s = w.global_batch / plan.time["total"]
+    return plan
+
+
+def moe_plans(w: Workload, moe: MoE, world: int, hw: Hardware = Hardware(), stages=(0, 1)) -> list[Plan]:
+    """`predict_moe` for every ep degree dividing `world` (and at most E) × ZeRO stage, fitting first, fastest first."""
+    return rank_plans([predict_moe(w, moe, world, ep, z, hw) for ep in range(1, world + 1)
+                       if world % ep == 0 and ep <= moe.n_experts for z in stages])

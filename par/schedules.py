@@ -163,14 +163,8 @@ def microbatch_groups(p: int, m: int) -> list[range]:
     m = 7, p = 2 -> [0, 1, 2], [3, 4], [5, 6]. A group smaller than p would come back to rank 0
     for its next chunk before the last rank had finished with it.
     """
-    n = max(1, m // p)
-    base, extra = divmod(m, n)
-    groups, start = [], 0
-    for i in range(n):
-        size = base + (1 if i < extra else 0)
-        groups.append(range(start, start + size))
-        start += size
-    return groups
+    from par.collectives import chunk_bounds     # the one uneven split (lecture 00's ring chunks)
+    return [range(a, b) for a, b in chunk_bounds(m, max(1, m // p))]
 
 
 def interleaved_order(p: int, m: int, v: int, backward: bool = False) -> list[tuple[int, int]]:

@@ -32,7 +32,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from par.collectives import all_reduce_formula_bytes, group_rank, group_size
-from par.model import GPTConfig, causal_attention, merge_heads, split_heads
+from par.memory import gpt_param_count
+from par.model import GPTConfig, GPTLite, causal_attention, merge_heads, split_heads
 from par.tp_ops import copy_to_region, gather_from_region, reduce_from_region, scatter_to_region
 
 
@@ -257,14 +258,8 @@ class TensorParallelGPT(nn.Module):
         blocks = [TensorParallelBlock.from_dense(b, group, impl, f"layer {i}") for i, b in enumerate(model.blocks)]
         return cls(model.cfg, embed, blocks, head)
 
-    def to_layers(self) -> list[nn.Module]:
-        return [self.embed, *self.blocks, self.head]
-
-    def forward(self, idx):
-        x = idx
-        for layer in self.to_layers():
-            x = layer(x)
-        return x
+    to_layers = GPTLite.to_layers     # the same layers in the same order as the dense model: one definition
+    forward = GPTLite.forward
 
 
 def shard_like(tp_module: nn.Module, dense: nn.Module, group=None) -> dict:
@@ -295,14 +290,11 @@ def tp_bytes_per_step(cfg: GPTConfig, batch: int, seq: int, n: int, itemsize: in
 def tp_param_count(cfg: GPTConfig, n: int = 1) -> int:
     """Parameters held by one rank of an N-way TP GPT-lite (replicated embedding, head, norms, row biases).
 
-    Per layer: (3d² + 3d)/N qkv + d²/N + d proj + (d·f + f)/N fc + f·d/N + d proj + 4d norms.
+    Per layer: (3d² + 3d)/N qkv + d²/N + d proj + (d·f + f)/N fc + f·d/N + d proj + 4d norms
+    (`par.memory.gpt_block_params(d, f, N)`, the formula's one home).
     """
     check_tp_degree(cfg, n)
-    d, f, v, t = cfg.d_model, cfg.ffn, cfg.vocab_size, cfg.block_size
-    per_layer = (3 * d * d + 3 * d) // n + d * d // n + d + (d * f + f) // n + f * d // n + d + 4 * d
-    embed = v * d + t * d
-    head = 2 * d + (0 if cfg.tie_embeddings else v * d)
-    return embed + cfg.n_layer * per_layer + head
+    return gpt_param_count(cfg, tp=n)
 
 
 def param_bytes(module: nn.Module) -> int:

@@ -11,10 +11,10 @@ rank i owning the i-th equal partition):
     stage 3  P_os+g+p   + parameters sharded; gathered per unit just in time     (w+g+K)Ψ/N_d
 
 The step of stages 1 and 2 is reduce-scatter(grads) -> update my partition ->
-all-gather(params): (N-1)/N·Ψ + (N-1)/N·Ψ, exactly the 2(N-1)/N·Ψ of an
-all-reduce. Stage 3 gathers the parameters twice (before forward and again
-before backward, because they were freed in between) and reduce-scatters the
-gradients once: 3(N-1)/N·Ψ, 1.5x.
+all-gather(params): as many bytes as one all-reduce. Stage 3 gathers the
+parameters twice (before forward and again before backward, because they were
+freed in between) and reduce-scatters the gradients once: 1.5x. The bytes per
+step, with micro-batches: `par.planner.zero_bytes_per_step` (the formula's one home).
 
 A *unit* is the granularity of all of this (`par.units`): one module of `model.to_layers()`
 (or each module with a forward of its own), plus the root for parameters no such module

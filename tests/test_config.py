@@ -84,7 +84,7 @@ def test_compatibility_keys_are_listed_as_ignored():
 
 
 def test_cli_reports_a_bad_config_before_launching(tmp_path, capsys):
-    from par.jobs.train import main
+    from par.train_cli import main
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**BASE, "train_batch_size": 20}))
     assert main(["--config", str(bad), "--nproc", "2"]) == 2

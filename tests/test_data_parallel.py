@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from par import collectives, compression
 from par.async_gossip import (gossip_sgd, latency_steps, max_stable_lr, ring_mixing_matrix, rounds_to_spread,
                               stale_sgd)
-from par.batching import BatchSizeError, check_batch_identity, resolve_batch
+from par.batch_size import BatchSizeError, check_batch_identity, resolve_batch
 from par.data import CharDataset, global_batches
 from par.data_parallel import overlap_fraction, split_micro, train_step
 from par.dp_bucketed import BucketedDP, assign_buckets

@@ -178,13 +178,20 @@ def test_speedups_compare_timed_rows_of_single_precision_with_their_ranks():
     assert layouts_matching_reference([{**rows[3], "max_param_diff": float("nan")}]) == []
 
 
-def test_a_failed_launch_is_one_line_naming_the_rank_error():
-    from par.bench.suite import one_line
-    from par.launch import LaunchError
-    e = LaunchError("par.jobs.train on 2 ranks failed (exit code 1).\nrank 1 failed first:\n"
-                    "[default1]:Traceback (most recent call last):\n[default1]:  File \"x.py\", line 3\n"
-                    "[default1]:ValueError: the real reason")
-    assert one_line(e) == "par.jobs.train on 2 ranks failed (exit code 1). ValueError: the real reason"
+def test_a_failed_launch_is_one_line_naming_the_rank_error(monkeypatch):
+    """A row's error is the LaunchError's root cause (its first line, which names the rank's exception),
+    never a later line of the ranks' output."""
+    import par.launch
+    from par.bench.suite import run_suite
+    e = par.launch.LaunchError("rank 1 failed: ValueError: the real reason\nrank 1's output:\n"
+                               "[default1]:Traceback (most recent call last):\n[default1]:  File \"x.py\", line 3\n"
+                               "[default1]:ValueError: the real reason\n[default0]:exiting")
+
+    def fail(module, nproc, args, **kw):
+        raise e
+    monkeypatch.setattr(par.launch, "run", fail)
+    (row,) = run_suite(["DDP"], nproc=2)
+    assert row["error"] == e.root_cause == "rank 1 failed: ValueError: the real reason"
 
 
 def test_plan_command(capsys):
@@ -201,7 +208,7 @@ def test_a_failing_benchmark_launch_raises_its_own_error_in_one_line(monkeypatch
     from par.bench.suite import BenchmarkError, format_table, run_suite
 
     def fail(module, nproc, args, **kw):
-        raise par.launch.LaunchError(f"{module} on {nproc} ranks failed (exit code 1).\n"
+        raise par.launch.LaunchError("rank 0 failed: RuntimeError: Gloo connectFullMesh failed\n"
                                      "[default0]:RuntimeError: Gloo connectFullMesh failed")
     monkeypatch.setattr(par.launch, "run", fail)
     with pytest.raises(BenchmarkError, match=r"^single on 1 ranks: .*RuntimeError: Gloo connectFullMesh failed$"):

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -133,14 +132,6 @@ def predicted(tc, hw: planner.Hardware, search_world: int, memory: float) -> dic
             "largest_params": psi, "search_world": dp * tc.pp * tc.tp}
 
 
-def one_line(error: BaseException) -> str:
-    """A launch error in one line: its first line, and the failing rank's exception when that is elsewhere."""
-    lines = [l.strip() for l in str(error).strip().splitlines() if l.strip()] or [type(error).__name__]
-    causes = [re.sub(r"^\[\w+\]:\s*", "", l) for l in lines if re.match(r"^(\[\w+\]:\s*)?[\w.]+(Error|Exception)\b", l)]
-    cause = causes[-1] if causes else ""
-    return lines[0] if not cause or cause in lines[0] else f"{lines[0]} {cause}"
-
-
 def plan_rows(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: int = 2, steps: int = 6,
               slots: int = 1, model: dict | None = None, check: bool | None = None, memory: float = 80e9,
               search_world: int | None = None, hardware: str = "a100-80gb") -> dict:
@@ -213,9 +204,9 @@ def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
                       quiet=True)
         except LaunchError as e:
             if strict:
-                raise BenchmarkError(f"{', '.join(group)} on {n} ranks: {one_line(e)}") from None
+                raise BenchmarkError(f"{', '.join(group)} on {n} ranks: {e.root_cause}") from None
             for name in group:
-                rows[name]["error"] = one_line(e)
+                rows[name]["error"] = e.root_cause
             continue
         runs = got["runs"] if "runs" in got else [got]
         for name, measured in zip(group, runs):

@@ -1,13 +1,10 @@
-"""Train GPT-lite as a DeepSpeed-style JSON config says: `python -m par train --config configs/zero1.json --nproc 4`.
+"""Train GPT-lite as a DeepSpeed-style JSON config says: the torchrun job behind `python -m par train`
+(`par.train_cli`) and lecture 07's benchmark table (`par.bench.suite`).
 
-Two ways in, one file; the training itself is `par.train` (read that for what a step does):
+Every rank parses the config(s) for the world it sees, runs `par.train.train` (read that for what a step
+does), and rank 0 saves `par.train.summarize` of all ranks:
 
-* from a shell (`python -m par train`): check the config for `--nproc` ranks, then launch this job on
-  that many ranks with `par.launch.run` and print the result. A bad config, a world size the degrees do
-  not divide, a missing file or a backend this machine lacks is one line `error: ...` naming the fix
-  and exit code 2, before any rank starts; `--debug` (or `PAR_DEBUG=1`) shows the traceback instead.
-* under torchrun (LOCAL_RANK is set): every rank parses the config(s) for the world it sees, runs
-  `par.train.train`, and rank 0 saves `par.train.summarize` of all ranks.
+    par.launch.run("par.jobs.train", nproc=4, args=["--config", "configs/zero1.json"])
 
 Result (the contract of par/jobs/__init__.py): world_size, backend, losses, step_s (timed steps, the slowest
 rank's), per_rank, and the row keys of `par.train.summarize` (strategy, layout, samples_per_s and its range,
@@ -18,24 +15,13 @@ kernels) becomes a run {"strategy", "error"} and the next one runs.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from par.config import ConfigError, ignored_keys, load, read   # light: a bad config fails before torch loads
-from par.grid import GridError
+from par.config import load, read
 
 
-def user_error(e: BaseException) -> bool:
-    """Errors that mean "fix your input": the config's, the grid's, the backend's (par.dist.BackendError,
-    looked up only if par.dist was imported, so that a config error never waits for torch to load)."""
-    kinds = [ConfigError, GridError]
-    if "par.dist" in sys.modules:
-        kinds.append(sys.modules["par.dist"].BackendError)
-    return isinstance(e, tuple(kinds))
-
-
-def job(argv=None) -> int:
-    """The torchrun side: parse, train, gather, save."""
+def main(argv=None) -> int:
+    """Parse, train, gather, save (on every rank, under torchrun)."""
     import par.dist
     from par.mixed_precision import UnsupportedPrecision
     from par.train import summarize, train
@@ -61,60 +47,6 @@ def job(argv=None) -> int:
                              {"world_size": env.world_size, "backend": env.backend, "runs": runs})
     par.dist.teardown()
     return 0
-
-
-def format_row(row: dict) -> str:
-    from par.memory import format_bytes
-    lo, hi = row["samples_per_s_range"]
-    check = f"  max |param - single process| {row['max_param_diff']:.1e}" if "max_param_diff" in row else ""
-    return (f"{row['strategy']:<28} {row['samples_per_s']:>9.1f} ({lo:.1f}-{hi:.1f}) {format_bytes(row['mem_avg']):>11} "
-            f"{format_bytes(row['mem_peak']):>11} {format_bytes(row['bytes_per_step']):>11}  "
-            f"loss {row['losses'][0]:.3f} -> {row['losses'][-1]:.3f}{check}")
-
-
-def launch(argv) -> int:
-    """The shell side: check everything that can be checked here, then start the ranks."""
-    ap = argparse.ArgumentParser(prog="python -m par train", description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True, help="a JSON file (see configs/) or a JSON object as text")
-    ap.add_argument("--nproc", type=int, default=1, help="ranks to start (dp = nproc / (pp · tp))")
-    ap.add_argument("--backend", default="auto", help="auto, gloo or nccl")
-    ap.add_argument("--steps", type=int, default=None, help="override the config's steps")
-    ap.add_argument("--timeout", type=int, default=600, help="seconds before the job is killed")
-    ap.add_argument("--check", action="store_true", help="compare with one process trained on the same batches")
-    ap.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
-    args = ap.parse_args(argv)
-    if args.nproc < 1:
-        raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
-    tc = load(args.config, args.nproc)     # the config's own error, before starting ranks
-    import par.dist
-    par.dist.choose_backend(args.nproc, args.backend)
-    skipped = ignored_keys(read(args.config))
-    if skipped:
-        print(f"note: accepted for DeepSpeed compatibility, no effect in par: {', '.join(skipped)}")
-    print(f"{tc.strategy} ({tc.layout}) on {args.nproc} rank(s): batch {tc.train_batch_size} = micro "
-          f"{tc.micro_batch} × accum {tc.grad_accum} × dp {tc.dp}")
-    from par.launch import run
-    extra = (["--steps", str(args.steps)] if args.steps is not None else []) + (["--check"] if args.check else [])
-    row = run("par.jobs.train", nproc=args.nproc, args=["--config", args.config, *extra], backend=args.backend,
-              timeout=args.timeout)
-    print(f"{'strategy':<28} {'samples/s (range)':>21} {'mem avg':>11} {'mem peak':>11} {'bytes/step':>11}")
-    print(format_row(row))
-    return 0
-
-
-def main(argv=None) -> int:
-    """`python -m par train --config FILE --nproc N [--backend auto] [--steps S] [--check]`; under torchrun: the job."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if "LOCAL_RANK" in os.environ:
-        return job(argv)
-    debug = "--debug" in argv or os.environ.get("PAR_DEBUG", "") not in ("", "0")
-    try:
-        return launch(argv)
-    except Exception as e:
-        if debug or not user_error(e):
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import torch
 
 import par.dist
 from par import collectives, commlog, compression, memory
-from par.batching import resolve_batch
+from par.batch_size import resolve_batch
 from par.collectives import all_reduce_formula_bytes, ring_all_reduce_bytes
 from par.data import CharDataset
 from par.data_parallel import (VARIANTS, overlap_fraction, shard_loader, split_micro, train_step, wrap,

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 import par.dist
 from par import checkpoint, commlog, memory, offload, torch_zero
+from par.planner import zero_bytes_per_step
 from par.data import CharDataset, global_batches
 from par.model import build, lm_loss, preset
 from par.timeline import Recorder
@@ -170,7 +171,6 @@ def merge(label: str, ranks: list[dict], args, n: int, numel: int) -> dict:
     mine = ranks[0]
     precision = run.precision or args.precision
     itemsize = 4 if precision == "fp32" else 2
-    factor = {0: 2, 1: 2, 2: 2, 3: 3}[run.stage]
     worst = max(ranks, key=lambda r: r["memory"].get("model_states", 0))
     flag_bytes = mine["bytes"].pop("overflow flag", 0)
     out = {"label": label, "stage": run.stage, "offload": run.offload, "prefetch": run.prefetch,
@@ -183,7 +183,7 @@ def merge(label: str, ranks: list[dict], args, n: int, numel: int) -> dict:
            "formula": memory.model_state_bytes(numel, n, run.stage, "fp32" if precision == "fp32" else "mixed",
                                                args.optimizer).to_dict(),
            "bytes": mine["bytes"], "bytes_total": sum(mine["bytes"].values()), "overflow_flag_bytes": flag_bytes,
-           "bytes_formula": factor * (n - 1) / n * numel * itemsize}
+           "bytes_formula": zero_bytes_per_step(numel, n, run.stage, 1, itemsize)}
     for k in ("skipped", "offload_bytes_per_step", "placement", "timeline", "max_diff_vs_stage3"):
         if k in mine:
             out[k] = mine[k]

@@ -1,0 +1,114 @@
+"""The lecture notebooks run the launches `par.course` describes, so the dry run checks exactly what runs.
+
+- no lecture notebook starts ranks itself (`par.launch.run`, `launch.run`, `!torchrun`, multiprocessing);
+- every cell name the registry knows for a notebook is used by that notebook (a string in its code), and
+  every `course.find` call in a notebook names a cell the registry knows;
+- lecture 07's launches in the registry are exactly those `par.bench.suite.run_suite` makes.
+Static: the notebooks are read, not executed (tests/test_notebooks.py executes them).
+"""
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from par import course
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+LECTURES = sorted(NOTEBOOKS.glob("0*.ipynb"))
+
+
+def code(path: Path) -> ast.Module:
+    """The notebook's code cells as one module (IPython magics and shell lines left out)."""
+    cells = json.loads(path.read_text())["cells"]
+    lines = []
+    for c in cells:
+        if c["cell_type"] == "code":
+            src = "".join(c["source"])
+            lines += [l for l in src.splitlines() if not l.lstrip().startswith(("%", "!"))] + [""]
+    return ast.parse("\n".join(lines))
+
+
+def shell_lines(path: Path) -> list[str]:
+    return [l for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"
+            for l in "".join(c["source"]).splitlines() if l.lstrip().startswith("!")]
+
+
+def strings(tree: ast.Module) -> set[str]:
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def calls(tree: ast.Module) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+
+
+def test_every_lecture_has_launches_registered():
+    assert [p.stem for p in LECTURES] == list(course.REGISTRY) == list(course.CELLS)
+
+
+@pytest.mark.parametrize("path", LECTURES, ids=lambda p: p.stem)
+def test_no_notebook_starts_ranks_itself(path):
+    tree = code(path)
+    direct = [ast.unparse(c) for c in calls(tree) if ast.unparse(c.func) in ("par.launch.run", "launch.run", "run")]
+    assert direct == [], f"{path.name} launches without par.course: {direct}"
+    imports = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not [i for i in imports if i.startswith("from par.launch import") or "multiprocessing" in i], imports
+    assert not [l for l in shell_lines(path) if "torchrun" in l or "torch.distributed.run" in l]
+
+
+@pytest.mark.parametrize("path", LECTURES, ids=lambda p: p.stem)
+def test_every_registered_cell_is_used_by_its_notebook(path):
+    tree = code(path)
+    used = strings(tree)
+    missing = [cell for cell in course.CELLS[path.stem] if cell not in used]
+    assert missing == [], f"{path.name} never runs its registered cell(s) {missing}"
+    finds = [c for c in calls(tree) if ast.unparse(c.func) == "course.find"]
+    assert finds, f"{path.name} never asks par.course for its launches"
+    for c in finds:
+        nb, cell = c.args[0], c.args[1]
+        if isinstance(nb, ast.Constant):
+            assert nb.value == path.stem, ast.unparse(c)
+        if isinstance(cell, ast.Constant):
+            assert cell.value in course.CELLS[path.stem], ast.unparse(c)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_every_launch_belongs_to_a_registered_cell(world_size):
+    for nb in course.REGISTRY:
+        for launch in course.launches(nb, world_size, "gloo", "tiny", 20):
+            assert launch.cell in course.CELLS[nb], launch.name()
+
+
+def test_find_knows_the_cells():
+    with pytest.raises(course.CourseError, match="has no cell 'nope'"):
+        course.find("03_pipelines", "nope", 2)
+    assert course.find("03_pipelines", "dp x pp", 2, "nccl", "gpt3-small", 20) == []   # 2 GPUs: no dp 2 × pp 2
+
+
+def test_lecture_07_launches_are_the_suites(monkeypatch):
+    """What `suite.run_suite` launches in lecture 07 (recorded, not run) equals the registry's launches."""
+    import par.launch
+    from par.bench import suite
+    made = []
+
+    def fake_run(module, nproc, args, backend, timeout, quiet):
+        made.append((module, nproc, tuple(args), backend))
+        raise par.launch.LaunchError("not run in this test")
+    monkeypatch.setattr(par.launch, "run", fake_run)
+    world_size, preset, steps = 2, "tiny", 20
+    for cell, names in (("3D", ["3D"]), ("benchmark table", [n for n in course.LECTURE_07_ROWS if n != "bf16"])):
+        made.clear()
+        suite.run_suite(names, nproc=world_size, preset=preset, steps=course.bench_steps(steps), backend="gloo")
+        expected = [(l.module, l.nproc, l.args, l.backend)
+                    for l in course.find("07_putting_it_together", cell, world_size, "gloo", preset, steps)]
+        assert sorted(made) == sorted(expected) and made, cell
+
+
+def test_launch_reads_like_a_command():
+    (job,) = course.find("04_tensor_parallel", "TP training", 2, "gloo", "tiny", 20)
+    assert job.command().startswith("torchrun --nproc-per-node=2 -m par.jobs.train_tp --preset tiny")
+    assert job.arg("--preset") == "tiny" and job.with_arg("--steps", 3).arg("--steps") == "3"
+    zero = course.find("06_zero", "stages", 4, "gloo", "tiny", 20)
+    assert "{checkpoint}" in zero[0].args and "/tmp/x" in zero[0].fill(checkpoint="/tmp/x").args

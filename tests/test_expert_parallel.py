@@ -1,0 +1,66 @@
+"""Expert parallelism equals the single-process MoE with the ranks' batches as routing groups.
+
+In-process: the expert ranges and the bytes formula. Multi-process: one launch per world size (2, 3, 4)
+runs every case of tests/workers/ep_check.py: the layer with E = 5 experts (uneven over the ranks), k = 1
+and 2, tokens dropped, p2p and torch all-to-all; and a MoE GPT-lite trained 3 Adam steps with EP (ep = N)
+and EP inside DP (ep = 2 on 4 ranks). The 3-rank launch also runs with NCCL's point-to-point
+semantics emulated on gloo (`p2p_env`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from par import expert_parallel as ep, launch
+from par.moe import MoEError
+
+WORKER = Path(__file__).parent / "workers" / "ep_check.py"
+TOL = 1e-5
+_CACHE: dict = {}
+
+
+def run_worker(n: int, env: dict) -> dict:
+    key = (n, tuple(env.items()))
+    if key not in _CACHE:
+        out = launch.run(str(WORKER), nproc=n, timeout=240, quiet=True, env=env)
+        assert out["world_size"] == n and out["nccl_emulation"] == bool(env)
+        _CACHE[key] = out
+    return _CACHE[key]
+
+
+def test_experts_split_unevenly_and_bytes_match_the_formula():
+    assert [ep.expert_range(5, 3, r) for r in range(3)] == [(0, 2), (2, 4), (4, 5)]
+    assert [ep.expert_range(8, 4, r) for r in range(4)] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    for r in range(4):                       # n divides E: both all-to-alls are (n-1)/n · E·C·d·4
+        assert ep.alltoall_bytes(8, 3, 16, 4, r) == (ep.alltoall_formula_bytes(8, 3, 16, 4),) * 2
+    assert ep.alltoall_bytes(5, 2, 4, 3, 2) == ((5 - 1) * 2 * 4 * 4, 2 * 1 * 2 * 4 * 4)
+    with pytest.raises(MoEError, match="ep degree <= 3"):
+        ep.expert_range(3, 4, 0)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_layer_equals_the_single_process_moe(n, p2p_env):
+    if n != 3 and p2p_env:
+        pytest.skip("NCCL emulation runs on 3 ranks only (each launch costs about 30 s on 2 cores)")
+    out = run_worker(n, p2p_env)
+    for case, got in out["layers"].items():
+        assert got["same_routing"], f"{case}: routing or dropped tokens differ from the single process"
+        assert got["dropped"] > 0, f"{case}: the case should drop tokens"
+        for key in ("forward", "input_grad", "aux"):
+            assert got[key] <= TOL, (case, key, got[key])
+        assert max(got["grads"].values()) <= TOL, (case, got["grads"])
+        assert got["bytes_ok"], f"{case}: all-to-all bytes {got['bytes']} != formula {got['formula']}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_training_with_ep_inside_dp_equals_the_single_process(n, p2p_env):
+    if n != 3 and p2p_env:
+        pytest.skip("NCCL emulation runs on 3 ranks only (each launch costs about 30 s on 2 cores)")
+    out = run_worker(n, p2p_env)
+    assert set(out["train"]) == ({f"ep{n}", "ep2"} if n % 2 == 0 else {f"ep{n}"})
+    for case, got in out["train"].items():
+        assert got["ep"] * got["dp"] == n
+        assert got["loss"] <= TOL and got["weights"] <= TOL, (case, got["loss"], got["weights"])

@@ -1,0 +1,103 @@
+"""Expert parallel vs the single-process MoE, every case in one launch: torchrun on N = 2, 3 or 4 ranks.
+
+1. The layer (E = 5 experts: uneven over 2, 3 and 4 ranks; k = 1 and 2; capacity factor 1, so tokens
+   drop), p2p and torch all-to-all: routing and dropped tokens, forward, input, router and expert
+   gradients against `MoE(x, groups=N)`; the bytes of both all-to-alls against the formula.
+2. A MoE GPT-lite trained for a few Adam steps with EP inside DP (ep = N, and ep = 2 on 4 ranks),
+   losses and final weights against the single-process model with the N batches as routing groups.
+Rank 0 saves the largest differences (max over ranks) as JSON.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+import par.dist
+from par import commlog, expert_parallel as ep, nccl_emulation
+from par.data import CharDataset, global_batches
+from par.model import preset
+from par.moe import MoE, build_moe_gpt, moe_loss, set_groups
+from par.reference import make_optimizer
+
+D, FFN, E, B, T = 8, 12, 5, 2, 6
+
+
+def worst(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, dist.ReduceOp.MAX)
+    return t.item()
+
+
+def layer_case(n: int, r: int, k: int, impl: str) -> dict:
+    torch.manual_seed(k)
+    dense = MoE(D, FFN, n_experts=E, k=k, capacity_factor=1.0)
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(n * B, T, D, generator=g), torch.randn(n * B, T, D, generator=g)
+    groups = ep.EPGroups(n, n)
+    layer = ep.ExpertParallelMoE(dense, None, impl)
+    xd = x.clone().requires_grad_()
+    yd = dense(xd, groups=n)
+    ((yd * w).sum() + dense.aux).backward()
+    mine = slice(r * B, (r + 1) * B)
+    xr = x[mine].clone().requires_grad_()
+    with commlog.capture() as fwd:
+        yr = layer(xr)
+    ((yr * w[mine]).sum() + layer.aux / n).backward()
+    ep.sync_gradients(layer, groups, "torch")
+    ref, got = dense.routings[r], layer.routings[0]
+    a, b = layer.start, layer.end
+    grads = {"router": (layer.router.weight.grad - dense.router.weight.grad).abs().max().item()}
+    for name in ("w1", "b1", "w2", "b2"):
+        grads[name] = (getattr(layer.experts, name).grad - getattr(dense.experts, name).grad[a:b]).abs().max().item()
+    dispatch_b, combine_b = ep.alltoall_bytes(E, ref.capacity, D, n, r)
+    sent = [e.bytes_sent for e in fwd.events if e.kind == "all_to_all"]
+    return {"same_routing": bool(torch.equal(ref.expert, got.expert) and torch.equal(ref.kept, got.kept)),
+            "dropped": ref.dropped, "forward": worst((yr - yd[mine]).abs().max().item()),
+            "input_grad": worst((xr.grad - xd.grad[mine]).abs().max().item()),
+            "grads": {k_: worst(v) for k_, v in grads.items()},
+            "aux": worst(abs(layer.aux.item() - ref.aux.item())),
+            "bytes_ok": sent == [dispatch_b, combine_b], "bytes": sent, "formula": [dispatch_b, combine_b]}
+
+
+def training_case(n: int, ep_degree: int, impl: str, steps: int = 3, alpha: float = 0.01) -> dict:
+    cfg = preset("tiny", n_layer=2, block_size=8, d_model=16, n_head=2)
+    data = CharDataset(block_size=cfg.block_size)
+    batches = list(global_batches(data, 2 * n, steps, seed=3))
+    dense = build_moe_gpt(cfg, n_experts=E, k=2, capacity_factor=1.0, seed=0)
+    groups = ep.make_groups(ep_degree)
+    model = ep.to_expert_parallel(dense, groups, impl)
+    set_groups(dense, n)
+    opt_d, opt = make_optimizer(dense.parameters(), "adam", 1e-2), make_optimizer(model.parameters(), "adam", 1e-2)
+    r = dist.get_rank()
+    losses, ref_losses = [], []
+    for x, y in batches:
+        opt_d.zero_grad(set_to_none=True)
+        loss = moe_loss(dense, dense(x), y, alpha)
+        loss.backward()
+        opt_d.step()
+        ref_losses.append(loss.item())
+        mine = slice(2 * r, 2 * r + 2)
+        losses.append(ep.train_step(model, opt, x[mine], y[mine], groups, alpha, "torch"))
+    want = ep.reference_shard(dense, model)
+    weights = max((p - want[k_]).abs().max().item() for k_, p in model.state_dict().items())
+    return {"ep": ep_degree, "dp": groups.dp, "loss": worst(max(abs(a - b) for a, b in zip(losses, ref_losses))),
+            "weights": worst(weights), "losses": losses, "ref_losses": ref_losses}
+
+
+def main() -> int:
+    env = par.dist.init()
+    n, r = env.world_size, env.rank
+    torch.use_deterministic_algorithms(True)
+    layers = {f"k{k}-{impl}": layer_case(n, r, k, impl) for k in (1, 2) for impl in ep.IMPLS}
+    train = {f"ep{e}": training_case(n, e, "p2p") for e in sorted({n, 2} if n % 2 == 0 else {n})}
+    if r == 0:
+        par.dist.save_result({"world_size": n, "backend": env.backend, "nccl_emulation": nccl_emulation.enabled(),
+                              "layers": layers, "train": train})
+    par.dist.teardown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
