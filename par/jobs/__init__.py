@@ -13,6 +13,8 @@ The result contract: the same key means the same quantity in every job.
     step_s       [float]       wall-clock seconds of each timed step: the slowest rank's
     per_rank     [dict]        one entry per rank, gathered to rank 0 (memory, bytes, spans, ...)
 
-Further keys are documented in the job's own docstring. A job that runs several configurations
+`losses` and `step_s` belong to jobs that train. A job that measures something else (the collectives'
+bytes and timings, ZeRO-R's activation bytes, an exercise's check on real ranks, a benchmark's timings)
+reports `world_size`, `backend` and what it measured. Further keys are documented in the job's own docstring. A job that runs several configurations
 in one launch saves {"world_size", "backend", "runs": [...]}, each run with the keys above.
 """
