@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from par import expert_parallel as ep, launch
+from par import expert_parallel as ep, launch, nccl_emulation
 from par.moe import MoEError
 
 WORKER = Path(__file__).parent / "workers" / "ep_check.py"
 TOL = 1e-5
 _CACHE: dict = {}
+# one launch per world size; the 3-rank one also under NCCL's point-to-point rules (each launch costs ~30 s)
+LAUNCHES = pytest.mark.parametrize("n, env", [(2, {}), (3, {}), (3, {nccl_emulation.ENV: "1"}), (4, {})],
+                                   ids=["gloo-2", "gloo-3", "nccl-emulation-3", "gloo-4"])
 
 
 def run_worker(n: int, env: dict) -> dict:
@@ -40,11 +43,9 @@ def test_experts_split_unevenly_and_bytes_match_the_formula():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_layer_equals_the_single_process_moe(n, p2p_env):
-    if n != 3 and p2p_env:
-        pytest.skip("NCCL emulation runs on 3 ranks only (each launch costs about 30 s on 2 cores)")
-    out = run_worker(n, p2p_env)
+@LAUNCHES
+def test_layer_equals_the_single_process_moe(n, env):
+    out = run_worker(n, env)
     for case, got in out["layers"].items():
         assert got["same_routing"], f"{case}: routing or dropped tokens differ from the single process"
         assert got["dropped"] > 0, f"{case}: the case should drop tokens"
@@ -55,11 +56,9 @@ def test_layer_equals_the_single_process_moe(n, p2p_env):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_training_with_ep_inside_dp_equals_the_single_process(n, p2p_env):
-    if n != 3 and p2p_env:
-        pytest.skip("NCCL emulation runs on 3 ranks only (each launch costs about 30 s on 2 cores)")
-    out = run_worker(n, p2p_env)
+@LAUNCHES
+def test_training_with_ep_inside_dp_equals_the_single_process(n, env):
+    out = run_worker(n, env)
     assert set(out["train"]) == ({f"ep{n}", "ep2"} if n % 2 == 0 else {f"ep{n}"})
     for case, got in out["train"].items():
         assert got["ep"] * got["dp"] == n
