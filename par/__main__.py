@@ -92,6 +92,12 @@ def preflight(name: str, argv: list[str]) -> None:
     pf.check_command_line(argv, default)
 
 
+# a dependency missing from the interpreter that runs `python -m par`: the fix, in one line
+MISSING_HINT = {m: f"{m} is not installed in this Python ({sys.executable}): create the course's environment "
+                   f"with `python3 -m venv .venv && .venv/bin/pip install -r requirements.txt` and run "
+                   f"`.venv/bin/python -m par ...`" for m in ("torch", "numpy", "matplotlib", "papermill", "nbformat")}
+
+
 def usage() -> str:
     width = max(map(len, COMMANDS), default=0)
     rows = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, help_) in sorted(COMMANDS.items()))
@@ -119,6 +125,9 @@ def main(argv=None) -> int:
     except Exception as e:
         if debug:
             raise
+        if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in MISSING_HINT:
+            print(f"error: {MISSING_HINT[e.name.split('.')[0]]}", file=sys.stderr, flush=True)
+            return 2
         from par.launch import LaunchError
         if isinstance(e, LaunchError):   # the ranks' output is above when it was streamed
             print(f"error: {e.root_cause if e.streamed else e}", file=sys.stderr, flush=True)

@@ -107,3 +107,15 @@ def test_every_user_error_type_exists():
     for spec in cli.USER_ERRORS:
         module, name = spec.split(":")
         assert isinstance(getattr(importlib.import_module(module), name), type), spec
+
+
+def test_a_missing_dependency_is_one_line_naming_the_environment(monkeypatch, capsys):
+    """`python -m par batch` from a Python without torch (not the course's venv): one line, exit 2."""
+    def no_torch(name, rest):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+    monkeypatch.setattr(cli, "preflight", no_torch)
+    assert cli.main(["batch"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: torch is not installed") and "pip install -r requirements.txt" in err
+    with pytest.raises(ModuleNotFoundError):          # --debug shows the traceback
+        cli.main(["--debug", "batch"])
