@@ -65,10 +65,21 @@ def predict(w: planner.Workload, nodes: int, per_node: int, placement: str, hw: 
             "dp_bytes": plan.bytes["dp"]}
 
 
+def node_bandwidth(tp_bytes: float, node_step_s: float, compute_s: float, back_to_back_bytes_s: float) -> float:
+    """The in-node bandwidth a TP step really gets: tp_bytes / (node_step_s - compute_s), the bytes its
+    all-reduces send over the time the step takes beyond the same work done dense. It pays for the waits
+    at every all-reduce too, so it never exceeds what all-reduces get back to back (`back_to_back_bytes_s`),
+    which is also the answer when the TP step is not measurably slower than the dense one."""
+    extra = node_step_s - compute_s
+    return min(tp_bytes / extra, back_to_back_bytes_s) if extra > 0 else back_to_back_bytes_s
+
+
 # ---------------------------------------------------------------- the lesson's run and its comparison
 JOB_DEFAULTS = {"d_model": 16, "n_head": 2, "n_layer": 2, "seq": 64, "batch": 128}
-# what `par.jobs.placement` calibrated on a 2-core machine (4 ranks, busy): shown where no cluster can be built
-RECORDED_CALIBRATION = {"compute_s": 0.177, "node_bytes_s": 35.4e6}
+# what `par.jobs.placement` calibrated on a 2-core machine (4 ranks, all busy; medians of 8 runs): shown where
+# no cluster can be built. node_bytes_s is the in-node bandwidth a TP step gets, allreduce_bytes_s the one
+# all-reduces get back to back (see `par.jobs.placement.calibrate`).
+RECORDED_CALIBRATION = {"compute_s": 0.046, "node_step_s": 0.099, "node_bytes_s": 38.8e6, "allreduce_bytes_s": 71.2e6}
 
 
 def workload(sizes: dict | None = None) -> planner.Workload:
@@ -81,7 +92,8 @@ def workload(sizes: dict | None = None) -> planner.Workload:
 
 def predictions(link: str, calibration: dict, nodes: int = 2, per_node: int = 2, sizes: dict | None = None) -> dict:
     """{placement: `predict(...)`} with the planner fed this machine's measured compute and in-node bandwidth:
-    FLOP/s = (step FLOPs / N) / compute_s, bw_node = node_bytes_s, the link's bandwidth from `link`."""
+    FLOP/s = (step FLOPs / N) / compute_s, bw_node = node_bytes_s (the bandwidth a TP step inside a node
+    really gets, waits included), the link's bandwidth from `link`."""
     from par.cluster import parse_rate
     w = workload(sizes)
     flops = planner.step_flops(w) / (nodes * per_node) / calibration["compute_s"]
@@ -90,12 +102,13 @@ def predictions(link: str, calibration: dict, nodes: int = 2, per_node: int = 2,
 
 
 def measure(link: str = "25mbit", hosts: int = 2, per_node: int = 2, steps: int = 3, timeout: float = 240.0,
-            quiet: bool = True, **sizes) -> dict:
-    """Run `par.jobs.placement` on an emulated cluster (`par.cluster`, root only) whose links are capped at
-    `link`; return its result with the bytes each host's link carried ("links")."""
-    from par.cluster import Cluster
+            quiet: bool = True, prefix: str | None = None, **sizes) -> dict:
+    """Run `par.jobs.placement` on an emulated cluster (`par.cluster`, root only; its namespaces named
+    `prefix`-...) whose links are capped at `link`; return its result with the bytes each host's link
+    carried ("links")."""
+    from par.cluster import PREFIX, Cluster
     args = [f"--steps={steps}"] + [f"--{k.replace('_', '-')}={v}" for k, v in {**JOB_DEFAULTS, **sizes}.items()]
-    with Cluster(hosts, rate=link) as cluster:
+    with Cluster(hosts, rate=link, prefix=prefix or PREFIX) as cluster:
         result = cluster.run("par.jobs.placement", args, nproc_per_node=per_node, timeout=timeout, quiet=quiet)
     return {**result, "link": link, "steps": steps, "sizes": {**JOB_DEFAULTS, **sizes}}
 

@@ -121,6 +121,15 @@ def test_placements_put_the_other_axis_on_the_link():
     assert across["step_s"] > 4 * inside["step_s"]        # the lesson: the link dominates when TP crosses it
 
 
+def test_the_in_node_bandwidth_is_what_a_tp_step_gets_beyond_the_dense_one():
+    from par.placement import node_bandwidth
+    # 2 MB of TP all-reduces make a 0.10 s dense step take 0.15 s: 40 MB/s, below 100 MB/s back to back
+    assert node_bandwidth(2e6, 0.15, 0.10, 100e6) == pytest.approx(40e6)
+    # waits only slow all-reduces down: never above back to back, and back to back when no slower than dense
+    assert node_bandwidth(2e6, 0.101, 0.10, 100e6) == 100e6
+    assert node_bandwidth(2e6, 0.09, 0.10, 100e6) == 100e6
+
+
 def test_without_root_the_cluster_says_why(monkeypatch):
     from par import cluster
     monkeypatch.setattr(cluster.os, "geteuid", lambda: 1000)
@@ -176,3 +185,20 @@ def test_nothing_is_left_when_building_fails(cluster):
     with pytest.raises(cluster.ClusterError, match="rate"):
         with cluster.Cluster(2, rate="fast", prefix=PREFIX):
             pass
+
+
+def test_the_placement_lesson_trains_the_same_model_both_ways_and_counts_the_link(cluster):
+    """Lecture 07's measurement, once: both placements are the same TP2 x DP2 math (same losses), and the
+    bytes the kernel counted on a host's link are the planner's and a little more (headers, barriers)."""
+    from par import placement
+    result = placement.measure(link="100mbit", steps=1, timeout=150, prefix=PREFIX)
+    runs = {r["placement"]: r for r in result["runs"]}
+    assert set(runs) == set(placement.PLACEMENTS)
+    assert runs["tp-in-node"]["losses"] == pytest.approx(runs["tp-across"]["losses"], abs=1e-5)
+    cal = result["calibration"]
+    assert 0 < cal["node_bytes_s"] <= cal["allreduce_bytes_s"] and cal["node_step_s"] > 0
+    for row in placement.compare(result):
+        # every payload byte crosses, plus TCP/IP headers, acks and the barriers' messages (most of a small step)
+        assert row["predicted"]["link_bytes"] <= row["link_bytes"] <= 1.3 * row["predicted"]["link_bytes"], row
+        counted = row["counted"]["tp_bytes" if row["crossing"] == "tp" else "dp_bytes"]
+        assert counted == pytest.approx(row["predicted"][f"{row['crossing']}_bytes"], rel=1e-6), row

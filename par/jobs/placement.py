@@ -13,10 +13,12 @@ rank 0 prints `[par-mark] <placement> begin|end` lines and every rank then sleep
 that `par.cluster.Cluster.run` can read the links' byte counters while nothing is sent.
 
 Before both, `calibrate` measures what the planner needs about these ranks with all of them busy
-(`par.placement.predictions` reads it): a dense step on 1/N of the batch, and an in-node all-reduce
-of one TP message. Gradients are averaged in one flat all-reduce per step.
+(`par.placement.predictions` reads it), with no byte crossing a link: a dense step on 1/N of the batch,
+and a TP step inside each node with no data parallelism, which gives the in-node bandwidth a TP step
+really gets. Gradients are averaged in one flat all-reduce per step.
 
-Result: world_size, backend, ranks_per_node, calibration {compute_s, node_bytes_s}, runs = [{placement,
+Result: world_size, backend, ranks_per_node, calibration {compute_s, node_step_s, node_bytes_s,
+allreduce_bytes_s, rows_per_rank}, runs = [{placement,
 layout, losses, step_s, per_rank: [{tp_bytes, dp_bytes, tp_group, dp_group}]}]; the tp/dp bytes are what
 `par.commlog` counted per rank and timed step.
 """
@@ -33,9 +35,9 @@ import par.dist
 from par import commlog
 from par.cluster import MARK
 from par.model import GPTConfig, GPTLite, lm_loss
-from par.collectives import all_reduce
+from par.collectives import all_reduce, all_reduce_formula_bytes
 from par.parallel3d import replica_rows
-from par.placement import PLACEMENTS, axis_groups, groups_of
+from par.placement import PLACEMENTS, axis_groups, groups_of, node_bandwidth
 from par.reference import make_optimizer
 from par.tensor_parallel import TensorParallelGPT
 
@@ -62,6 +64,17 @@ def average_flat(params, group) -> None:
         offset += p.numel()
 
 
+def train_step(model, opt, x, y, dp_group=None) -> float:
+    """One step: forward, backward, gradients averaged over `dp_group` (if any), Adam; returns the loss."""
+    opt.zero_grad(set_to_none=True)
+    loss = lm_loss(model(x), y)
+    loss.backward()
+    if dp_group is not None:
+        average_flat(list(model.parameters()), dp_group)
+    opt.step()
+    return loss.item()
+
+
 def timed(fn, repeats: int) -> float:
     """The median seconds of `fn()` over `repeats` runs after one warm-up, every rank running it at once."""
     fn()
@@ -75,30 +88,46 @@ def timed(fn, repeats: int) -> float:
 
 
 def calibrate(cfg, x, y, env, node_groups, repeats: int) -> dict | None:
-    """What the planner needs about these ranks, measured with all of them busy at once (as in training):
-    compute_s, one rank's share of a step (a dense model on batch/N rows: forward, backward, Adam), and
-    node_bytes_s, the bytes per second one rank sends in an all-reduce inside its node (no link crossed), for
-    a message of a tensor-parallel all-reduce's size (b·s·d values, b the rows of one replica)."""
+    """What the planner needs about these ranks, measured with all of them busy at once (as in training),
+    with no byte crossing a link:
+
+      compute_s     one rank's share of a step: a dense model on batch/N rows (forward, backward, Adam);
+      node_step_s   a TP step inside each node on one replica's rows (b/n_nodes), no data parallelism;
+      node_bytes_s  the in-node bandwidth a TP step gets (`par.placement.node_bandwidth`): its TP bytes over
+                    node_step_s - compute_s. Besides moving bytes it pays for the waits at each of the step's
+                    4·L·2 all-reduces, which grow when ranks outnumber cores (4 ranks on 2 cores here);
+      allreduce_bytes_s  for comparison, one TP message's all-reduce back to back with nothing between."""
     torch.manual_seed(0)
     model = GPTLite(cfg)
     opt = make_optimizer(model.parameters(), "adam", lr=1e-3)
     rows = slice(env.rank, None, env.world_size)
 
-    def dense_step():
-        opt.zero_grad(set_to_none=True)
-        lm_loss(model(x[rows]), y[rows]).backward()
-        opt.step()
-    compute_s = timed(dense_step, repeats)
+    compute_s = timed(lambda: train_step(model, opt, x[rows], y[rows]), repeats)
+
     ranks, group = next((r, pg) for r, pg in node_groups if env.rank in r)
-    buf = torch.ones(len(x[rows]) * env.world_size // len(ranks) * cfg.block_size * cfg.d_model)   # one TP message
-    node_s = timed(lambda: all_reduce(buf, "sum", group), repeats)
-    sent = 2 * (len(ranks) - 1) / len(ranks) * buf.numel() * 4
-    mine = {"compute_s": compute_s, "node_bytes_s": sent / node_s}
-    ranks_said = par.dist.gather_object(mine)
+    nodes = env.world_size // len(ranks)
+    node = env.rank // len(ranks)
+    torch.manual_seed(0)
+    tp_model = TensorParallelGPT.from_dense(GPTLite(cfg), group)
+    tp_opt = make_optimizer(tp_model.parameters(), "adam", lr=1e-3)
+    xb, yb = replica_rows(x, node, nodes), replica_rows(y, node, nodes)
+    with commlog.capture() as log:
+        train_step(tp_model, tp_opt, xb, yb)
+    tp_bytes = log.total_bytes()
+    node_step_s = timed(lambda: train_step(tp_model, tp_opt, xb, yb), repeats)
+
+    buf = torch.ones(len(xb) * cfg.block_size * cfg.d_model)          # one TP message: b·s·d of a replica
+    ar_s = timed(lambda: all_reduce(buf, "sum", group), repeats)
+    mine = {"compute_s": compute_s, "node_step_s": node_step_s, "tp_bytes": tp_bytes,
+            "allreduce_bytes_s": all_reduce_formula_bytes(buf.numel() * 4, len(ranks)) / ar_s}
+    said = par.dist.gather_object(mine)
     if env.rank != 0:
         return None
-    return {"compute_s": max(r["compute_s"] for r in ranks_said),
-            "node_bytes_s": min(r["node_bytes_s"] for r in ranks_said), "rows_per_rank": len(x[rows])}
+    got = {"compute_s": max(r["compute_s"] for r in said), "node_step_s": max(r["node_step_s"] for r in said),
+           "allreduce_bytes_s": min(r["allreduce_bytes_s"] for r in said), "rows_per_rank": len(x[rows])}
+    got["node_bytes_s"] = node_bandwidth(max(r["tp_bytes"] for r in said), got["node_step_s"], got["compute_s"],
+                                         got["allreduce_bytes_s"])
+    return got
 
 
 def main(argv=None) -> int:
@@ -119,7 +148,7 @@ def main(argv=None) -> int:
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=g)
     y = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=g)
-    calibration = calibrate(cfg, x, y, env, made["node"], repeats=5)
+    calibration = calibrate(cfg, x, y, env, made["node"], repeats=9)
     runs = []
     for placement in PLACEMENTS:
         tp_kind, dp_kind = axis_groups(placement)["tp"], axis_groups(placement)["dp"]
@@ -132,12 +161,7 @@ def main(argv=None) -> int:
         xb, yb = replica_rows(x, d, dp), replica_rows(y, d, dp)
 
         def step() -> float:
-            opt.zero_grad(set_to_none=True)
-            loss = lm_loss(model(xb), yb)
-            loss.backward()
-            average_flat(list(model.parameters()), dp_group)
-            opt.step()
-            return loss.item()
+            return train_step(model, opt, xb, yb, dp_group)
 
         step()                                                   # warm-up
         mark(env.rank, f"{placement} begin")
