@@ -68,14 +68,16 @@ def run_one(notebook: Path, output: Path, parameters: dict, timeout: float) -> d
     import nbformat
     import papermill
 
+    from par.kernel_poll import sliced
     from par.notebook import records
 
     start = time.perf_counter()
     error = None
     try:
-        papermill.execute_notebook(str(notebook), str(output), parameters=parameters, kernel_name="python3",
-                                   cwd=str(notebook.parent), execution_timeout=timeout,
-                                   progress_bar=False, log_output=False)
+        with sliced():  # a lost wake-up must not stall a cell for its whole timeout
+            papermill.execute_notebook(str(notebook), str(output), parameters=parameters, kernel_name="python3",
+                                       cwd=str(notebook.parent), execution_timeout=timeout,
+                                       progress_bar=False, log_output=False)
     except Exception as e:  # the batch reports every failure and goes on
         error = first_line(e)
     found = records(nbformat.read(output, as_version=4)) if output.exists() else {}

@@ -229,8 +229,10 @@ def execute_in_place(path: Path, timeout: float = 300) -> None:
     """Run a notebook top to bottom (kernel python3, in a fresh temporary directory) and save its outputs in it."""
     import nbformat
     from nbclient import NotebookClient
+
+    from par.kernel_poll import sliced
     nb = nbformat.read(path, as_version=4)
-    with tempfile.TemporaryDirectory(prefix="par-record-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="par-record-") as tmp, sliced():
         NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                        resources={"metadata": {"path": tmp}}).execute()
     nbformat.write(nb, path)
