@@ -220,8 +220,8 @@ def test_a_notebook_past_its_timeout_is_killed_with_what_it_started(tmp_path):
             "while True:\n    time.sleep(0.1)"),
         nbformat.v4.new_code_cell("y = 2")])
     start = time.monotonic()
-    result = nbval_run.run(nb, timeout=45, cell_timeout=1000)
-    assert time.monotonic() - start < 90
+    result = nbval_run.run(nb, timeout=20, cell_timeout=1000)
+    assert time.monotonic() - start < 60
     assert result.timed_out and result.running == 1 and result.cells[0].passed
     time.sleep(0.5)
     for pid in map(int, pids.read_text().split()):
