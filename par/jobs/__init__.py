@@ -15,6 +15,7 @@ The result contract: the same key means the same quantity in every job.
 
 `losses` and `step_s` belong to jobs that train. A job that measures something else (the collectives'
 bytes and timings, ZeRO-R's activation bytes, an exercise's check on real ranks, a benchmark's timings)
-reports `world_size`, `backend` and what it measured. Further keys are documented in the job's own docstring. A job that runs several configurations
-in one launch saves {"world_size", "backend", "runs": [...]}, each run with the keys above.
+reports `world_size`, `backend` and what it measured. Further keys are documented in the job's own
+docstring. A job that runs several configurations in one launch saves {"world_size", "backend",
+"runs": [...]}, each run with the keys above.
 """
