@@ -4,7 +4,7 @@ Each command lives in its own module; this file maps names to them, and turns a 
 mistake into one line: an exception of a type in `USER_ERRORS` (a config that cannot run,
 a backend this machine lacks, a bad argument, a missing file) prints `error: <message>` on
 stderr and exits 2, without a traceback. `--debug` anywhere on the line (or PAR_DEBUG=1)
-shows the traceback instead. A launched job that failed (`par.launch.LaunchError`) prints its
+shows the traceback instead. A launched job that failed (`par.runtime.launch.LaunchError`) prints its
 root cause and the failing rank's details, and exits 1. Any other exception is a bug in par:
 its traceback is shown.
 
@@ -21,28 +21,28 @@ from contextlib import contextmanager
 
 COMMANDS = {
     # name: (module, one-line help). The module's main(argv) does the work.
-    "exercises": ("par.exercises", "generate | check | record | release DIR: exercises/ from solutions/, the student bundle"),
-    "grade": ("par.grade", "grade with the instructor's checks: python -m par grade NB_OR_DIR... [--report grades.csv]"),
-    "bench": ("par.bench.cli", "benchmarks vs the torch built-ins: python -m par bench <name> (collectives, ...)"),
-    "batch": ("par.batch", "run every lecture notebook with papermill into runs/<time>/ and summarise "
+    "exercises": ("par.course.exercises_cli", "generate | check | record | release DIR: exercises/ from solutions/, the student bundle"),
+    "grade": ("par.course.grade", "grade with the instructor's checks: python -m par grade NB_OR_DIR... [--report grades.csv]"),
+    "bench": ("par.course.bench", "benchmarks vs the torch built-ins: python -m par bench <name> (collectives, ...)"),
+    "batch": ("par.course.run_notebooks", "run every lecture notebook with papermill into runs/<time>/ and summarise "
                            "(--dry-run: check a GPU batch without a GPU)"),
-    "train": ("par.train_cli", "train GPT-lite from a DeepSpeed-style JSON config: --config configs/3d.json --nproc 8"),
-    "plan": ("par.planner", "rank 3D layouts by predicted memory and step time: --model 100,96,12288 --world 800"),
-    "memory": ("par.memory", "per-rank model-state memory per ZeRO stage (--params 7.5e9 --dp 64 | --model llama-7b)"),
+    "train": ("par.train.cli", "train GPT-lite from a DeepSpeed-style JSON config: --config configs/3d.json --nproc 8"),
+    "plan": ("par.train.planner", "rank 3D layouts by predicted memory and step time: --model 100,96,12288 --world 800"),
+    "memory": ("par.memory.accounting", "per-rank model-state memory per ZeRO stage (--params 7.5e9 --dp 64 | --model llama-7b)"),
 }
 
-# commands that start ranks: checked by par.preflight before their module is even imported (torch takes
+# commands that start ranks: checked by par.runtime.preflight before their module is even imported (torch takes
 # seconds to import on a busy machine); the value is the number of ranks when the command line names none
 STARTS_RANKS = {"batch": "default", "train": 1, "bench": 1}
 
 # "module:Class": exception types that mean "the user asked for something that cannot run".
 USER_ERRORS = (
-    "par.config:ConfigError",
-    "par.preflight:BackendError",
-    "par.batch_size:BatchSizeError",
-    "par.grid:GridError",
-    "par.mixed_precision:UnsupportedPrecision",
-    "par.course:CourseError",
+    "par.train.config:ConfigError",
+    "par.runtime.preflight:BackendError",
+    "par.dp.batch_size:BatchSizeError",
+    "par.runtime.grid:GridError",
+    "par.precision.mixed_precision:UnsupportedPrecision",
+    "par.course.launches:CourseError",
     "builtins:FileNotFoundError",
     "builtins:IsADirectoryError",
     "builtins:NotADirectoryError",
@@ -83,11 +83,11 @@ def argparse_errors_raise():
 
 
 def preflight(name: str, argv: list[str]) -> None:
-    """`par.preflight` for a command that starts ranks: its --backend against the ranks it asks for.
+    """`par.runtime.preflight` for a command that starts ranks: its --backend against the ranks it asks for.
     (Not for help, nor for `batch --dry-run`, which checks an imagined GPU server instead of this machine.)"""
     if name not in STARTS_RANKS or {"-h", "--help", "--dry-run"} & set(argv):
         return
-    from par import preflight as pf
+    from par.runtime import preflight as pf
     default = pf.default_world_size() if STARTS_RANKS[name] == "default" else STARTS_RANKS[name]
     pf.check_command_line(argv, default)
 
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
         if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in MISSING_HINT:
             print(f"error: {MISSING_HINT[e.name.split('.')[0]]}", file=sys.stderr, flush=True)
             return 2
-        from par.launch import LaunchError
+        from par.runtime.launch import LaunchError
         if isinstance(e, LaunchError):   # the ranks' output is above when it was streamed
             print(f"error: {e.root_cause if e.streamed else e}", file=sys.stderr, flush=True)
             return 1

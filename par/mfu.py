@@ -2,7 +2,7 @@
 
     MFU = (FLOPs the model needs per step) / (seconds per step) / (peak FLOP/s of the devices)
 
-The FLOPs a step needs are the lecture's count, `par.planner.step_flops`: 6·Ψ·tokens for the
+The FLOPs a step needs are the lecture's count, `par.train.planner.step_flops`: 6·Ψ·tokens for the
 matmuls of forward and backward, plus 12·L·B·s²·d for the attention scores (Chinchilla /
 Megatron-LM's accounting; recomputation is not counted as useful work here). The peak is the
 vendor's dense tensor-core number for the precision the matmuls run in (bf16/fp16, or fp32:

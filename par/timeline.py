@@ -2,7 +2,7 @@
 
 A `Recorder` notes spans (name, lane, start, end) on one rank, against a clock that every rank
 starts together after a barrier (`reset()`). `gather()` brings all ranks' spans to rank 0.
-Pipelines, overlapped data parallel and ZeRO-3 record here, and `par.plots.gantt` draws what was
+Pipelines, overlapped data parallel and ZeRO-3 record here, and `par.course.plots.gantt` draws what was
 recorded.
 
     rec = Recorder()
@@ -65,8 +65,8 @@ class _EventSpan:
 
 
 def _default_device() -> torch.device:
-    """The device of this rank (`par.dist.env()`), the CPU before `par.dist.init()`."""
-    from par import dist as pdist
+    """The device of this rank (`par.runtime.dist.env()`), the CPU before `par.runtime.dist.init()`."""
+    from par.runtime import dist as pdist
     return pdist._ENV.device if pdist._ENV is not None else torch.device("cpu")
 
 

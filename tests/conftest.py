@@ -4,8 +4,8 @@
 skips it everywhere, saying how to run it.
 
 `p2p_env` runs a test twice: with gloo's own point-to-point semantics, and with NCCL's emulated on gloo
-(`par.nccl_emulation`: one Work per `batch_isend_irecv`, received data valid only after it is waited).
-Pass it to the launcher: `par.launch.run(WORKER, nproc=3, env=p2p_env)`; results cached per world size
+(`par.runtime.nccl_emulation`: one Work per `batch_isend_irecv`, received data valid only after it is waited).
+Pass it to the launcher: `par.runtime.launch.run(WORKER, nproc=3, env=p2p_env)`; results cached per world size
 should be cached per (world size, mode): `tuple(p2p_env.items())` is hashable.
 """
 from pathlib import Path
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from par import nccl_emulation
+from par.runtime import nccl_emulation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ P2P_SEMANTICS = {"gloo": {}, "nccl-emulation": {nccl_emulation.ENV: "1"}}
 
 @pytest.fixture(params=list(P2P_SEMANTICS))
 def p2p_env(request) -> dict:
-    """The environment for `par.launch.run(..., env=p2p_env)`: {} (gloo) or {"PAR_NCCL_EMULATION": "1"}."""
+    """The environment for `par.runtime.launch.run(..., env=p2p_env)`: {} (gloo) or {"PAR_NCCL_EMULATION": "1"}."""
     return dict(P2P_SEMANTICS[request.param])
 
 

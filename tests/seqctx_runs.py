@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from par import launch
+from par.runtime import launch
 
 WORKER = Path(__file__).parent / "workers" / "seqctx_check.py"
 _CACHE: dict = {}

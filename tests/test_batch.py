@@ -14,8 +14,8 @@ import nbformat
 import pytest
 import torch
 
-from par import batch, course
-from par.preflight import BackendError, default_world_size
+from par.course import run_notebooks as batch, launches as course
+from par.runtime.preflight import BackendError, default_world_size
 
 FIXTURES = Path(__file__).parent / "fixtures" / "batch"
 
@@ -84,10 +84,10 @@ def test_a_notebook_that_cannot_work_on_the_gpu_server_is_not_run(tmp_path, monk
 
     def fixture(W, backend, preset, steps):
         cfg = __import__("par.model", fromlist=["preset"]).preset("tiny")
-        return [course.launch("10_records", "TP", "par.jobs.train_tp", W, [], backend,
+        return [course.launch("10_records", "TP", "par.tp.job", W, [], backend,
                               [course.Training(cfg, 8, tp=W)])]
     monkeypatch.setitem(course.REGISTRY, "10_records", fixture)
-    monkeypatch.setattr("par.preflight.choose_backend", lambda *a, **k: "nccl")   # as if on a GPU server
+    monkeypatch.setattr("par.runtime.preflight.choose_backend", lambda *a, **k: "nccl")   # as if on a GPU server
     monkeypatch.setattr(batch, "run_one", lambda *a: pytest.fail("the notebook was run"))
     summary = batch.run([tmp_path / "10_records.ipynb"], tmp_path / "runs", {"world_size": 8, "backend": "nccl",
                                                                           "preset": "tiny", "steps": 20})
@@ -112,8 +112,8 @@ def test_a_failed_launch_shows_its_root_cause_in_the_notebook_and_the_summary(tm
     worker = Path(__file__).parent / "workers" / "launch_modes.py"
     nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                            "language": "python"}})
-    nb.cells = [nbformat.v4.new_code_cell("import par.launch\nimport par.notebook"),
-                nbformat.v4.new_code_cell(f"par.launch.run({str(worker)!r}, nproc=2, args=['raise'], quiet=True, "
+    nb.cells = [nbformat.v4.new_code_cell("import par.runtime.launch\nimport par.course.notebook"),
+                nbformat.v4.new_code_cell(f"par.runtime.launch.run({str(worker)!r}, nproc=2, args=['raise'], quiet=True, "
                                           f"timeout=120)"),
                 nbformat.v4.new_code_cell("print('a later cell')")]
     nbformat.write(nb, tmp_path / "40_launch_fails.ipynb")
@@ -124,4 +124,4 @@ def test_a_failed_launch_shows_its_root_cause_in_the_notebook_and_the_summary(tm
                 if o.output_type == "error"]
     shown = "\n".join(error.traceback)
     assert shown.startswith(f"LaunchError: {cause}\n") and "launch_modes.py\", line" in shown
-    assert "par/launch.py" not in shown, "the launcher's own frames say nothing about the failure"
+    assert "par/runtime/launch.py" not in shown, "the launcher's own frames say nothing about the failure"

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import par.__main__ as cli
-from par.launch import LaunchError
+from par.runtime.launch import LaunchError
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_NCCL_HERE = torch.cuda.device_count() < 2
@@ -68,7 +68,7 @@ def test_debug_shows_the_traceback():
 def command(monkeypatch, tmp_path):
     """Register a stand-in command `fake` whose main() raises what the test puts in FAKE_ERROR."""
     (tmp_path / "fake_command.py").write_text(
-        "import os\nfrom par.launch import LaunchError\nfrom par.config import ConfigError\n"
+        "import os\nfrom par.runtime.launch import LaunchError\nfrom par.train.config import ConfigError\n"
         "def main(argv):\n    raise eval(os.environ['FAKE_ERROR'])\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(cli.COMMANDS, "fake", ("fake_command", "a stand-in"))

@@ -1,6 +1,6 @@
 """Several nodes: the per-node torchrun commands (anywhere), and an emulated 2-host cluster (root only).
 
-The emulated cluster (`par.cluster`) needs root, `ip` and `tc`: without root the tests that build it are
+The emulated cluster (`par.runtime.cluster`) needs root, `ip` and `tc`: without root the tests that build it are
 skipped with the reason; without the binaries they are skipped too, except under CI=true, where a
 missing binary fails (CI runs as root and must run them). Every cluster uses a prefix of its own, and
 the tests check that no namespace with it is left behind.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from par.launch import MultiNode, MultiNodeError
+from par.runtime.launch import MultiNode, MultiNodeError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # ---------------------------------------------------------------- per-node commands (no root)
 def test_under_c10d_every_node_runs_the_same_command():
     nodes = MultiNode(2, 4, "10.0.0.1:29500", rdzv_id="job7")
-    cmds = nodes.commands("par.jobs.train", ["--config", "configs/3d.json"])
+    cmds = nodes.commands("par.train.job", ["--config", "configs/3d.json"])
     assert len(cmds) == 2 and nodes.world_size == 8 and cmds[0] == cmds[1]
-    assert cmds[0][0] == "torchrun" and cmds[0][-4:] == ["-m", "par.jobs.train", "--config", "configs/3d.json"]
+    assert cmds[0][0] == "torchrun" and cmds[0][-4:] == ["-m", "par.train.job", "--config", "configs/3d.json"]
     for flag in ("--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29500",
                  "--rdzv-id=job7", "--max-restarts=0"):
         assert flag in cmds[0]
@@ -36,7 +36,7 @@ def test_under_c10d_every_node_runs_the_same_command():
 
 def test_static_rendezvous_tells_each_node_its_rank():
     nodes = MultiNode(3, 2, "gpu-a:29500", rdzv_backend="static")
-    cmds = nodes.commands("par.jobs.train")
+    cmds = nodes.commands("par.train.job")
     for i, cmd in enumerate(cmds):
         assert f"--node-rank={i}" in cmd and "--master-addr=gpu-a" in cmd and "--master-port=29500" in cmd
         assert [a for a in cmd if not a.startswith("--node-rank")] == \
@@ -55,7 +55,7 @@ def test_a_bad_description_is_one_line(bad):
 
 def test_a_node_rank_outside_the_job_is_refused():
     with pytest.raises(MultiNodeError, match="node_rank must be in 0..1"):
-        MultiNode(2, 2, "node0:29500").command("par.jobs.train", node_rank=2)
+        MultiNode(2, 2, "node0:29500").command("par.train.job", node_rank=2)
 
 
 def par_cli(*args, timeout=120):
@@ -72,7 +72,7 @@ def test_train_prints_the_command_of_each_node():
     assert nodes[0].startswith("node 0 (ranks 0-3): torchrun ") and nodes[1].startswith("node 1 (ranks 4-7): ")
     cmd = shlex.split(nodes[1].split(": ", 1)[1])
     assert "--rdzv-endpoint=gpu-a:29500" in cmd and "--nproc-per-node=4" in cmd and "--nnodes=2" in cmd
-    assert cmd[-4:] == ["-m", "par.jobs.train", "--config", "configs/3d.json"]
+    assert cmd[-4:] == ["-m", "par.train.job", "--config", "configs/3d.json"]
 
 
 @pytest.mark.parametrize("args, says", [
@@ -88,7 +88,7 @@ def test_train_with_nodes_refuses_bad_input_in_one_line(args, says):
 
 def test_the_slurm_template_runs_the_printed_command_on_every_node(tmp_path):
     """configs/slurm/train.sbatch under fake `scontrol`/`srun`: it checks the config, then starts on every node
-    exactly the torchrun command of par.launch.MultiNode."""
+    exactly the torchrun command of par.runtime.launch.MultiNode."""
     for tool, body in (("scontrol", 'printf "gpu-a\\ngpu-b\\n"'), ("srun", 'printf "%s\\n" "$@" > "$SRUN_ARGS"')):
         (tmp_path / tool).write_text(f"#!/bin/sh\n{body}\n")
         (tmp_path / tool).chmod(0o755)
@@ -100,14 +100,14 @@ def test_the_slurm_template_runs_the_printed_command_on_every_node(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "node 1 (ranks 4-7): torchrun" in p.stdout
     started = (tmp_path / "srun.txt").read_text().splitlines()
-    want = MultiNode(2, 4, "gpu-a:29500", rdzv_id="77").command("par.jobs.train", ["--config", "configs/3d.json",
+    want = MultiNode(2, 4, "gpu-a:29500", rdzv_id="77").command("par.train.job", ["--config", "configs/3d.json",
                                                                                    "--steps", "5"], torchrun=())
     assert started[started.index("torch.distributed.run") + 1:] == want
 
 
 # ---------------------------------------------------------------- the placement lesson's formulas (no root)
 def test_placements_put_the_other_axis_on_the_link():
-    from par import placement
+    from par.train import placement
     assert placement.groups_of(4, 2) == {"node": [[0, 1], [2, 3]], "across": [[0, 2], [1, 3]]}
     assert placement.crossing("tp-in-node") == "dp" and placement.crossing("tp-across") == "tp"
     pred = placement.predictions("25mbit", placement.RECORDED_CALIBRATION)
@@ -122,7 +122,7 @@ def test_placements_put_the_other_axis_on_the_link():
 
 
 def test_the_in_node_bandwidth_is_what_a_tp_step_gets_beyond_the_dense_one():
-    from par.placement import node_bandwidth
+    from par.train.placement import node_bandwidth
     # 2 MB of TP all-reduces make a 0.10 s dense step take 0.15 s: 40 MB/s, below 100 MB/s back to back
     assert node_bandwidth(2e6, 0.15, 0.10, 100e6) == pytest.approx(40e6)
     # waits only slow all-reduces down: never above back to back, and back to back when no slower than dense
@@ -131,7 +131,7 @@ def test_the_in_node_bandwidth_is_what_a_tp_step_gets_beyond_the_dense_one():
 
 
 def test_without_root_the_cluster_says_why(monkeypatch):
-    from par import cluster
+    from par.runtime import cluster
     monkeypatch.setattr(cluster.os, "geteuid", lambda: 1000)
     assert "needs root" in cluster.missing()
     with pytest.raises(cluster.ClusterError, match="needs root"):
@@ -140,7 +140,7 @@ def test_without_root_the_cluster_says_why(monkeypatch):
 
 # ---------------------------------------------------------------- the emulated cluster (root)
 def cluster_or_skip():
-    from par import cluster
+    from par.runtime import cluster
     why = cluster.missing()
     if why and "binary is missing" in why and os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI runs the emulated cluster as root, but {why}")
@@ -164,7 +164,7 @@ def cluster():
 def test_two_hosts_train_equal_to_one_process(cluster, p2p_env):
     with cluster.Cluster(2, rate="1gbit", prefix=PREFIX) as c:
         assert len(c.created) == 3 and set(c.created) <= set(cluster.ours(PREFIX))   # two hosts, the switch
-        r = c.run("par.jobs.train", ["--config", "configs/ddp.json", "--steps", "3", "--check"],
+        r = c.run("par.train.job", ["--config", "configs/ddp.json", "--steps", "3", "--check"],
                   nproc_per_node=1, timeout=150, quiet=True, env=p2p_env)
     assert r["world_size"] == 2 and len(r["losses"]) == 3
     assert r["max_param_diff"] <= 1e-5, r["max_param_diff"]
@@ -190,7 +190,7 @@ def test_nothing_is_left_when_building_fails(cluster):
 def test_the_placement_lesson_trains_the_same_model_both_ways_and_counts_the_link(cluster):
     """Lecture 07's measurement, once: both placements are the same TP2 x DP2 math (same losses), and the
     bytes the kernel counted on a host's link are the planner's and a little more (headers, barriers)."""
-    from par import placement
+    from par.train import placement
     result = placement.measure(link="100mbit", steps=1, timeout=150, prefix=PREFIX)
     runs = {r["placement"]: r for r in result["runs"]}
     assert set(runs) == set(placement.PLACEMENTS)

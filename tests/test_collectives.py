@@ -3,7 +3,7 @@
 In-process: the chunk arithmetic, the ring's schedule simulated on plain Python numbers, the byte formulas.
 Multi-process: one launch per world size (2, 3, 4) runs every case of tests/workers/collectives_check.py
 (ring and torch front doors, sum/avg/max, sizes that do not divide, subgroups); the ranks assert
-against torch.distributed and return the bytes par.commlog counted, which are checked here again.
+against torch.distributed and return the bytes par.comm.commlog counted, which are checked here again.
 The 3-rank launch runs once more with NCCL's point-to-point semantics emulated on gloo
 (`PAR_NCCL_EMULATION=1`: one Work per `batch_isend_irecv`, received data valid only after it is waited).
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from par import collectives as C
-from par import commlog
+from par.comm import collectives as C
+from par.comm import commlog
 
 WORKER = Path(__file__).parent / "workers" / "collectives_check.py"
 _CACHE: dict = {}
@@ -36,7 +36,7 @@ LAUNCHES = [(2, False), (3, False), (4, False), (3, True)]   # (ranks, NCCL emul
 
 def run_worker(n: int, nccl: bool = False) -> dict:
     if (n, nccl) not in _CACHE:
-        from par import launch
+        from par.runtime import launch
         out = launch.run(str(WORKER), nproc=n, timeout=300, quiet=True,
                          env={"PAR_NCCL_EMULATION": "1"} if nccl else None)
         assert out["world_size"] == n and len(out["ranks"]) == n
@@ -143,7 +143,8 @@ def test_alpha_beta_time_model_and_fit():
 
 
 def test_group_helpers_have_one_home():
-    from par import compression, tensor_parallel, tp_ops
+    from par.dp import compression
+    from par.tp import layers as tensor_parallel, ops as tp_ops
     assert tp_ops.group_size is C.group_size and tensor_parallel.group_rank is C.group_rank
     assert not hasattr(C, "_size") and not hasattr(C, "_rank")
     assert "collectives._" not in Path(compression.__file__).read_text()
@@ -151,7 +152,7 @@ def test_group_helpers_have_one_home():
 
 
 def test_communication_thread_runs_in_order_and_hands_errors_back():
-    from par import comm_thread
+    from par.comm import thread as comm_thread
     assert not hasattr(C, "run_async") and not hasattr(C, "Pending")   # its own module
     order, ticks = [], itertools.count()   # a thread-safe clock that only moves forward
     jobs = [comm_thread.run_async(lambda i=i: order.append(i), clock=lambda: next(ticks)) for i in range(5)]
@@ -233,11 +234,12 @@ def test_counted_bytes_equal_formula(case):
 
 
 def test_bench_cli_lists_and_dispatches(capsys):
-    from par.bench import cli, collectives as bench
+    from par.course import bench as cli
+    from par.comm import bench as bench
     assert "collectives" in cli.available() and "cli" not in cli.available()
     assert cli.main(["no-such-bench"]) == 2
     assert "unknown benchmark 'no-such-bench'" in capsys.readouterr().err
-    from par.jobs.collectives import quartiles
+    from par.comm.job import quartiles
     ring, torch_, ratios = [0.011, 0.012, 0.013], [0.010, 0.010, 0.010], [1.1, 1.2, 1.3]
     rows = [{"world_size": 2, "backend": "gloo", "numel": 1 << 20, "ring_all": ring, "torch_all": torch_,
              "ring_q": quartiles(ring), "torch_q": quartiles(torch_), "ratio_q": quartiles(ratios)},

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from par.config import ConfigError, load, lr_at, model_config, parse
+from par.train.config import ConfigError, load, lr_at, model_config, parse
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}
@@ -68,7 +68,7 @@ def test_fp16_loss_scale_keys_and_prefetch():
     assert parse({**BASE, "fp16": {"enabled": True, "loss_scale": 128}}, 2).loss_scale == {"static": 128.0}
     tc = parse({**BASE, "fp16": {"enabled": True, "initial_scale_power": 12, "loss_scale_window": 50}}, 2)
     assert tc.loss_scale == {"init_scale": 4096.0, "window": 50}
-    from par.config import loss_scaler
+    from par.train.config import loss_scaler
     s = loss_scaler(tc)
     assert s.dynamic and s.scale == 4096.0
     assert parse({**BASE, "zero_optimization": {"stage": 3, "prefetch": True}}, 2).prefetch
@@ -77,14 +77,14 @@ def test_fp16_loss_scale_keys_and_prefetch():
 
 
 def test_compatibility_keys_are_listed_as_ignored():
-    from par.config import ignored_keys
+    from par.train.config import ignored_keys
     cfg = {**BASE, "steps_per_print": 10, "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e8}}
     assert ignored_keys(cfg) == ["steps_per_print", "zero_optimization.reduce_bucket_size"]
     parse(cfg, 2)
 
 
 def test_cli_reports_a_bad_config_before_launching(tmp_path, capsys):
-    from par.train_cli import main
+    from par.train.cli import main
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**BASE, "train_batch_size": 20}))
     assert main(["--config", str(bad), "--nproc", "2"]) == 2
@@ -148,15 +148,15 @@ def test_example_configs_parse(path):
 @pytest.mark.parametrize("stage", [1, 3])
 def test_train_entry_follows_the_config_and_equals_single_process(stage):
     """2 replicas × 2 micro-batches of 2 = batch 8: the losses are those of one process on the same batches."""
-    import par.launch
+    import par.runtime.launch
     from par.data import CharDataset, global_batches
     from par.model import build, lm_loss, preset
     from par.reference import train_single
     cfg = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam",
            "params": {"lr": 0.001}}, "zero_optimization": {"stage": stage}, "model": {"preset": "tiny"}, "steps": 3}
-    row = par.launch.run("par.jobs.train", nproc=2, args=["--config", json.dumps(cfg), "--check"], timeout=110)
+    row = par.runtime.launch.run("par.train.job", nproc=2, args=["--config", json.dumps(cfg), "--check"], timeout=110)
     assert row["grad_accum"] == 2 and row["strategy"] == f"ZeRO-{stage}"
-    # the job contract (par/jobs/__init__.py), and the parameters of one process trained on the same batches
+    # the job contract (par/measure.py), and the parameters of one process trained on the same batches
     assert row["world_size"] == 2 and row["backend"] == "gloo" and len(row["per_rank"]) == 2
     assert len(row["step_s"]) == 3 - row["warmup_steps"] and row["max_param_diff"] <= 1e-5, row["max_param_diff"]
     ds = CharDataset(block_size=preset("tiny").block_size)
@@ -164,5 +164,5 @@ def test_train_entry_follows_the_config_and_equals_single_process(stage):
     assert max(abs(a - b) for a, b in zip(row["losses"], want)) <= 1e-5, (row["losses"], want)
     assert len(row["losses"]) == 3 and row["bytes_per_step"] > 0
     # ZeRO keeps half of the Adam state per rank: the two ranks' optimizer bytes are about half of 8Ψ
-    from par.memory import param_count
+    from par.memory.accounting import param_count
     assert all(r["optimizer"] < 0.6 * 8 * param_count(preset("tiny")) for r in row["per_rank"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from par import context_parallel as cp
+from par.cp import ring_attention as cp
 from par.model import causal_attention
 from seqctx_runs import ranks as run_worker
 
@@ -115,7 +115,7 @@ def test_ring_attention_equals_dense_three_ranks(p2p_env):
 
 
 def test_planner_places_a_context_parallel_degree():
-    from par import planner
+    from par.train import planner
     from par.model import preset
     w = planner.Workload(preset("gpt3-small"), 8)
     one, two = planner.predict(w, 2, 1, 2), planner.predict(w, 2, 1, 2, cp=2)

@@ -1,9 +1,9 @@
-"""The lecture notebooks run the launches `par.course` describes, so the dry run checks exactly what runs.
+"""The lecture notebooks run the launches `par.course.launches` describes, so the dry run checks exactly what runs.
 
-- no lecture notebook starts ranks itself (`par.launch.run`, `launch.run`, `!torchrun`, multiprocessing);
+- no lecture notebook starts ranks itself (`par.runtime.launch.run`, `launch.run`, `!torchrun`, multiprocessing);
 - every cell name the registry knows for a notebook is used by that notebook (a string in its code), and
   every `course.find` call in a notebook names a cell the registry knows;
-- lecture 07's launches in the registry are exactly those `par.bench.suite.run_suite` makes.
+- lecture 07's launches in the registry are exactly those `par.train.suite.run_suite` makes.
 Static: the notebooks are read, not executed (tests/test_notebooks.py executes them).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from par import course
+from par.course import launches as course
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 LECTURES = sorted(NOTEBOOKS.glob("0*.ipynb"))
@@ -51,10 +51,10 @@ def test_every_lecture_has_launches_registered():
 @pytest.mark.parametrize("path", LECTURES, ids=lambda p: p.stem)
 def test_no_notebook_starts_ranks_itself(path):
     tree = code(path)
-    direct = [ast.unparse(c) for c in calls(tree) if ast.unparse(c.func) in ("par.launch.run", "launch.run", "run")]
-    assert direct == [], f"{path.name} launches without par.course: {direct}"
+    direct = [ast.unparse(c) for c in calls(tree) if ast.unparse(c.func) in ("par.runtime.launch.run", "launch.run", "run")]
+    assert direct == [], f"{path.name} launches without par.course.launches: {direct}"
     imports = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
-    assert not [i for i in imports if i.startswith("from par.launch import") or "multiprocessing" in i], imports
+    assert not [i for i in imports if i.startswith("from par.runtime.launch import") or "multiprocessing" in i], imports
     assert not [l for l in shell_lines(path) if "torchrun" in l or "torch.distributed.run" in l]
 
 
@@ -65,7 +65,7 @@ def test_every_registered_cell_is_used_by_its_notebook(path):
     missing = [cell for cell in course.CELLS[path.stem] if cell not in used]
     assert missing == [], f"{path.name} never runs its registered cell(s) {missing}"
     finds = [c for c in calls(tree) if ast.unparse(c.func) == "course.find"]
-    assert finds, f"{path.name} never asks par.course for its launches"
+    assert finds, f"{path.name} never asks par.course.launches for its launches"
     for c in finds:
         nb, cell = c.args[0], c.args[1]
         if isinstance(nb, ast.Constant):
@@ -89,14 +89,14 @@ def test_find_knows_the_cells():
 
 def test_lecture_07_launches_are_the_suites(monkeypatch):
     """What `suite.run_suite` launches in lecture 07 (recorded, not run) equals the registry's launches."""
-    import par.launch
-    from par.bench import suite
+    import par.runtime.launch
+    from par.train import suite
     made = []
 
     def fake_run(module, nproc, args, backend, timeout, quiet):
         made.append((module, nproc, tuple(args), backend))
-        raise par.launch.LaunchError("not run in this test")
-    monkeypatch.setattr(par.launch, "run", fake_run)
+        raise par.runtime.launch.LaunchError("not run in this test")
+    monkeypatch.setattr(par.runtime.launch, "run", fake_run)
     world_size, preset, steps = 2, "tiny", 20
     for cell, names in (("3D", ["3D"]), ("benchmark table", [n for n in course.LECTURE_07_ROWS if n != "bf16"])):
         made.clear()
@@ -108,7 +108,7 @@ def test_lecture_07_launches_are_the_suites(monkeypatch):
 
 def test_launch_reads_like_a_command():
     (job,) = course.find("04_tensor_parallel", "TP training", 2, "gloo", "tiny", 20)
-    assert job.command().startswith("torchrun --nproc-per-node=2 -m par.jobs.train_tp --preset tiny")
+    assert job.command().startswith("torchrun --nproc-per-node=2 -m par.tp.job --preset tiny")
     assert job.arg("--preset") == "tiny" and job.with_arg("--steps", 3).arg("--steps") == "3"
     zero = course.find("06_zero", "stages", 4, "gloo", "tiny", 20)
     assert "{checkpoint}" in zero[0].args and "/tmp/x" in zero[0].fill(checkpoint="/tmp/x").args

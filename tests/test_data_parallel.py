@@ -10,15 +10,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from par import collectives, compression
-from par.async_gossip import (gossip_sgd, latency_steps, max_stable_lr, ring_mixing_matrix, rounds_to_spread,
+from par.comm import collectives
+from par.dp import compression
+from par.dp.async_gossip import (gossip_sgd, latency_steps, max_stable_lr, ring_mixing_matrix, rounds_to_spread,
                               stale_sgd)
-from par.batch_size import BatchSizeError, check_batch_identity, resolve_batch
+from par.dp.batch_size import BatchSizeError, check_batch_identity, resolve_batch
 from par.data import CharDataset, global_batches
-from par.data_parallel import overlap_fraction, split_micro, train_step
-from par.dp_bucketed import BucketedDP, assign_buckets
-from par.dp_naive import NaiveDP
-from par.launch import run
+from par.dp.wrap import overlap_fraction, split_micro, train_step
+from par.dp.bucketed import BucketedDP, assign_buckets
+from par.dp.naive import NaiveDP
+from par.runtime.launch import run
 from par.model import TinyMLP, build, lm_loss, preset
 from par.reference import make_optimizer, max_abs_diff, train_single
 
@@ -153,7 +154,7 @@ def test_assign_buckets_reverse_order_and_cap():
 
 
 def test_bad_variant_and_uneven_micro_batches_are_clear_errors():
-    from par.data_parallel import wrap
+    from par.dp.wrap import wrap
     with pytest.raises(ValueError, match="unknown data-parallel variant 'zero9'"):
         wrap(TinyMLP(), "zero9")
     with pytest.raises(ValueError, match="per-rank batch 6 is not divisible by grad_accum 4"):
@@ -285,7 +286,7 @@ def test_ring_gossip():
 
 # ---------------------------------------------------------------- the training job
 def test_train_dp_job_reports_consistent_runs():
-    out = run("par.jobs.train_dp", nproc=2, timeout=240, quiet=True,
+    out = run("par.dp.job", nproc=2, timeout=240, quiet=True,
               args=["--dp", "naive,bucketed", "--compression", "none,int8", "--steps", "3", "--batch", "8",
                     "--accum", "2", "--bucket-kb", "16", "--tie-embeddings", "--lr", "1e-3", "--compare"])
     runs = {(r["dp"], r["compression"]): r for r in out["runs"]}
@@ -318,7 +319,7 @@ def test_train_dp_job_reports_consistent_runs():
 
 def test_train_dp_derives_accumulation_from_the_micro_batch():
     """`--micro-batch` alone: the single process takes the global batch in micro-batches (as a GPU must)."""
-    from par.jobs.train_dp import parse
+    from par.dp.job import parse
     args = parse(["--batch", "32", "--micro-batch", "8"])
     sizes = resolve_batch(1, args.batch, args.micro_batch, args.accum)
     assert (sizes.micro_batch, sizes.grad_accum) == (8, 4)
@@ -327,7 +328,7 @@ def test_train_dp_derives_accumulation_from_the_micro_batch():
 
 def test_ddp_beside_par_bucketed_dp():
     """torch's DistributedDataParallel and par's bucketed DP: same model, data and buckets, same weights."""
-    out = run("par.jobs.train_dp", nproc=2, timeout=240, quiet=True,
+    out = run("par.dp.job", nproc=2, timeout=240, quiet=True,
               args=["--dp", "bucketed,ddp", "--impl", "torch", "--steps", "4", "--batch", "8", "--bucket-kb", "16",
                     "--compare"])
     bucketed, ddp = out["runs"]

@@ -1,6 +1,6 @@
 """Process bootstrap rules: which backend, which device, the one-line error when NCCL cannot run, and a rank's exit.
 
-The backend rule (`par.preflight`) as pure functions; `teardown()` and a failing rank's exit on real ranks
+The backend rule (`par.runtime.preflight`) as pure functions; `teardown()` and a failing rank's exit on real ranks
 with tests/workers/exit_race.py (a thread coming back from torch's C++ while Python finalizes).
 """
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from par import dist as pdist
-from par import launch, preflight
-from par.dist import BackendError, choose_backend
+from par.runtime import dist as pdist
+from par.runtime import launch, preflight
+from par.runtime.dist import BackendError, choose_backend
 
 EXIT_RACE = str(Path(__file__).parent / "workers" / "exit_race.py")
 
@@ -97,7 +97,7 @@ def test_one_device_per_rank():
 
 def test_env_before_init_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(pdist, "_ENV", None)
-    with pytest.raises(RuntimeError, match=r"par.dist.init\(\) has not been called"):
+    with pytest.raises(RuntimeError, match=r"par.runtime.dist.init\(\) has not been called"):
         pdist.env()
 
 

@@ -1,4 +1,4 @@
-"""The course's launches as data (`par.course`) and the dry run of a GPU batch, without a GPU.
+"""The course's launches as data (`par.course.launches`) and the dry run of a GPU batch, without a GPU.
 
 - the registry is a pure function of (world_size, backend, preset, steps), and every launch names a job
   that exists, with a timeout that scales with its work;
@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from par import batch, course
+from par.course import run_notebooks as batch, launches as course
 from par.model import preset as model_preset
 
 GPT3 = "gpt3-small"
@@ -102,16 +102,16 @@ def legacy_registry() -> dict:
     cfg = model_preset(GPT3)
 
     def nb04(W, backend, preset, steps):   # TP degree = world size, whatever the heads
-        return [course.launch("04_tensor_parallel", "TP training", "par.jobs.train_tp", W, [], backend,
+        return [course.launch("04_tensor_parallel", "TP training", "par.tp.job", W, [], backend,
                               [course.Training(cfg, 8, tp=W, steps=steps, reference_batch=8)], timeout=600)]
 
     def nb03(W, backend, preset, steps):   # --check: the single-process reference of the whole batch
-        return [course.launch("03_pipelines", "gantt", "par.jobs.pipeline", W, ["--check"], backend,
+        return [course.launch("03_pipelines", "gantt", "par.pp.job", W, ["--check"], backend,
                               [course.Training(replace(cfg, n_layer=12), 32, pp=W, microbatches=16, steps=4,
                                                reference_batch=32)], timeout=300)]
 
     def nb02(W, backend, preset, steps):   # the 1-rank baseline on the CPU, a fixed 300 s timeout
-        return [course.launch("02_data_parallel", "loss curves", "par.jobs.train_dp", 1, [], "gloo",
+        return [course.launch("02_data_parallel", "loss curves", "par.dp.job", 1, [], "gloo",
                               [course.Training(cfg, 32, steps=steps)], timeout=300)]
     return {"02_data_parallel": nb02, "03_pipelines": nb03, "04_tensor_parallel": nb04}
 
@@ -131,11 +131,11 @@ def test_the_checker_finds_issue_18s_problems():
 
 def test_a_launch_needing_more_gpus_than_the_server_has():
     def nb(W, backend, preset, steps):
-        return [course.launch("03_pipelines", "gantt", "par.jobs.pipeline", max(W, 4), [], backend,
+        return [course.launch("03_pipelines", "gantt", "par.pp.job", max(W, 4), [], backend,
                               [course.Training(model_preset("tiny"), 8, pp=max(W, 4), microbatches=8)])]
     _, problems = course.dry_run(2, "nccl", "tiny", 20, 80e9, registry={"03_pipelines": nb})
     assert [str(p) for p in problems] == [
-        "03_pipelines [gantt] par.jobs.pipeline on 4 ranks: needs 4 GPUs, the server has 2"]
+        "03_pipelines [gantt] par.pp.job on 4 ranks: needs 4 GPUs, the server has 2"]
 
 
 # ---------------------------------------------------------------- the command line
@@ -143,7 +143,7 @@ def test_cli_dry_run_passes_and_fails(capsys):
     args = ["--dry-run", "--backend", "nccl", "--preset", GPT3, "--steps", "200"]
     assert batch.main([*args, "--world-size", "8", "--gpu-memory", "80e9"]) == 0
     out = capsys.readouterr().out
-    assert "everything fits" in out and "04_tensor_parallel [TP training] par.jobs.train_tp on 6 ranks" in out
+    assert "everything fits" in out and "04_tensor_parallel [TP training] par.tp.job on 6 ranks" in out
     assert batch.main([*args, "--world-size", "2", "--gpu-memory", "8GB"]) == 2
     out = capsys.readouterr().out
     problems = [line for line in out.splitlines() if line.startswith("problem: ")]

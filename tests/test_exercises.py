@@ -26,8 +26,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from par import exercises, grade
-from par.exercises import ExerciseError, stub_source, visible_source
+from par.course import exercises, exercises_cli, grade
+from par.course.exercises import ExerciseError, stub_source, visible_source
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "course"
@@ -141,20 +141,20 @@ def test_generate_is_deterministic_and_check_names_every_problem(tmp_path, capsy
     course = tmp_path / "course"
     shutil.copytree(FIXTURE, course)
     committed = (course / "exercises" / "99_example.ipynb").read_bytes()
-    assert exercises.main(["check", "--root", str(course)]) == 0  # the committed fixture exercise is in sync
+    assert exercises_cli.main(["check", "--root", str(course)]) == 0  # the committed fixture exercise is in sync
     assert "in sync" in capsys.readouterr().out
 
     (course / "exercises" / "99_example.ipynb").unlink()
     (course / "exercises" / "98_orphan.ipynb").write_text("{}")
     shutil.copy(course / "solutions" / "99_example.ipynb", course / "solutions" / "97_copy.ipynb")
     (course / "exercises" / "97_copy.ipynb").write_text("{}")
-    assert exercises.main(["check", "--root", str(course)]) == 1
+    assert exercises_cli.main(["check", "--root", str(course)]) == 1
     err = capsys.readouterr().err
     assert "exercises/99_example.ipynb: missing" in err
     assert "exercises/98_orphan.ipynb: extra" in err
     assert "exercises/97_copy.ipynb: out of sync" in err
 
-    assert exercises.main(["generate", "--root", str(course)]) == 0
+    assert exercises_cli.main(["generate", "--root", str(course)]) == 0
     assert (course / "exercises" / "99_example.ipynb").read_bytes() == committed
     assert not (course / "exercises" / "98_orphan.ipynb").exists()
     first = {p.name: p.read_bytes() for p in (course / "exercises").glob("*.ipynb")}
@@ -170,7 +170,7 @@ def test_generate_refuses_an_unbalanced_solution_and_writes_nothing(tmp_path, ca
     nb = nbformat.read(course / "solutions" / "99_example.ipynb", as_version=4)
     nb.cells[3].source = nb.cells[3].source.replace("    ### END SOLUTION\n", "", 1)
     nbformat.write(nb, course / "solutions" / "50_broken.ipynb")
-    assert exercises.main(["generate", "--root", str(course)]) == 2
+    assert exercises_cli.main(["generate", "--root", str(course)]) == 2
     err = capsys.readouterr().err
     assert "solutions/50_broken.ipynb, cell 4, line 11" in err and "inside the region opened at line 3" in err
     assert not list((course / "exercises").glob("*.ipynb"))
@@ -244,7 +244,7 @@ def test_record_stores_outputs_that_strict_nbval_then_compares(tmp_path, warm_ca
                                                                       metadata={"tags": ["check"], "points": 1})],
                                       metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}})
     nbformat.write(broken, course / "solutions" / "50_broken.ipynb")
-    assert exercises.main(["record", "--root", str(course)]) == 1  # 50_broken raises: reported, left alone
+    assert exercises_cli.main(["record", "--root", str(course)]) == 1  # 50_broken raises: reported, left alone
     assert nbformat.read(course / "solutions" / "50_broken.ipynb", as_version=4) == broken
     solution = course / "solutions" / "99_example.ipynb"  # recorded (executed, verified with strict nbval)
     nb = nbformat.read(solution, as_version=4)

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from par import expert_parallel as ep, launch, nccl_emulation
-from par.moe import MoEError
+from par.moe import experts as ep
+from par.runtime import launch, nccl_emulation
+from par.moe.router import MoEError
 
 WORKER = Path(__file__).parent / "workers" / "ep_check.py"
 TOL = 1e-5

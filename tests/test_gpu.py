@@ -3,7 +3,7 @@
 What only a GPU can show, on one GPU:
 - par's NCCL bootstrap with one rank (NCCL, cuda:0, a collective);
 - every strategy's job with one rank on CUDA under NCCL, finite losses;
-- the CUDA allocator's bytes of model states (params, grads, Adam) within 5 % of `par.memory`;
+- the CUDA allocator's bytes of model states (params, grads, Adam) within 5 % of `par.memory.accounting`;
 - fp16 with dynamic loss scaling and bf16 on real kernels (bf16 only where the GPU has it natively);
 - CUDA-event timelines (`par.timeline`): a span measures the GPU's work, not the launch;
 - the batch with `--backend nccl --world-size 1 --preset gpt3-small` writing its report;
@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from par import launch, memory, planner
+from par.runtime import launch
+from par.memory import accounting as memory
+from par.train import planner
 from par.mfu import mfu, peak_flops
 from par.model import build, lm_loss, preset
 
@@ -59,18 +61,18 @@ def test_nccl_bootstrap_with_one_rank():
 
 # every strategy's job on one rank; the arguments keep each one short
 JOBS = {
-    "collectives": ("par.jobs.collectives", ["--parts", "bytes,timing", "--sizes", "65536", "--reps", "3"]),
-    "memory": ("par.jobs.memory", ["--preset", "small", "--precisions", "fp32,bf16", "--steps", "2"]),
-    "data parallel": ("par.jobs.train_dp", ["--dp", "naive,bucketed", "--preset", "small", "--steps", "5",
+    "collectives": ("par.comm.job", ["--parts", "bytes,timing", "--sizes", "65536", "--reps", "3"]),
+    "memory": ("par.memory.job", ["--preset", "small", "--precisions", "fp32,bf16", "--steps", "2"]),
+    "data parallel": ("par.dp.job", ["--dp", "naive,bucketed", "--preset", "small", "--steps", "5",
                                             "--batch", "8"]),
-    "pipeline": ("par.jobs.pipeline", ["--schedules", "gpipe,1f1b", "--microbatches", "4", "--preset", "small",
+    "pipeline": ("par.pp.job", ["--schedules", "gpipe,1f1b", "--microbatches", "4", "--preset", "small",
                                        "--steps", "2", "--check"]),
-    "tensor parallel": ("par.jobs.train_tp", ["--preset", "small", "--steps", "5"]),
-    "mixed precision": ("par.jobs.train_mp", ["--dtype", "fp32,fp16", "--preset", "small", "--steps", "5",
+    "tensor parallel": ("par.tp.job", ["--preset", "small", "--steps", "5"]),
+    "mixed precision": ("par.precision.job", ["--dtype", "fp32,fp16", "--preset", "small", "--steps", "5",
                                               "--batch", "8"]),
-    "zero": ("par.jobs.train_zero", ["--runs", "0,1,2,3,3+offload", "--preset", "small", "--steps", "3",
+    "zero": ("par.zero.job", ["--runs", "0,1,2,3,3+offload", "--preset", "small", "--steps", "3",
                                      "--batch", "4", "--timeline-runs", "3"]),
-    "config": ("par.jobs.train", ["--config", json.dumps({
+    "config": ("par.train.job", ["--config", json.dumps({
         "train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
         "model": {"preset": "small"}, "steps": 3})]),
 }   # (Parallel3D needs pp or tp > 1: two GPUs at least; on one it is the ZeRO engine)
@@ -90,7 +92,7 @@ def test_every_strategy_runs_on_one_gpu(name):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_cuda_bytes_of_model_states_match_the_formula(precision):
-    """params + grads + Adam state, read from the CUDA allocator, within 5 % of par.memory's count."""
+    """params + grads + Adam state, read from the CUDA allocator, within 5 % of par.memory.accounting's count."""
     if precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
         pytest.skip("bf16 needs compute capability >= 8.0")
     device = torch.device("cuda", 0)
@@ -115,7 +117,7 @@ def test_cuda_bytes_of_model_states_match_the_formula(precision):
     measured = torch.cuda.memory_allocated(device) - before
     numel = sum(p.numel() for p in params)
     predicted = memory.model_state_bytes(numel, precision=precision, optimizer="adam").total
-    print(f"\n{precision}: CUDA allocator {measured / 1e9:.3f} GB, par.memory {predicted / 1e9:.3f} GB "
+    print(f"\n{precision}: CUDA allocator {measured / 1e9:.3f} GB, par.memory.accounting {predicted / 1e9:.3f} GB "
           f"({measured / predicted - 1:+.2%})")
     assert abs(measured / predicted - 1) <= 0.05
     del model, opt, masters, params
@@ -126,7 +128,7 @@ def test_cuda_bytes_of_model_states_match_the_formula(precision):
 def test_16_bit_training_on_real_kernels(dtype):
     if dtype == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
         pytest.skip("bf16 needs compute capability >= 8.0 (older GPUs only emulate it)")
-    result = launch.run("par.jobs.train_mp", nproc=1, backend="nccl", timeout=600, quiet=True, args=[
+    result = launch.run("par.precision.job", nproc=1, backend="nccl", timeout=600, quiet=True, args=[
         "--dtype", f"fp32,{dtype}", "--preset", "small", "--steps", "30", "--batch", "16", "--init-scale", 2 ** 16])
     fp32, half = result["runs"]
     assert all(math.isfinite(v) for v in half["loss"]) and half["loss"][-1] < half["loss"][0]
@@ -176,7 +178,7 @@ def test_gpt3_small_tokens_per_second_and_mfu():
     config = {"train_batch_size": batch, "train_micro_batch_size_per_gpu": batch, "steps": steps,
               "optimizer": {"type": "Adam", "params": {"lr": 1e-4}}, "model": {"preset": "gpt3-small"},
               precision: {"enabled": True}}
-    row = launch.run("par.jobs.train", nproc=1, backend="nccl", timeout=900, quiet=True,
+    row = launch.run("par.train.job", nproc=1, backend="nccl", timeout=900, quiet=True,
                      args=["--config", json.dumps(config)])
     step_s = row["step_s"]
     tokens_per_s = batch * cfg.block_size / step_s

@@ -1,6 +1,6 @@
-"""Grading an instructor can trust (`python -m par grade`, `par.grade`).
+"""Grading an instructor can trust (`python -m par grade`, `par.course.grade`).
 
-- The class run: one `par.grade.grade_many` over a folder holding, for every exercise, every wrong answer of
+- The class run: one `par.course.grade.grade_many` over a folder holding, for every exercise, every wrong answer of
   tests/fixtures/wrong_answers (see its README), a solved notebook whose check cells the student tampered
   with (emptied, `assert False` added, asserts appended) and an unsolved one whose checks were replaced by
   `pass`. Every wrong answer must lose points and fail the checks its file names; the tampered notebooks
@@ -27,8 +27,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from par import exercises, grade, nbval_run, release
-from par.exercises import is_answer, is_check
+from par.course import exercises, exercises_cli, grade, nbval_run, release
+from par.course.exercises import is_answer, is_check
 
 ROOT = Path(__file__).resolve().parents[1]
 WRONG = Path(__file__).parent / "fixtures" / "wrong_answers"
@@ -281,7 +281,7 @@ def test_the_grade_command_refuses_bad_usage(tmp_path):
 
 def test_answer_modules_load_with_collectives_off_and_calls_counted(tmp_path, monkeypatch):
     import torch.distributed as dist
-    from par import answers
+    from par.course import answers
     (tmp_path / "mine.py").write_text("import torch.distributed as dist\n\ndef ring(t):\n    dist.all_reduce(t)\n")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(answers.AnswerError, match="run the exercise's %%writefile cell first"):
@@ -301,8 +301,8 @@ def test_answer_modules_load_with_collectives_off_and_calls_counted(tmp_path, mo
 
 def test_release_writes_the_bundle_without_answers_and_refuses_to_overwrite(tmp_path):
     dest = tmp_path / "course"
-    assert exercises.main(["release", str(dest)]) == 0
-    for path in ("README.md", "requirements.txt", "pyproject.toml", "par/grade.py", "par/jobs/exercise_ring.py",
+    assert exercises_cli.main(["release", str(dest)]) == 0
+    for path in ("README.md", "requirements.txt", "pyproject.toml", "par/course/grade.py", "par/course/exercise_ring.py",
                  "notebooks/00_distributed_basics.ipynb", "configs/3d.json", release.MARKER):
         assert (dest / path).is_file(), path
     assert not (dest / "solutions").exists() and not (dest / "tests").exists()
@@ -314,13 +314,13 @@ def test_release_writes_the_bundle_without_answers_and_refuses_to_overwrite(tmp_
     hidden = "cases = [*cases, *product("                   # a hidden check of exercise 01
     assert hidden in (ROOT / "solutions" / "01_model_state_bytes.ipynb").read_text()
     assert not any(hidden in p.read_text() for p in dest.rglob("*.ipynb"))
-    assert exercises.main(["release", str(dest)]) == 2       # not empty
-    assert exercises.main(["release", str(dest), "--force"]) == 0   # an earlier bundle may be replaced
+    assert exercises_cli.main(["release", str(dest)]) == 2       # not empty
+    assert exercises_cli.main(["release", str(dest), "--force"]) == 0   # an earlier bundle may be replaced
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "thesis.tex").write_text("precious")
-    assert exercises.main(["release", str(tmp_path / "mine"), "--force"]) == 2
+    assert exercises_cli.main(["release", str(tmp_path / "mine"), "--force"]) == 2
     assert (tmp_path / "mine" / "thesis.tex").exists()
-    assert exercises.main(["release", str(ROOT / "solutions" / "x")]) == 2
+    assert exercises_cli.main(["release", str(ROOT / "solutions" / "x")]) == 2
 
 
 def test_bundle_submissions_are_graded_from_the_checkout_and_practice_there(tmp_path, course):

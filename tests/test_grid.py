@@ -1,7 +1,7 @@
 """The process grid: rank layout, groups, errors (pure, no process group)."""
 import pytest
 
-from par.grid import GridError, Layout, check_layout, coords, describe, group_ranks, my_group, rank_of, \
+from par.runtime.grid import GridError, Layout, check_layout, coords, describe, group_ranks, my_group, rank_of, \
     tp_stays_on_node
 
 
@@ -52,7 +52,7 @@ def test_describe_lists_every_rank():
 
 
 def test_grid_single_process():
-    from par.grid import Grid
+    from par.runtime.grid import Grid
     g = Grid()
     assert (g.dp_rank, g.stage, g.tp_rank) == (0, 0, 0) and g.tp_group is None and g.pp_ranks == [0]
     with pytest.raises(GridError, match="world has 1 ranks"):
@@ -60,10 +60,10 @@ def test_grid_single_process():
 
 
 def test_one_spelling_of_a_layout_for_grid_config_and_planner():
-    from par.config import parse
-    from par.grid import layout_label
+    from par.train.config import parse
+    from par.runtime.grid import layout_label
     from par.model import preset
-    from par.planner import Workload, predict
+    from par.train.planner import Workload, predict
     assert layout_label(2, 2, 2) == str(Layout(2, 2, 2)) == "dp2xpp2xtp2"
     tc = parse({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 2},
                 "tensor_parallel": {"tp_size": 2}}, 8)

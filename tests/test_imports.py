@@ -1,5 +1,6 @@
-"""par's modules import each other without a cycle (issue 15), and the README's package map lists exactly the
-modules in the tree. Static: the sources are parsed (ast), nothing is imported."""
+"""par's modules and packages import each other without a cycle, no concept imports the course tooling, and the
+README's package map lists exactly the folders and modules in the tree. Static: the sources are parsed (ast),
+nothing is imported."""
 from __future__ import annotations
 
 import ast
@@ -76,33 +77,66 @@ def cycles(graph: dict) -> list[list[str]]:
     return found
 
 
+def package_of(module: str) -> str:
+    """The folder a module lives in: `par.zero.engine` -> `par.zero`; the top-level modules -> `par`."""
+    parts = module.split(".")
+    if MODULES[module].name == "__init__.py":
+        return module
+    return ".".join(parts[:-1])
+
+
+def package_graph(top_level_only: bool) -> dict:
+    graph = {}
+    for m, p in MODULES.items():
+        edges = {package_of(w) for w in imported(p, top_level_only)} - {package_of(m)}
+        graph.setdefault(package_of(m), set()).update(edges)
+    return graph
+
+
 def test_the_import_graph_is_acyclic():
-    """No two par modules import each other at module level (what Python executes on import). The only
-    mutual reference through a function-level import is allowed explicitly: the `exercises` command line
-    hands `release DIR` to `par.release`, which builds the bundle with `par.exercises`."""
+    """No two par modules import each other, at module level (what Python executes on import) nor inside
+    functions."""
     graph = {m: imported(p, top_level_only=True) for m, p in MODULES.items()}
     assert cycles(graph) == [], "par modules that import each other at module level"
     full = {m: imported(p, top_level_only=False) for m, p in MODULES.items()}
-    assert cycles(full) in ([], [["par.exercises", "par.release"]]), "par modules that import each other in functions"
+    assert cycles(full) == [], "par modules that import each other in functions"
+
+
+def test_the_packages_import_each_other_without_a_cycle():
+    """Folders as units: no two of par's packages (the top-level modules count as `par`) import each other,
+    even through function-level imports; so each lecture's folder can be read after the ones it builds on."""
+    assert cycles(package_graph(top_level_only=False)) == [], "par packages that import each other"
+
+
+def test_no_concept_imports_the_course_tooling():
+    """`par.course` may import every concept; nothing outside it imports `par.course` (the command line
+    names its command modules as strings)."""
+    offenders = sorted(f"{m} -> {w}" for m, p in MODULES.items() if not m.startswith("par.course")
+                       for w in imported(p, top_level_only=False) if w.startswith("par.course"))
+    assert offenders == []
 
 
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert imported(PAR / "zero.py", top_level_only=True) >= {"par.flat", "par.units"}
+    assert imported(PAR / "zero" / "engine.py", top_level_only=True) >= {"par.zero.flat", "par.zero.units"}
+    assert package_of("par.zero.engine") == "par.zero" and package_of("par.model") == "par"
+    assert package_of("par.zero") == "par.zero"
 
 
-def readme_map() -> list[str]:
-    """The modules the README's "## The package" table names: the backticked name that opens each
-    comma-separated item of the modules column (a backticked word inside parentheses is not a module)."""
+def readme_map() -> dict[str, list[str]]:
+    """The README's "## The package" table: {folder: [the modules it names]}. The folder is the backticked
+    `par/NAME/` (or `par/`) that opens a row; the modules are the backticked names that open each
+    comma-separated item of the last column (a backticked word inside parentheses is not a module)."""
     text = (ROOT / "README.md").read_text()
     section = text.split("\n## The package\n", 1)[1].split("\n## ", 1)[0]
-    names = []
+    rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 2 or set(cells[1]) <= set("-: "):
+        folder = re.match(r"`(par/(?:\w+/)?)`", cells[0]) if len(cells) >= 2 else None
+        if not folder:
             continue
-        depth, item = 0, ""
-        for ch in cells[1] + ",":            # split on commas outside parentheses
+        names, depth, item = [], 0, ""
+        for ch in cells[-1] + ",":            # split on commas outside parentheses
             depth += (ch == "(") - (ch == ")")
             if ch == "," and depth == 0:
                 m = re.match(r"\s*`([\w.]+)`", item)
@@ -111,13 +145,21 @@ def readme_map() -> list[str]:
                 item = ""
             else:
                 item += ch
-    return names
+        assert folder.group(1) not in rows, f"{folder.group(1)} has two rows"
+        rows[folder.group(1)] = names
+    return rows
 
 
-def test_the_readme_package_map_lists_exactly_the_modules():
-    tree = {m.removeprefix("par.") for m in MODULES if m not in ("par", "par.__main__")
-            and not (MODULES[m].name == "__init__.py")}
+def test_the_readme_package_map_lists_exactly_the_folders_and_modules():
+    tree: dict[str, set] = {}
+    for m, p in MODULES.items():
+        if m in ("par", "par.__main__") or p.name == "__init__.py":
+            continue
+        folder = "par/" if package_of(m) == "par" else package_of(m).replace(".", "/") + "/"
+        tree.setdefault(folder, set()).add(m.rpartition(".")[2])
     listed = readme_map()
-    assert len(listed) == len(set(listed)), "a module listed twice"
-    assert sorted(tree - set(listed)) == [], "modules in par/ that the README's package map does not list"
-    assert sorted(set(listed) - tree) == [], "the README's package map names modules that do not exist"
+    assert sorted(listed) == sorted(tree), "the README's package map has one row per folder of par/"
+    for folder, names in listed.items():
+        assert len(names) == len(set(names)), f"{folder}: a module listed twice"
+        assert sorted(tree[folder] - set(names)) == [], f"modules in {folder} that the README's map does not list"
+        assert sorted(set(names) - tree[folder]) == [], f"the README's map names modules {folder} lacks"

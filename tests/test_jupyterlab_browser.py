@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from par.launch import free_port
+from par.runtime.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -1,7 +1,7 @@
 """The launcher: results come back, output streams, failures surface with their root cause on the first line,
 hangs are killed naming the ranks that did not finish, a SIGKILLed rank ends the job, nothing is retried.
 
-The multi-process cases launch tests/workers/launch_modes.py with torchrun through `par.launch.run`; the
+The multi-process cases launch tests/workers/launch_modes.py with torchrun through `par.runtime.launch.run`; the
 parsing of torchrun's report is also checked on recorded text.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ import threading
 
 import pytest
 
-from par import launch
-from par.preflight import BackendError
+from par.runtime import launch
+from par.runtime.preflight import BackendError
 
 WORKER = str(Path(__file__).parent / "workers" / "launch_modes.py")
 
@@ -195,10 +195,10 @@ def test_no_relaunch_on_crash():
 
 
 def test_torchrun_command_binds_localhost():
-    cmd = launch.torchrun_command("par.jobs.collectives", 4, ["--parts", "show"], port=12345)
+    cmd = launch.torchrun_command("par.comm.job", 4, ["--parts", "show"], port=12345)
     assert "--nproc-per-node=4" in cmd and "--master-addr=127.0.0.1" in cmd and "--master-port=12345" in cmd
     assert "--max-restarts=0" in cmd
-    assert cmd[-4:] == ["-m", "par.jobs.collectives", "--parts", "show"]
+    assert cmd[-4:] == ["-m", "par.comm.job", "--parts", "show"]
     assert launch.torchrun_command("x/y.py", 2)[-1] == "x/y.py"
 
 

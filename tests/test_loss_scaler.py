@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
-from par.loss_scaler import DynamicLossScaler, StaticLossScaler, replay
-from par.mixed_precision import MixedPrecision
+from par.precision.loss_scaler import DynamicLossScaler, StaticLossScaler, replay
+from par.precision.mixed_precision import MixedPrecision
 from par.model import TinyMLP
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-import par.launch
-from par import memory
+import par.runtime.launch
+from par.memory import accounting as memory
 from par.model import PRESETS, GPTLite, build, lm_loss, preset
 from par.reference import make_optimizer
 
@@ -245,7 +245,7 @@ def test_cuda_peak_is_none_on_cpu():
 
 # ---------------------------------------------------------------- the launched job
 def test_job_on_two_ranks_predicted_equals_measured():
-    r = par.launch.run("par.jobs.memory", nproc=2, timeout=180, quiet=True,
+    r = par.runtime.launch.run("par.memory.job", nproc=2, timeout=180, quiet=True,
                        args=["--optimizers", "adam,momentum,sgd", "--precisions", "fp32,bf16", "--steps", "3"])
     assert r["world_size"] == 2 and r["numel"] == memory.param_count("tiny")
     psi = r["numel"]
@@ -270,7 +270,7 @@ def test_job_on_two_ranks_predicted_equals_measured():
 def test_memory_bars_draws_one_stack_per_stage():
     import matplotlib
     matplotlib.use("Agg")
-    from par.plots import memory_bars
+    from par.course.plots import memory_bars
     rows = memory.zero_table(7.5e9, 64)
     ax = memory_bars(rows)
     assert len(ax.patches) == 3 * len(rows)
@@ -320,7 +320,7 @@ def test_fp32_gradients_raise_the_mixed_precision_peak_only_when_activations_are
 
 
 def test_offload_transfers_over_pcie():
-    from par import offload
+    from par.zero import offload
     moved = offload.transfer_bytes_per_step(1001, 4, 2, 2)
     assert moved == {"to_host": 251 * 2, "to_device": 251 * 2}
     t = offload.transfer_seconds(1001, 4, 2, 2, bandwidth=1e3)

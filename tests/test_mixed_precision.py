@@ -7,12 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import par.launch
-from par import collectives, formats, memory
+import par.runtime.launch
+from par.comm import collectives
+from par.precision import formats
+from par.memory import accounting as memory
 from par.data import CharDataset, global_batches
-from par.loss_scaler import DynamicLossScaler, StaticLossScaler
-from par.memory import saved_activation_bytes
-from par.mixed_precision import MixedPrecision, UnsupportedPrecision, check_supported, warmup_cosine_lr
+from par.precision.loss_scaler import DynamicLossScaler, StaticLossScaler
+from par.memory.accounting import saved_activation_bytes
+from par.precision.mixed_precision import MixedPrecision, UnsupportedPrecision, check_supported, warmup_cosine_lr
 from par.model import TinyMLP, build, lm_loss
 from par.reference import make_optimizer
 
@@ -252,7 +254,7 @@ _RESULTS: dict = {}
 def ranks(request):
     n, emulated = request.param
     if request.param not in _RESULTS:   # emulated: batch_isend_irecv as under NCCL (one Work, data valid after wait)
-        _RESULTS[request.param] = par.launch.run(str(WORKER), nproc=n, timeout=400, quiet=True,
+        _RESULTS[request.param] = par.runtime.launch.run(str(WORKER), nproc=n, timeout=400, quiet=True,
                                                  env={"PAR_NCCL_EMULATION": "1"} if emulated else None)
     return n, _RESULTS[request.param]
 
@@ -285,8 +287,8 @@ def test_data_parallel_hook_averages_16_bit_gradients(ranks):
 
 
 def test_training_job_reports_skips_memory_and_16_bit_traffic():
-    """par.jobs.train_mp on 2 ranks: inf injected on rank 1 only, 16-bit DP all-reduce, memory = formula."""
-    res = par.launch.run("par.jobs.train_mp", nproc=2, timeout=400, quiet=True, args=[
+    """par.precision.job on 2 ranks: inf injected on rank 1 only, 16-bit DP all-reduce, memory = formula."""
+    res = par.runtime.launch.run("par.precision.job", nproc=2, timeout=400, quiet=True, args=[
         "--dtype", "fp32,fp16,bf16", "--steps", 4, "--batch", 4, "--init-scale", 2 ** 12, "--window", 2,
         "--inject", "1,2", "--inject-rank", 1, "--max-grad-norm", 1.0, "--warmup", 2])
     runs = {r["dtype"]: r for r in res["runs"]}
@@ -316,7 +318,7 @@ def test_composes_with_the_naive_data_parallel_wrapper(ranks):
 
 def test_bf16_support_ignores_emulation(monkeypatch):
     """A pre-Ampere GPU emulates bf16: torch.cuda.is_bf16_supported() says True unless emulation is excluded."""
-    from par import mixed_precision
+    from par.precision import mixed_precision
     assert mixed_precision.bf16_supported("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
@@ -327,11 +329,12 @@ def test_bf16_support_ignores_emulation(monkeypatch):
 
 
 def test_step_six_is_one_set_of_functions():
-    """ZeRO and MixedPrecision run the same unscale / overflow / norm / clip (par.mixed_precision), and the
-    default scaler is chosen in one place (par.loss_scaler.default_scaler)."""
+    """ZeRO and MixedPrecision run the same unscale / overflow / norm / clip (par.precision.mixed_precision), and the
+    default scaler is chosen in one place (par.precision.loss_scaler.default_scaler)."""
     import inspect
 
-    from par import loss_scaler, mixed_precision, zero
+    from par.precision import loss_scaler, mixed_precision
+    from par.zero import engine as zero
     g = [torch.tensor([3.0, 4.0]), torch.tensor([0.0])]
     mixed_precision.unscale_(g, 2.0)
     assert torch.equal(g[0], torch.tensor([1.5, 2.0]))
@@ -342,4 +345,4 @@ def test_step_six_is_one_set_of_functions():
     assert loss_scaler.default_scaler("bf16").scale == 1.0 and loss_scaler.default_scaler("fp32") is None
     source = inspect.getsource(zero)
     assert "isfinite" not in source and "DynamicLossScaler" not in source and ".pow(2)" not in source
-    assert "import zero" not in inspect.getsource(__import__("par.updaters", fromlist=["x"]))
+    assert "import zero" not in inspect.getsource(__import__("par.zero.updaters", fromlist=["x"]))

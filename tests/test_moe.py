@@ -1,11 +1,11 @@
-"""The single-process mixture of experts (`par.moe`): routing, capacity and dropping, the balancing loss,
+"""The single-process mixture of experts (`par.moe.router`): routing, capacity and dropping, the balancing loss,
 and the layer against a token-by-token loop over the experts."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from par import moe
+from par.moe import router as moe
 
 
 def loop_reference(layer: moe.MoE, x: torch.Tensor) -> torch.Tensor:
@@ -117,8 +117,8 @@ def test_moe_gpt_trains_and_reports_tokens_per_expert():
 
 # ---------------------------------------------------------------- the memory calculator and the planner learn ep
 def test_moe_param_count_matches_the_model_and_its_shards():
-    from par import memory
-    from par.expert_parallel import expert_range
+    from par.memory import accounting as memory
+    from par.moe.experts import expert_range
     from par.model import preset
     cfg = preset("tiny")
     model = moe.build_moe_gpt(cfg, n_experts=5, k=2)
@@ -135,8 +135,8 @@ def test_moe_param_count_matches_the_model_and_its_shards():
 
 
 def test_planner_places_the_ep_degree():
-    from par import planner
-    from par.expert_parallel import moe_step_bytes
+    from par.train import planner
+    from par.moe.experts import moe_step_bytes
     from par.model import preset
     w = planner.Workload(preset("gpt3-small"), 64)
     spec = planner.MoE(n_experts=8, k=2, capacity_factor=1.25)

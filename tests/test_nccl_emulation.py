@@ -1,4 +1,4 @@
-"""The NCCL-semantics test mode (`PAR_NCCL_EMULATION=1`, `par.nccl_emulation`), and the helper other tests use.
+"""The NCCL-semantics test mode (`PAR_NCCL_EMULATION=1`, `par.runtime.nccl_emulation`), and the helper other tests use.
 
 Under NCCL, `dist.batch_isend_irecv` returns ONE Work for the whole batch and a received buffer is valid
 only after it is waited. The emulation makes gloo behave so; tests/workers/nccl_emulation_check.py runs
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from par import launch, nccl_emulation
+from par.runtime import launch, nccl_emulation
 
 WORKER = str(Path(__file__).parent / "workers" / "nccl_emulation_check.py")
 
@@ -28,7 +28,7 @@ def test_p2p_semantics(p2p_env):
     emulated = bool(p2p_env)
     assert result["world_size"] == 3
     for r in result["ranks"]:
-        assert r["emulated"] is emulated, "par.dist.init installs the emulation exactly when asked"
+        assert r["emulated"] is emulated, "par.runtime.dist.init installs the emulation exactly when asked"
         assert r["works"] == ([1, 1] if emulated else [2, 2]), "NCCL: one Work for a whole batch"
         assert r["poisoned"] == [emulated, emulated], "before wait(), a receive buffer holds NaN / -1"
         assert r["correct"] == [True, True], "after wait(), it holds what the left neighbour sent"

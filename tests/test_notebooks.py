@@ -13,12 +13,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from par.batch import run_one
+from par.course.run_notebooks import run_one
 
 ROOT = Path(__file__).resolve().parents[1]
 LECTURES = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CLEAN = LECTURES + sorted((ROOT / "exercises").glob("*.ipynb"))
-PARAMETERS = {"world_size": "par.dist.default_world_size()", "backend": "auto", "preset": "tiny", "steps": 20}
+PARAMETERS = {"world_size": "par.runtime.dist.default_world_size()", "backend": "auto", "preset": "tiny", "steps": 20}
 CELL_TIMEOUT = 300
 
 
@@ -42,7 +42,7 @@ def test_lecture_has_the_parameters_cell(path):
         "the first code cell must be tagged `parameters`"
     values = {}
     for statement in ast.parse(code[0].source).body:
-        if isinstance(statement, ast.Import) and [a.name for a in statement.names] == ["par.dist"]:
+        if isinstance(statement, ast.Import) and [a.name for a in statement.names] == ["par.runtime.dist"]:
             continue   # for world_size's default
         assert isinstance(statement, ast.Assign), f"only assignments in the parameters cell: {ast.unparse(statement)}"
         name = statement.targets[0].id

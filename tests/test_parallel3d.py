@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-import par.launch
-from par.grid import Layout, coords
-from par.memory import param_count
-from par.planner import stage_params
+import par.runtime.launch
+from par.runtime.grid import Layout, coords
+from par.memory.accounting import param_count
+from par.train.planner import stage_params
 from par.model import preset
 
 WORKER = Path(__file__).parent / "workers" / "p3d_equivalence.py"
@@ -42,7 +42,7 @@ NCCL = pytest.mark.parametrize("env", [None, {"PAR_NCCL_EMULATION": "1"}], ids=[
 @NCCL
 def test_four_ranks_three_layouts_and_zero1(env):
     specs = ["2,2,1", "1,2,2", "2,1,2", "2,2,1,1"]
-    results = par.launch.run(str(WORKER), nproc=4, args=specs, timeout=220, env=env)
+    results = par.runtime.launch.run(str(WORKER), nproc=4, args=specs, timeout=220, env=env)
     for spec in specs:
         check(results, spec, 4)
 
@@ -52,6 +52,6 @@ def test_four_ranks_three_layouts_and_zero1(env):
 def test_eight_ranks_2x2x2_dp_and_zero1(env):
     """Every degree > 1: the layout lecture 07 records in `layouts_3d_run`."""
     specs = ["2,2,2", "2,2,2,1"]
-    results = par.launch.run(str(WORKER), nproc=8, args=specs, timeout=280, env=env)
+    results = par.runtime.launch.run(str(WORKER), nproc=8, args=specs, timeout=280, env=env)
     for spec in specs:
         check(results, spec, 8)

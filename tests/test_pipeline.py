@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import par.launch
-from par import p2p_plan, pipeline_sim as sim, schedules
+import par.runtime.launch
+from par.pp import p2p_plan, sim as sim, schedules
 from par.data import CharDataset, global_batches
 from par.model import TinyMLP, build, lm_loss, preset
-from par.naive_mp import NaiveModelParallel
-from par.pipeline import Pipeline, PipelineError, split_microbatches
+from par.pp.naive_mp import NaiveModelParallel
+from par.pp.pipeline import Pipeline, PipelineError, split_microbatches
 
 WORKER = Path(__file__).parent / "workers" / "pp_equivalence.py"
 _RESULTS: dict = {}
@@ -30,7 +30,7 @@ def run(request):
     if request.param not in _RESULTS:
         p, emulate = request.param
         env = {"PAR_NCCL_EMULATION": "1"} if emulate else None
-        _RESULTS[request.param] = par.launch.run(str(WORKER), nproc=p, timeout=500, quiet=True, env=env)
+        _RESULTS[request.param] = par.runtime.launch.run(str(WORKER), nproc=p, timeout=500, quiet=True, env=env)
     return request.param[0], _RESULTS[request.param]
 
 
@@ -163,9 +163,9 @@ def test_naive_model_parallel_on_cpu_equals_one_device():
 
 
 def test_torch_pipelining_trains_the_same_model():
-    """par.jobs.pipeline_vs_torch: par's GPipe and torch's ScheduleGPipe on the same stages, 3 micro-batches
+    """par.pp.vs_torch_job: par's GPipe and torch's ScheduleGPipe on the same stages, 3 micro-batches
     (1/3 is not exact in binary, so the two orders of scaling differ in rounding only), 3 Adam steps."""
-    res = par.launch.run("par.jobs.pipeline_vs_torch", nproc=2, timeout=300, quiet=True,
+    res = par.runtime.launch.run("par.pp.vs_torch_job", nproc=2, timeout=300, quiet=True,
                          args=["--schedule", "gpipe", "--microbatches", 3, "--steps", 3])
     assert res["world_size"] == 2 and len(res["losses"]) == len(res["losses_torch"]) == 3
     assert 2.0 < res["losses"][0] < 6.0 and res["losses"][-1] < res["losses"][0]

@@ -10,10 +10,10 @@ from collections import defaultdict
 
 import pytest
 
-from par import p2p_plan, partition, pipeline_sim as sim, schedules
+from par.pp import p2p_plan, partition, sim as sim, schedules
 from par.model import build
-from par.p2p_plan import Group, Op, Plan
-from par.schedules import Action, from_lists, parse_actions
+from par.pp.p2p_plan import Group, Op, Plan
+from par.pp.schedules import Action, from_lists, parse_actions
 
 SIZES = [(p, m) for p in (1, 2, 3, 4, 5) for m in (1, 2, max(1, p - 1), p, p + 1, 2 * p + 1, 3 * p)]
 

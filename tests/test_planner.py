@@ -1,15 +1,16 @@
-"""The parallelism planner: pure predictions checked against par.memory, par.partition and measurements."""
+"""The parallelism planner: pure predictions checked against par.memory.accounting, par.pp.partition and measurements."""
 from dataclasses import replace
 
 import pytest
 import torch
 
-from par import memory, partition
+from par.memory import accounting as memory
+from par.pp import partition
 from par.model import GPTConfig, build, lm_loss, preset
-from par.planner import HARDWARE, Hardware, Workload, enumerate_plans, format_plans, group_bandwidth, \
+from par.train.planner import HARDWARE, Hardware, Workload, enumerate_plans, format_plans, group_bandwidth, \
     largest_model, layouts, predict, rank_plans, stage_params
-from par.grid import Layout
-from par.tensor_parallel import tp_param_count
+from par.runtime.grid import Layout
+from par.tp.layers import tp_param_count
 
 GPT3S = Workload(preset("gpt3-small"), 512)
 
@@ -131,7 +132,7 @@ def test_predictions_beside_a_measured_benchmark_run():
     """Smoke run of the benchmark suite (one 8-rank launch, checked against one process): bytes per step are
     predicted exactly (3D: within 1%, the planner charges every rank the busiest stage's gradients), model
     states exactly, activations within 15% (the pipeline's in-flight count is the first stage's)."""
-    from par.bench.suite import format_table, layouts_matching_reference, run_suite
+    from par.train.suite import format_table, layouts_matching_reference, run_suite
     rows = run_suite(["ZeRO-2", "3D"], nproc=8, steps=2, timeout=180, model={"preset": "tiny"}, check=True,
                      strict=True)
     for r in rows:
@@ -147,9 +148,9 @@ def test_predictions_beside_a_measured_benchmark_run():
 def test_benchmark_rows_never_time_more_ranks_than_slots():
     """Timed rows fit the cores (or GPUs); the others train the preset and are checked against one process;
     the '3D' row has every degree > 1; every row trains the same global batch."""
-    from par.bench.suite import NAMES, plan_rows, timing_model
-    from par.config import parse
-    from par.grid import Layout
+    from par.train.suite import NAMES, plan_rows, timing_model
+    from par.train.config import parse
+    from par.runtime.grid import Layout
     for nproc, slots in ((2, 2), (4, 2), (8, 16)):
         rows = plan_rows(NAMES, nproc=nproc, slots=slots)
         for r in rows.values():
@@ -163,7 +164,7 @@ def test_benchmark_rows_never_time_more_ranks_than_slots():
 
 
 def test_speedups_compare_timed_rows_of_single_precision_with_their_ranks():
-    from par.bench.suite import layouts_matching_reference, speedups
+    from par.train.suite import layouts_matching_reference, speedups
     row = lambda name, n, step, timed=True, precision="fp32", **kw: {
         "name": name, "nproc": n, "median_step_s": step, "median_cpu_s": step * n, "timed": timed,
         "precision": precision, "backend": "gloo", **kw}
@@ -181,36 +182,36 @@ def test_speedups_compare_timed_rows_of_single_precision_with_their_ranks():
 def test_a_failed_launch_is_one_line_naming_the_rank_error(monkeypatch):
     """A row's error is the LaunchError's root cause (its first line, which names the rank's exception),
     never a later line of the ranks' output."""
-    import par.launch
-    from par.bench.suite import run_suite
-    e = par.launch.LaunchError("rank 1 failed: ValueError: the real reason\nrank 1's output:\n"
+    import par.runtime.launch
+    from par.train.suite import run_suite
+    e = par.runtime.launch.LaunchError("rank 1 failed: ValueError: the real reason\nrank 1's output:\n"
                                "[default1]:Traceback (most recent call last):\n[default1]:  File \"x.py\", line 3\n"
                                "[default1]:ValueError: the real reason\n[default0]:exiting")
 
     def fail(module, nproc, args, **kw):
         raise e
-    monkeypatch.setattr(par.launch, "run", fail)
+    monkeypatch.setattr(par.runtime.launch, "run", fail)
     (row,) = run_suite(["DDP"], nproc=2)
     assert row["error"] == e.root_cause == "rank 1 failed: ValueError: the real reason"
 
 
 def test_plan_command(capsys):
-    from par.planner import main
+    from par.train.planner import main
     assert main(["--model", "100,96,12288", "--world", "800", "--hardware", "v100-32gb", "--batch", "2048",
                  "--recompute", "--top", "3"]) == 0
     out = capsys.readouterr().out
-    assert "Ψ = 182,470,213,632 on 800 × V100-32GB" in out and len(out.splitlines()) == 1 + 2 + 3 and "27 of 393 valid plans fit" in out   # tp>1: recomputed layer per tp rank (par.memory)
+    assert "Ψ = 182,470,213,632 on 800 × V100-32GB" in out and len(out.splitlines()) == 1 + 2 + 3 and "27 of 393 valid plans fit" in out   # tp>1: recomputed layer per tp rank (par.memory.accounting)
 
 
 def test_a_failing_benchmark_launch_raises_its_own_error_in_one_line(monkeypatch):
     """Lecture 07's cell: the launch's error, not an IndexError later; without strict the rows carry it."""
-    import par.launch
-    from par.bench.suite import BenchmarkError, format_table, run_suite
+    import par.runtime.launch
+    from par.train.suite import BenchmarkError, format_table, run_suite
 
     def fail(module, nproc, args, **kw):
-        raise par.launch.LaunchError("rank 0 failed: RuntimeError: Gloo connectFullMesh failed\n"
+        raise par.runtime.launch.LaunchError("rank 0 failed: RuntimeError: Gloo connectFullMesh failed\n"
                                      "[default0]:RuntimeError: Gloo connectFullMesh failed")
-    monkeypatch.setattr(par.launch, "run", fail)
+    monkeypatch.setattr(par.runtime.launch, "run", fail)
     with pytest.raises(BenchmarkError, match=r"^single on 1 ranks: .*RuntimeError: Gloo connectFullMesh failed$"):
         run_suite(["single", "DDP"], nproc=2, strict=True)
     rows = run_suite(["single", "DDP"], nproc=2)

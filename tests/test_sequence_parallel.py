@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from par import memory, sequence_parallel as sp
-from par.collectives import all_reduce_formula_bytes
+from par.memory import accounting as memory
+from par.tp import sequence as sp
+from par.comm.collectives import all_reduce_formula_bytes
 from par.model import Block, build, preset
 from seqctx_runs import ranks as run_worker
 

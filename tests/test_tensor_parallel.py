@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from par import launch, tensor_parallel as tp, tp_ops
-from par.collectives import all_reduce_formula_bytes
-from par.memory import gpt_param_count
+from par.runtime import launch
+from par.tp import layers as tp, ops as tp_ops
+from par.comm.collectives import all_reduce_formula_bytes
+from par.memory.accounting import gpt_param_count
 from par.model import GPTConfig, build, preset
 
 WORKER = Path(__file__).parent / "workers" / "tp_check.py"
@@ -181,7 +182,7 @@ def test_tp_group_inside_a_larger_world():
 
 # ---------------------------------------------------------------- the training job and the benchmark run
 def test_training_job_matches_dense_and_counts():
-    out = launch.run("par.jobs.train_tp", nproc=2, args=["--steps", "3", "--lr", "1e-3"], timeout=240, quiet=True)
+    out = launch.run("par.tp.job", nproc=2, args=["--steps", "3", "--lr", "1e-3"], timeout=240, quiet=True)
     assert len(out["losses"]) == len(out["dense_losses"]) == len(out["step_s"]) == 3
     assert max(abs(a - b) for a, b in zip(out["losses"], out["dense_losses"])) <= TOL
     assert out["max_param_diff"] <= 1e-5 and out["max_param_diff_name"] in out["per_rank"][0]["max_param_diff_name"] \
@@ -201,7 +202,7 @@ def test_training_job_matches_dense_and_counts():
 
 
 def test_benchmark_runs_and_matches_torch_tp_memory():
-    from par.bench import tp as bench
+    from par.tp import bench as bench
     out = bench.run(nproc=2, preset="tiny", batch_size=2, steps=1, warmup=0, rounds=1, timeout=240)
     assert {(r["module"], r["impl"]) for r in out["rows"]} == \
         {(m, i) for m in bench.KINDS for i in ("par ring", "par torch-allreduce", "torch TP")}

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-import par.launch
-from par import checkpoint, flat
+import par.runtime.launch
+from par.zero import checkpoint, flat
 from par.model import TinyMLP
 
 WORKER = Path(__file__).parent / "workers" / "zero_cases.py"
@@ -32,7 +32,7 @@ def run(request, tmp_path_factory):
     n, emulated = request.param
     if request.param not in _RESULTS:
         root = tmp_path_factory.mktemp(f"zero{n}")
-        _RESULTS[request.param] = par.launch.run(str(WORKER), nproc=n, args=[str(root)], timeout=600, quiet=True,
+        _RESULTS[request.param] = par.runtime.launch.run(str(WORKER), nproc=n, args=[str(root)], timeout=600, quiet=True,
                                                  env=EMULATION if emulated else None)
     return _RESULTS[request.param]
 
@@ -232,7 +232,7 @@ def _mlp_batches(steps=3):
 
 
 def test_single_rank_clipping_matches_torch():
-    from par.zero import Zero
+    from par.zero.engine import Zero
     ref, mine = TinyMLP((10, 33, 17, 5), seed=1), TinyMLP((10, 33, 17, 5), seed=1)
     opt = torch.optim.SGD(ref.parameters(), lr=0.5)
     zero = Zero(mine, stage=1, optimizer="sgd", lr=0.5, max_grad_norm=0.05)
@@ -250,7 +250,7 @@ def test_single_rank_clipping_matches_torch():
 
 def test_engine_refuses_what_it_cannot_do():
     from par.model import GPTLite, preset
-    from par.zero import Zero
+    from par.zero.engine import Zero
     with pytest.raises(ValueError, match="only stage 3"):
         Zero(TinyMLP(), stage=1, prefetch=True)
     with pytest.raises(ValueError, match="stage must be one of"):
@@ -268,7 +268,7 @@ TREE_RUNS = [(50, False), (20, True)]   # (random module trees, NCCL emulation)
 @pytest.fixture(scope="module", params=TREE_RUNS, ids=lambda r: f"{r[0]}trees" + ("-nccl-emulation" if r[1] else ""))
 def trees(request):
     count, emulated = request.param
-    result = par.launch.run(str(TREES), nproc=2, args=[count, 0], timeout=900, quiet=True,
+    result = par.runtime.launch.run(str(TREES), nproc=2, args=[count, 0], timeout=900, quiet=True,
                             env=EMULATION if emulated else None)
     return count, result["ranks"]
 
@@ -302,7 +302,7 @@ def test_random_module_trees_train_equal_to_ddp_or_are_refused_clearly(trees):
 def test_parameter_list_used_by_the_parent_trains_under_every_stage():
     """Issue 14's model, in one process: a parent multiplies by the entries of an nn.ParameterList (whose
     own forward never runs). The list goes into the parent's unit; stage 3 equals plain Adam."""
-    from par.zero import Zero
+    from par.zero.engine import Zero
 
     class Scaled(nn.Module):
         def __init__(self):
@@ -334,7 +334,7 @@ def test_parameter_list_used_by_the_parent_trains_under_every_stage():
 
 
 def test_stage3_refuses_a_parameter_read_outside_its_unit_before_touching_freed_memory():
-    from par.zero import Zero
+    from par.zero.engine import Zero
 
     class Reader(nn.Module):
         def __init__(self):
@@ -354,7 +354,7 @@ def test_stage3_refuses_a_parameter_read_outside_its_unit_before_touching_freed_
 
 
 def test_clear_refusals_name_the_parameter():
-    from par.zero import Zero
+    from par.zero.engine import Zero
 
     class Mixed(nn.Module):
         def __init__(self):
@@ -371,7 +371,7 @@ def test_clear_refusals_name_the_parameter():
 
 
 def test_frozen_parameters_and_buffers_stay_replicated_and_untouched():
-    from par.zero import Zero
+    from par.zero.engine import Zero
     model = TinyMLP((4, 5, 3), seed=0)
     model.net[0].weight.requires_grad_(False)
     frozen = model.net[0].weight.detach().clone()
@@ -390,7 +390,7 @@ def test_close_breaks_the_hook_cycle_so_memory_goes_at_once():
     import gc
     import weakref
 
-    from par.zero import Zero
+    from par.zero.engine import Zero
     gc.collect()
     gc.disable()
     try:
@@ -412,7 +412,7 @@ def test_close_breaks_the_hook_cycle_so_memory_goes_at_once():
 
 # ---------------------------------------------------------------- ZeRO-R, the job, the benchmark's arithmetic
 def test_full_recomputation_gives_the_same_gradients():
-    from par import zero_r
+    from par.zero import activations as zero_r
     from par.model import build, lm_loss, preset
     x = torch.randint(0, 65, (3, 16), generator=torch.Generator().manual_seed(0))
     grads = {}
@@ -427,7 +427,7 @@ def test_full_recomputation_gives_the_same_gradients():
 
 @pytest.mark.parametrize("n,emulated", [(2, False), (4, False), (2, True)])
 def test_partitioned_activation_checkpoints_keep_one_tth_per_tp_rank(n, emulated):
-    r = par.launch.run("par.jobs.zero_r", nproc=n, args=["--batch", 4], timeout=300, quiet=True,
+    r = par.runtime.launch.run("par.zero.activations_job", nproc=n, args=["--batch", 4], timeout=300, quiet=True,
                        env=EMULATION if emulated else None)
     m = r["modes"]
     assert r["tp"] == n and set(m) == {"none", "full", "partitioned"}
@@ -447,10 +447,10 @@ def test_train_zero_job_contract_fsdp2_and_resharding_4_to_2(tmp_path):
     loaded on 2, the next loss equals the 4-rank run's; memory equals the formula at N_d = 4 and 2."""
     ckpt = str(tmp_path / "ckpt")
     common = ["--preset", "tiny", "--steps", 3, "--batch", 8, "--timeline-runs", ""]
-    four = par.launch.run("par.jobs.train_zero", nproc=4, timeout=600, quiet=True,
+    four = par.runtime.launch.run("par.zero.job", nproc=4, timeout=600, quiet=True,
                           args=["--runs", "1,3", "--checkpoint", ckpt, "--checkpoint-run", "3", "--checkpoint-step", 2,
                                 *common])
-    two = par.launch.run("par.jobs.train_zero", nproc=2, timeout=600, quiet=True,
+    two = par.runtime.launch.run("par.zero.job", nproc=2, timeout=600, quiet=True,
                          args=["--runs", "3,fsdp2,3+resume,2+bf16", "--resume", ckpt, *common])
     for res, n in ((four, 4), (two, 2)):
         assert res["world_size"] == n and res["backend"] == "gloo"
@@ -467,7 +467,7 @@ def test_train_zero_job_contract_fsdp2_and_resharding_4_to_2(tmp_path):
 
 
 def test_benchmark_ratios_pair_rounds():
-    from par.bench.zero import ratios
+    from par.zero.bench import ratios
     rows = {"par ZeRO-1 (ring)": {"times": [2.0, 3.0, 2.0], "memory": 10},
             "torch ZeroRedundancyOptimizer": {"times": [1.0, 3.0, 4.0], "memory": 20},
             "par ZeRO-3 (ring)": {"times": [1.0, 1.0, 1.0], "memory": 5},

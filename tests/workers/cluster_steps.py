@@ -9,11 +9,11 @@ import time
 import torch
 import torch.distributed as dist
 
-import par.dist
+import par.runtime.dist
 
 
 def main() -> None:
-    env = par.dist.init()
+    env = par.runtime.dist.init()
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     x = torch.ones(1000)
     for k in range(steps):
@@ -22,10 +22,10 @@ def main() -> None:
         print(f"step {k} on rank {env.rank}", flush=True)
         time.sleep(0.2)
     seen = {v: os.environ.get(v) for v in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR")}
-    ranks = par.dist.gather_object(seen)
+    ranks = par.runtime.dist.gather_object(seen)
     if env.rank == 0:
-        par.dist.save_result({"world_size": env.world_size, "backend": env.backend, "per_rank": ranks})
-    par.dist.teardown()
+        par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "per_rank": ranks})
+    par.runtime.dist.teardown()
 
 
 if __name__ == "__main__":

@@ -1,17 +1,18 @@
 """Every collective case on one world size, against torch.distributed and against exact expectations.
 
-Launched by tests/test_collectives.py as `par.launch.run(this file, nproc=N)`. Each rank asserts
+Launched by tests/test_collectives.py as `par.runtime.launch.run(this file, nproc=N)`. Each rank asserts
 (a failure becomes a LaunchError carrying the traceback) and returns what the test asserts on too:
-the number of cases checked and the bytes counted by par.commlog per case.
+the number of cases checked and the bytes counted by par.comm.commlog per case.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-import par.dist
-from par import collectives as C
-from par import commlog, nccl_emulation
+import par.runtime.dist
+from par.comm import collectives as C
+from par.comm import commlog
+from par.runtime import nccl_emulation
 
 C.PIECE = 100  # elements per piece: small, so that chunks travel in several pieces (the last one shorter)
 SIZES = [1, 2, 3, 5, 7, 64, 1001, 4096]
@@ -164,7 +165,7 @@ def check_errors(env):
 
 
 def main():
-    env = par.dist.init()
+    env = par.runtime.dist.init()
     n = env.world_size
     result = {"world_size": n, "ranks": None}
     mine = {"world": Cases(env).everything(), "trace_steps": check_trace(env),
@@ -176,9 +177,9 @@ def main():
         group = dist.new_group(members)
         if env.rank in members:
             mine[f"group {members}"] = Cases(env, group, sorted(members)).everything()
-    result["ranks"] = par.dist.gather_object(mine)
-    par.dist.save_result(result)
-    par.dist.teardown()
+    result["ranks"] = par.runtime.dist.gather_object(mine)
+    par.runtime.dist.save_result(result)
+    par.runtime.dist.teardown()
 
 
 if __name__ == "__main__":

@@ -12,11 +12,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-import par.dist
-from par import collectives, commlog, compression, nccl_emulation
+import par.runtime.dist
+from par.comm import collectives, commlog
+from par.dp import compression
+from par.runtime import nccl_emulation
 from par.data import CharDataset, global_batches
-from par.data_parallel import shard_loader, split_micro, train_step, wrap
-from par.dp_bucketed import assign_buckets, bucket_all_reduce_bytes
+from par.dp.wrap import shard_loader, split_micro, train_step, wrap
+from par.dp.bucketed import assign_buckets, bucket_all_reduce_bytes
 from par.model import TinyMLP, build, lm_loss, preset
 from par.reference import make_optimizer, max_abs_diff, param_hash, train_single
 
@@ -64,7 +66,7 @@ def cap_for(nbytes, want):
 
 def run_case(make_model, dataset, loss_fn, variant, impl="ring", bucket_bytes=None, accum=1,
              per_rank=4, comp=None, lr=LR):
-    env = par.dist.env()
+    env = par.runtime.dist.env()
     n = env.world_size
     model = make_model().to(env.device)
     dp = wrap(model, variant, impl, bucket_bytes or 2 ** 30, comp)
@@ -77,7 +79,7 @@ def run_case(make_model, dataset, loss_fn, variant, impl="ring", bucket_bytes=No
         sent.append(log.total_bytes())
     ref = make_model()
     train_single(ref, global_batches(dataset, per_rank * n, STEPS, SEED), loss_fn, "adam", lr)
-    hashes = par.dist.gather_object(param_hash(model))
+    hashes = par.runtime.dist.gather_object(param_hash(model))
     itemsize = 4
     if variant == "ddp":   # torch's own traffic: nothing goes through par's log
         exact = 0
@@ -108,7 +110,7 @@ def gate_coverage(dataset, n, per_rank=4):
 
 
 def main():
-    env = par.dist.init()
+    env = par.runtime.dist.init()
     n = env.world_size
     results = {"nccl_emulation": torch.distributed.batch_isend_irecv is nccl_emulation.batch_isend_irecv}
     data = mlp_data()
@@ -151,8 +153,8 @@ def main():
                                                comp=comp)
         comp = compression.make(name, ratio=0.1)
         results[f"{name}-naive-torch"] = run_case(mlp, data, F.mse_loss, "naive", impl="torch", comp=comp)
-    par.dist.save_result(results)
-    par.dist.teardown()
+    par.runtime.dist.save_result(results)
+    par.runtime.dist.teardown()
 
 
 if __name__ == "__main__":

@@ -14,11 +14,13 @@ import sys
 import torch
 import torch.distributed as dist
 
-import par.dist
-from par import commlog, expert_parallel as ep, nccl_emulation
+import par.runtime.dist
+from par.comm import commlog
+from par.moe import experts as ep
+from par.runtime import nccl_emulation
 from par.data import CharDataset, global_batches
 from par.model import preset
-from par.moe import MoE, build_moe_gpt, moe_loss, set_groups
+from par.moe.router import MoE, build_moe_gpt, moe_loss, set_groups
 from par.reference import make_optimizer
 
 D, FFN, E, B, T = 8, 12, 5, 2, 6
@@ -87,15 +89,15 @@ def training_case(n: int, ep_degree: int, impl: str, steps: int = 3, alpha: floa
 
 
 def main() -> int:
-    env = par.dist.init()
+    env = par.runtime.dist.init()
     n, r = env.world_size, env.rank
     torch.use_deterministic_algorithms(True)
     layers = {f"k{k}-{impl}": layer_case(n, r, k, impl) for k in (1, 2) for impl in ep.IMPLS}
     train = {f"ep{e}": training_case(n, e, "p2p") for e in sorted({n, 2} if n % 2 == 0 else {n})}
     if r == 0:
-        par.dist.save_result({"world_size": n, "backend": env.backend, "nccl_emulation": nccl_emulation.enabled(),
+        par.runtime.dist.save_result({"world_size": n, "backend": env.backend, "nccl_emulation": nccl_emulation.enabled(),
                               "layers": layers, "train": train})
-    par.dist.teardown()
+    par.runtime.dist.teardown()
     return 0
 
 

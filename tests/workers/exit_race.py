@@ -4,11 +4,11 @@ Every rank starts a daemon thread that multiplies matrices in a loop (each torch
 C++ and takes it back on return), holds an object whose finalizer keeps the interpreter's finalization
 busy for FINALIZE_S seconds, and then ends:
 
-teardown: par.dist.teardown() -> exit code 0 (os._exit skips finalization)
+teardown: par.runtime.dist.teardown() -> exit code 0 (os._exit skips finalization)
 raise:    raises ValueError after init -> exit code 1 with the traceback (par's excepthook skips finalization)
 raw:      destroy_process_group() and a normal interpreter exit -> during finalization the thread returns from
           C++, CPython ends it with pthread_exit, the unwinding crosses pybind11's noexcept GIL guard:
-          "terminate called without an active exception", SIGABRT (what par.dist.teardown avoids)
+          "terminate called without an active exception", SIGABRT (what par.runtime.dist.teardown avoids)
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-import par.dist
+import par.runtime.dist
 
 FINALIZE_S = 5.0
 
@@ -38,12 +38,12 @@ def multiply_forever() -> None:
 
 
 def main(mode: str) -> None:
-    par.dist.init()
+    par.runtime.dist.init()
     threading.Thread(target=multiply_forever, daemon=True).start()
     time.sleep(0.2)
     globals()["_slow"] = SlowFinalizer()
     if mode == "teardown":
-        par.dist.teardown()
+        par.runtime.dist.teardown()
     elif mode == "raise":
         raise ValueError("deliberate failure with a C++ thread running (marker 5521)")
     elif mode == "raw":

@@ -19,8 +19,8 @@ if sys.argv[1:2] in (["hang"], ["kill"]):  # before the slow imports: tests lear
 
 import torch  # noqa: E402
 
-import par.dist  # noqa: E402
-from par import collectives as C  # noqa: E402
+import par.runtime.dist  # noqa: E402
+from par.comm import collectives as C  # noqa: E402
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "GROUP_RANK", "TORCHELASTIC_RUN_ID")
@@ -33,16 +33,16 @@ def compute_forever() -> None:
 
 
 def main(mode: str) -> None:
-    env = par.dist.init()
+    env = par.runtime.dist.init()
     last = env.rank == env.world_size - 1
     if mode == "ok":
-        par.dist.print0("first line")
+        par.runtime.dist.print0("first line")
         time.sleep(1.5)
-        par.dist.print0("second line")
+        par.runtime.dist.print0("second line")
         mine = {"rank": env.rank, "local_rank": env.local_rank, "world_size": env.world_size,
                 "backend": env.backend, "device": str(env.device), "pid": os.getpid(),
                 "env": {k: os.environ.get(k) for k in TORCHRUN_VARS}}
-        par.dist.save_result({"ranks": par.dist.gather_object(mine)})
+        par.runtime.dist.save_result({"ranks": par.runtime.dist.gather_object(mine)})
     elif mode == "raise":
         if env.rank == 1:
             time.sleep(0.5)
@@ -63,7 +63,7 @@ def main(mode: str) -> None:
     elif mode == "exit":
         if env.rank == 0:
             os._exit(3)
-    par.dist.teardown()
+    par.runtime.dist.teardown()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ communication; at some steps ONE rank (a different one each time) gets an inf (f
 end with identical weights; the local flags show that only one rank saw the overflow itself.
 
 Case "dp": GPT-lite in fp16, each rank on its shard (rows r, r+N, ...) of a global batch, the
-16-bit gradients averaged by par.dp_naive.average_gradients through the `reduce_grads` hook.
+16-bit gradients averaged by par.dp.naive.average_gradients through the `reduce_grads` hook.
 Compared with one process training the same fp16 setup on the whole batch (run here on every
 rank, no communication), with SGD so that a wrong average would show.
 
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import torch
 
-import par.dist
-from par import collectives, commlog
+import par.runtime.dist
+from par.comm import collectives, commlog
 from par.data import CharDataset, global_batches
-from par.dp_naive import NaiveDP, average_gradients
-from par.loss_scaler import DynamicLossScaler
-from par.mixed_precision import MixedPrecision
+from par.dp.naive import NaiveDP, average_gradients
+from par.precision.loss_scaler import DynamicLossScaler
+from par.precision.mixed_precision import MixedPrecision
 from par.model import TinyMLP, build, lm_loss
 from par.reference import param_hash
 
@@ -75,7 +75,7 @@ def dp_case(env, steps: int = 4, batch: int = 12, lr: float = 0.05) -> dict:
 
 
 def naive_wrapper_case(env, steps: int = 3) -> dict:
-    """par.dp_naive.NaiveDP built before MixedPrecision: rank 0's fp32 weights become every rank's masters."""
+    """par.dp.naive.NaiveDP built before MixedPrecision: rank 0's fp32 weights become every rank's masters."""
     model = TinyMLP((10, 33, 17, 5), seed=100 + env.rank)          # different on purpose
     dp = NaiveDP(model)
     mp = MixedPrecision(model, lambda ps: torch.optim.Adam(ps, lr=1e-2), "fp16",
@@ -90,13 +90,13 @@ def naive_wrapper_case(env, steps: int = 3) -> dict:
 
 
 def main():
-    env = par.dist.init()
+    env = par.runtime.dist.init()
     mine = {"overflow fp16": overflow_case(env, "fp16", "inf"), "overflow bf16": overflow_case(env, "bf16", "nan"),
             "dp": dp_case(env), "naive wrapper": naive_wrapper_case(env)}
-    everyone = par.dist.gather_object(mine)
+    everyone = par.runtime.dist.gather_object(mine)
     if env.rank == 0:
-        par.dist.save_result({"world_size": env.world_size, "inject": INJECT, "ranks": everyone})
-    par.dist.teardown()
+        par.runtime.dist.save_result({"world_size": env.world_size, "inject": INJECT, "ranks": everyone})
+    par.runtime.dist.teardown()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""NCCL's point-to-point semantics on gloo (`par.nccl_emulation`), checked on real ranks in both modes.
+"""NCCL's point-to-point semantics on gloo (`par.runtime.nccl_emulation`), checked on real ranks in both modes.
 
 Launched by tests/test_nccl_emulation.py with and without PAR_NCCL_EMULATION=1. Every rank sends to its
 right neighbour and receives from its left one, and reports (rank 0 saves them all):
@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-import par.dist
-from par import collectives as C
-from par import nccl_emulation
+import par.runtime.dist
+from par.comm import collectives as C
+from par.runtime import nccl_emulation
 
 
 def exchange(env, dtype):
@@ -29,7 +29,7 @@ def exchange(env, dtype):
 
 
 def main():
-    env = par.dist.init()
+    env = par.runtime.dist.init()
     out = {"emulated": dist.batch_isend_irecv is nccl_emulation.batch_isend_irecv}
     poisoned, correct, works = [], [], []
     for dtype in (torch.float32, torch.int64):
@@ -58,8 +58,8 @@ def main():
                                    atol=1e-12))
         ring.append(torch.equal(C.all_gather(x.clone()), C.all_gather(x.clone(), impl="torch")))
     out["ring"] = ring
-    par.dist.save_result({"world_size": env.world_size, "ranks": par.dist.gather_object(out)})
-    par.dist.teardown()
+    par.runtime.dist.save_result({"world_size": env.world_size, "ranks": par.runtime.dist.gather_object(out)})
+    par.runtime.dist.teardown()
 
 
 if __name__ == "__main__":

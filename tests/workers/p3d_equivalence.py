@@ -13,12 +13,12 @@ import sys
 
 import torch
 
-import par.dist
-from par import collectives
+import par.runtime.dist
+from par.comm import collectives
 from par.data import CharDataset, global_batches
-from par.grid import Grid
+from par.runtime.grid import Grid
 from par.model import build, lm_loss, preset
-from par.parallel3d import Parallel3D, reference_shards
+from par.train.parallel3d import Parallel3D, reference_shards
 from par.reference import make_optimizer
 
 STEPS, LR, EPS, M, ROWS_PER_MB = 2, 1e-3, 1e-6, 2, 2
@@ -33,7 +33,7 @@ def worst(values) -> float:
 def groups_ok(grid: Grid) -> bool:
     ok = True
     for axis in ("dp", "pp", "tp"):
-        t = torch.tensor([float(grid.rank)], device=par.dist.env().device)
+        t = torch.tensor([float(grid.rank)], device=par.runtime.dist.env().device)
         collectives.all_reduce(t, group=grid.groups[axis], impl="torch")
         ok &= t.item() == sum(grid.ranks[axis])
     return ok
@@ -65,19 +65,19 @@ def run(dp, pp, tp, zero):
 
 
 def main():
-    env = par.dist.init()
+    env = par.runtime.dist.init()
     results = {}
     for spec in sys.argv[1:]:
         dp, pp, tp, *zero = (int(v) for v in spec.split(","))
         res = run(dp, pp, tp, zero[0] if zero else 0)
-        parts = par.dist.gather_object(res)
+        parts = par.runtime.dist.gather_object(res)
         if env.rank == 0:
             results[spec] = {"param": worst(r["param"] for r in parts), "loss": worst(r["loss"] for r in parts),
                              "losses": [l for r in parts for l in r["losses"]],
                              "groups_ok": all(r["groups_ok"] for r in parts),
                              "n_local": [r["n_local"] for r in parts], "coords": [r["coords"] for r in parts]}
-    par.dist.save_result(results)
-    par.dist.teardown()
+    par.runtime.dist.save_result(results)
+    par.runtime.dist.teardown()
 
 
 if __name__ == "__main__":

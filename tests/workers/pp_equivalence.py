@@ -2,7 +2,7 @@
 
 For every schedule (naive, GPipe, 1F1B, interleaved v=2) and m in {1, p-1, p, 2p+1} micro-batches
 (interleaved also at m = 2p: p=2, m=4 is where par's old p2p grouping deadlocked under NCCL's rule):
-three Adam steps with `par.pipeline.Pipeline` on GPT-lite (and one TinyMLP case whose stage
+three Adam steps with `par.pp.pipeline.Pipeline` on GPT-lite (and one TinyMLP case whose stage
 boundaries have different widths), next to the single-process reference trained on the same
 batches. Every rank compares its own stage's parameters with its copy of the reference: the
 gradients of step 1, the loss of every step (last stage), the parameters after step 3. It also
@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import torch
 
-import par.dist
-from par import schedules, timeline
+import par.runtime.dist
+from par.pp import schedules
+from par import timeline
 from par.data import CharDataset, global_batches
 from par.model import TinyMLP, build, lm_loss, preset
-from par.pipeline import Pipeline
+from par.pp.pipeline import Pipeline
 from par.reference import make_optimizer
 
 # Adam at lr 1e-3 for GPT-lite: the attention key bias has an exactly-zero true gradient (softmax
@@ -73,7 +74,7 @@ def run_case(name, sched, make_model, loss_fn, batches, method, lr=LR):
 
 
 def main():
-    env = par.dist.init()
+    env = par.runtime.dist.init()
     p = env.world_size
     ds = CharDataset(block_size=preset("tiny").block_size)
     results = {}
@@ -99,15 +100,15 @@ def main():
     results["1f1b mlp"] = gather(res)
     if p == 4:
         results["dp2 x pp2"] = gather(dp_times_pp(ds))
-    par.dist.save_result(results)
-    par.dist.teardown()
+    par.runtime.dist.save_result(results)
+    par.runtime.dist.teardown()
 
 
 def dp_times_pp(ds, m=3):
     """4 ranks = 2 replicas x 2 stages: pipelines on ranks {0,1} and {2,3}, each on half of the batch;
     then the two copies of each stage average their gradients (ranks {0,2} and {1,3})."""
     import torch.distributed as dist
-    from par import collectives
+    from par.comm import collectives
     rank = dist.get_rank()
     pp_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     dp_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
@@ -145,7 +146,7 @@ def dp_times_pp(ds, m=3):
 
 def gather(res):
     """Combine the per-rank results on rank 0: max diffs, losses from the last stage, per-rank memory."""
-    parts = par.dist.gather_object({k: v for k, v in res.items() if k != "spans"})
+    parts = par.runtime.dist.gather_object({k: v for k, v in res.items() if k != "spans"})
     if parts is None:
         return None
     return {"grad": max(r["grad"] for r in parts), "loss": max(r["loss"] for r in parts),

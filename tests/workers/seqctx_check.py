@@ -8,7 +8,7 @@ backward are compared with `ring_attention_bytes`. Then a whole GPT-lite: logits
 gradient (after `sync_grads`) and three Adam steps against the dense model. Largest differences go
 to the test as JSON, one dict per rank.
 
-Sequence parallelism on TP (`par.sequence_parallel`), with and without re-gathering: one block
+Sequence parallelism on TP (`par.tp.sequence`), with and without re-gathering: one block
 (forward, input and weight gradients, bytes and saved activations against the formulas, beside the
 TP block's) and a whole GPT-lite trained three Adam steps, compared with the dense model's shards.
 """
@@ -20,11 +20,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import par.dist
-from par import commlog, memory, nccl_emulation
-from par import context_parallel as cp, sequence_parallel as sp, tensor_parallel as tp
+import par.runtime.dist
+from par.comm import commlog
+from par.memory import accounting as memory
+from par.runtime import nccl_emulation
+from par.cp import ring_attention as cp
+from par.tp import sequence as sp, layers as tp
 from par.data import CharDataset, global_batches
-from par.collectives import ring_all_reduce_bytes
+from par.comm.collectives import ring_all_reduce_bytes
 from par.model import Block, GPTConfig, build, causal_attention, lm_loss
 from par.reference import make_optimizer
 from par.timeline import Recorder
@@ -177,7 +180,7 @@ def sp_gpt_case(n: int, r: int, steps: int = 3) -> dict:
 
 
 def main() -> int:
-    env = par.dist.init()
+    env = par.runtime.dist.init()
     n, r = env.world_size, env.rank
     torch.manual_seed(0)
     res: dict = {}
@@ -196,11 +199,11 @@ def main() -> int:
     except ValueError as e:
         errors["short"] = str(e)
     res["errors"] = errors
-    allres = par.dist.gather_object(res)
+    allres = par.runtime.dist.gather_object(res)
     if r == 0:
-        par.dist.save_result({"world_size": n, "ranks": allres,
+        par.runtime.dist.save_result({"world_size": n, "ranks": allres,
                               "nccl_emulation": dist.batch_isend_irecv is nccl_emulation.batch_isend_irecv})
-    par.dist.teardown()
+    par.runtime.dist.teardown()
     return 0
 
 

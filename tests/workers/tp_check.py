@@ -14,13 +14,14 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-import par.dist
-from par import commlog, nccl_emulation
-from par.collectives import all_reduce_formula_bytes, ring_all_reduce_bytes
+import par.runtime.dist
+from par.comm import commlog
+from par.runtime import nccl_emulation
+from par.comm.collectives import all_reduce_formula_bytes, ring_all_reduce_bytes
 from par.data import CharDataset, global_batches
 from par.model import MLP, Attention, Block, GPTConfig, build, lm_loss
 from par.reference import make_optimizer
-from par import tensor_parallel as tp
+from par.tp import layers as tp
 
 CFG = GPTConfig(vocab_size=65, block_size=16, n_layer=2, n_head=12, d_model=48)  # splits over 2, 3 and 4
 B, T = 4, 16
@@ -80,7 +81,7 @@ def replicated_grads(tp_mod, dense) -> torch.Tensor:
 
 def main() -> int:
     impl = sys.argv[1] if len(sys.argv) > 1 else "ring"
-    env = par.dist.init()
+    env = par.runtime.dist.init()
     n, r = env.world_size, env.rank
     torch.manual_seed(0)
     res: dict = {}
@@ -140,7 +141,7 @@ def main() -> int:
                                            loss=lambda logits: lm_loss(logits, yb))
     res["model impl=torch"]["impls"] = sorted({e.impl for e in log.events})
     mine = replicated_grads(tmodel, dense)
-    every = par.dist.gather_object(mine)
+    every = par.runtime.dist.gather_object(mine)
     if r == 0:
         res["model"]["replicated_grads_spread"] = max((g - every[0]).abs().max().item() for g in every)
         res["model"]["replicated_numel"] = mine.numel()
@@ -185,11 +186,11 @@ def main() -> int:
     res["errors"] = errors
 
     # every rank's numbers: keep the worst
-    allres = par.dist.gather_object(res)
+    allres = par.runtime.dist.gather_object(res)
     if r == 0:
-        par.dist.save_result({"world_size": n, "impl": impl, "ranks": allres,
+        par.runtime.dist.save_result({"world_size": n, "impl": impl, "ranks": allres,
                               "nccl_emulation": dist.batch_isend_irecv is nccl_emulation.batch_isend_irecv})
-    par.dist.teardown()
+    par.runtime.dist.teardown()
     return 0
 
 

@@ -4,7 +4,7 @@
 
 Cases: stages 0-3 with and without offload, Adam and AdamW, two models whose parameter
 counts no world size divides, against the single-process reference; bytes per step;
-measured model-state bytes against par.memory; stage 3 frees between units; sharded
+measured model-state bytes against par.memory.accounting; stage 3 frees between units; sharded
 checkpoint resume (bit-identical) and re-sharding to another data-parallel degree.
 """
 import os
@@ -14,13 +14,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import par.dist
-from par import checkpoint, coalesced, collectives, commlog, memory
-from par.loss_scaler import DynamicLossScaler
-from par.mixed_precision import MixedPrecision
+import par.runtime.dist
+from par.zero import checkpoint
+from par.comm import coalesced, collectives, commlog
+from par.memory import accounting as memory
+from par.precision.loss_scaler import DynamicLossScaler
+from par.precision.mixed_precision import MixedPrecision
 from par.model import GPTLite, TinyMLP, lm_loss, preset
 from par.reference import max_abs_diff, train_single
-from par.zero import Zero
+from par.zero.engine import Zero
 
 STEPS, BATCH, LR = 5, 12, 1e-3
 
@@ -158,7 +160,7 @@ def mixed_precision(rank, n, out):
     zero.zero_grad()
     unchanged = all(torch.equal(v, start[k]) for k, v in zero.full_state_dict().items())
     train(zero, model, batches, loss_fn, rank, n)
-    out["overflow"] = par.dist.gather_object({"stepped": stepped, "unchanged": unchanged, "scale": zero.scaler.scale,
+    out["overflow"] = par.runtime.dist.gather_object({"stepped": stepped, "unchanged": unchanged, "scale": zero.scaler.scale,
                                               "skipped": zero.skipped})
 
 
@@ -250,13 +252,13 @@ def checkpoint_cases(rank, n, root, out):
             train_single(ref, batches_ref, loss_fn, "adam", LR)
             case["continued_diff"] = max_abs_diff(zero.full_state_dict(), ref.state_dict())
         dist.barrier()
-        gathered = par.dist.gather_object(case)
+        gathered = par.runtime.dist.gather_object(case)
         if rank == 0:
             out["reshard"].append(gathered)
 
 
 def coalesced_cases(rank, n, out):
-    """par.coalesced against one par.collectives call per buffer: the same bits, the same logged bytes."""
+    """par.comm.coalesced against one par.comm.collectives call per buffer: the same bits, the same logged bytes."""
     sizes = [1, 7, 33, 1000, 3 * n + 1]
     for kind in ("reduce_scatter", "all_reduce", "all_gather"):
         for op in ("sum", "avg", "max") if kind != "all_gather" else ("-",):
@@ -276,7 +278,7 @@ def coalesced_cases(rank, n, out):
 
 def main():
     root = sys.argv[1]
-    env = par.dist.init()
+    env = par.runtime.dist.init()
     rank, n = env.rank, env.world_size
     out = {"world": n, "equivalence": [], "accumulation": [], "bytes": [], "memory": [], "resume": [], "reshard": [],
            "mixed": [], "mixed_sgd": [], "coalesced": []}
@@ -286,8 +288,8 @@ def main():
     mixed_precision(rank, n, out)
     stage3_frees(rank, n, out)
     checkpoint_cases(rank, n, root, out)
-    par.dist.save_result(out)
-    par.dist.teardown()
+    par.runtime.dist.save_result(out)
+    par.runtime.dist.teardown()
 
 
 if __name__ == "__main__":

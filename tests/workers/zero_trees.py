@@ -23,8 +23,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import par.dist
-from par.zero import Zero
+import par.runtime.dist
+from par.zero.engine import Zero
 
 D, STEPS, BATCH, LR = 5, 3, 8, 1e-2
 ENGINES = [(0, False), (1, False), (2, False), (3, False), (2, True), (3, True)]   # (stage, offload)
@@ -252,7 +252,7 @@ def train_zero(model, data, rank, n, stage, offload):
 
 def main():
     trees, seed0 = int(sys.argv[1]), int(sys.argv[2])
-    env = par.dist.init()
+    env = par.runtime.dist.init()
     rank, n = env.rank, env.world_size
     cases = []
     for t in range(trees):
@@ -273,10 +273,10 @@ def main():
                 case["diff"] = max(((got[k] - ref[k]).abs().max().item() for k in trainable if k in got),
                                    default=0.0)
             cases.append(case)
-    gathered = par.dist.gather_object(cases)
+    gathered = par.runtime.dist.gather_object(cases)
     if env.is_rank0:
-        par.dist.save_result({"world_size": n, "backend": env.backend, "ranks": gathered})
-    par.dist.teardown()
+        par.runtime.dist.save_result({"world_size": n, "backend": env.backend, "ranks": gathered})
+    par.runtime.dist.teardown()
 
 
 if __name__ == "__main__":

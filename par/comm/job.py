@@ -1,0 +1,228 @@
+"""Lecture 00's job: every collective on a few ranks, the ring step by step, bytes counted, ring vs torch timed.
+
+    par.runtime.launch.run("par.comm.job", nproc=4, args=["--parts", "show,trace,bytes,timing"])
+
+Each part returns plain data (lists, dicts) that rank 0 saves as JSON:
+
+* env:    what torchrun told every rank (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...) and par's Env;
+* show:   what every rank holds before and after broadcast, all-reduce,
+          reduce-scatter, all-gather and a send/recv around the ring;
+* trace:  the ring all-reduce on a tensor of `--trace-numel` elements, one
+          snapshot per step: which chunk each rank sent, received, and what it held;
+* bytes:  bytes counted by par.comm.commlog for a ring all-reduce of several sizes,
+          beside the exact count and the formula 2(N-1)/N * S;
+* timing: seconds of par's ring all-reduce and of dist.all_reduce per size, in alternating turns
+          (each call from the last rank's entry to the last rank's exit, see `_elapsed`): every repetition (ring_all, torch_all), the
+          medians (ring_s, torch_s), the ratio ring / torch of each turn (ratios: a pair of calls run
+          back to back, so load drifts hit both alike) and its median (ratio), and [q1, median, q3]
+          of each (ring_q, torch_q, ratio_q).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import par.runtime.dist
+from par.comm import collectives as C
+from par.comm import commlog
+
+PARTS = ("env", "show", "trace", "bytes", "timing")
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID")
+
+
+def _values(t: torch.Tensor) -> list:
+    return [round(v, 4) for v in t.tolist()]
+
+
+def _everyone(obj):
+    """obj from every rank, as a list on rank 0 (None elsewhere)."""
+    return par.runtime.dist.gather_object(obj)
+
+
+def environment(env) -> list[dict]:
+    """Every rank's view of the job: torchrun's variables, par's Env, host and process id."""
+    mine = {"env": {k: os.environ.get(k) for k in TORCHRUN_VARS}, "host": socket.gethostname(), "pid": os.getpid(),
+            "rank": env.rank, "local_rank": env.local_rank, "world_size": env.world_size,
+            "backend": env.backend, "device": str(env.device)}
+    return _everyone(mine)
+
+
+def show_collectives(env, numel: int = 4) -> dict:
+    """Before/after of each collective; rank r starts from r*10 + [1, 2, ...] so values tell who sent what."""
+    dev, r, n = env.device, env.rank, env.world_size
+    start = lambda: torch.arange(1, numel + 1, dtype=torch.float32, device=dev) + 10 * r  # noqa: E731
+    out = {}
+
+    t = start() if r == 0 else torch.zeros(numel, device=dev)
+    before = _values(t)
+    C.broadcast(t, src=0)
+    out["broadcast"] = (before, _values(t))
+
+    t = start()
+    before = _values(t)
+    C.all_reduce(t, op="sum")
+    out["all_reduce"] = (before, _values(t))
+
+    t = start()
+    before = _values(t)
+    mine = C.reduce_scatter(t, op="sum")
+    out["reduce_scatter"] = (before, _values(mine))
+
+    t = torch.zeros(numel, device=dev)
+    a, b = C.chunk_bounds(numel, n)[r]
+    t[a:b] = start()[a:b]
+    before = _values(t)
+    C.all_gather(t)
+    out["all_gather"] = (before, _values(t))
+
+    t = start()
+    got = torch.zeros(numel, device=dev)
+    before = _values(t)
+    reqs = [C.send(t, (r + 1) % n), C.recv(got, (r - 1) % n)]
+    for req in reqs:
+        req.wait()
+    out["send_recv"] = (before, _values(got))
+
+    ranks = _everyone(out)
+    if ranks is None:
+        return {}
+    return {name: {"before": [ranks[i][name][0] for i in range(n)],
+                   "after": [ranks[i][name][1] for i in range(n)]} for name in out}
+
+
+def trace_ring(env, numel: int) -> dict:
+    """Run the real ring all-reduce and snapshot every rank's tensor after every step.
+
+    Rank r starts with the value 2**r everywhere, so every sum names the ranks in it
+    (bit r set = rank r's value was added): after reduce-scatter step k a chunk holds k+2 ranks.
+    """
+    t = torch.full((numel,), float(2 ** env.rank), device=env.device)
+    steps = [{"phase": "start", "step": -1, "sent": None, "received": None, "held": _values(t)}]
+
+    def on_step(phase, k, sent, received, flat):
+        steps.append({"phase": phase, "step": k, "sent": sent, "received": received, "held": _values(flat)})
+
+    C.ring_all_reduce(t, on_step=on_step)
+    ranks = _everyone(steps)
+    if ranks is None:
+        return {}
+    return {"numel": numel, "world_size": env.world_size,
+            "bounds": C.chunk_bounds(numel, env.world_size), "ranks": ranks}
+
+
+def count_bytes(env, sizes: list[int]) -> list[dict]:
+    """Counted bytes of one ring all-reduce per size, beside the exact count and 2(N-1)/N * S."""
+    rows = []
+    for numel in sizes:
+        t = torch.ones(numel, device=env.device)
+        with commlog.capture() as log:
+            C.all_reduce(t)
+        rows.append({"numel": numel, "size_bytes": numel * 4, "rank": env.rank,
+                     "counted": log.total_bytes("all_reduce"),
+                     "exact": C.ring_all_reduce_bytes(numel, env.world_size, env.rank),
+                     "formula": C.all_reduce_formula_bytes(numel * 4, env.world_size)})
+    ranks = _everyone(rows)
+    return [row for rank_rows in ranks for row in rank_rows] if ranks is not None else []
+
+
+def one_host() -> bool:
+    """Do all ranks run on this machine (so that `time.perf_counter`, a monotonic system-wide clock on
+    Linux, is the same clock in every rank)?"""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "0")) == int(os.environ.get("WORLD_SIZE", "1")) \
+        and sys.platform.startswith("linux")
+
+
+def _elapsed(start: float, end: float, env, same_clock: bool) -> float:
+    """A collective's time: from the moment the last rank entered it to the moment the last rank left it.
+
+    The ranks leave the barrier before it at slightly different times; a rank's own end - start
+    would count that skew as the collective's. With one clock on every rank (one host) the time is
+    max(end) - max(start); across hosts, the slowest rank's own end - start.
+    """
+    t = torch.tensor([start, end] if same_clock else [0.0, end - start], dtype=torch.float64, device=env.device)
+    with commlog.tag("timing bookkeeping"):
+        C.all_reduce(t, op="max", impl="torch")
+    return (t[1] - t[0]).item()
+
+
+def quartiles(xs: list[float]) -> list[float]:
+    """[q1, median, q3] of the repetitions: the median and its spread (the interquartile range)."""
+    if len(xs) < 2:
+        return [xs[0]] * 3
+    return statistics.quantiles(xs, n=4, method="inclusive")
+
+
+def time_all_reduce(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> list[dict]:
+    """Times of par's ring and of dist.all_reduce for each size, alternating the two (which goes
+    first alternates too). Each row: every repetition, the medians, the median of the paired ratios."""
+    rows = []
+    for numel in sizes:
+        t = torch.randn(numel, device=env.device)
+        times = {"ring": [], "torch": []}
+        same_clock = one_host()
+        for i in range(warmup + reps):
+            for impl in (("ring", "torch") if i % 2 == 0 else ("torch", "ring")):
+                dist.barrier()
+                start = time.perf_counter()
+                C.all_reduce(t, impl=impl)
+                if env.device.type == "cuda":
+                    torch.cuda.synchronize()
+                seconds = _elapsed(start, time.perf_counter(), env, same_clock)
+                if i >= warmup:
+                    times[impl].append(seconds)
+        ring, torch_ = statistics.median(times["ring"]), statistics.median(times["torch"])
+        paired = [a / b for a, b in zip(times["ring"], times["torch"])]
+        rows.append({"numel": numel, "ring_s": ring, "torch_s": torch_, "ratio": statistics.median(paired),
+                     "ratios": paired, "ring_all": times["ring"], "torch_all": times["torch"],
+                     "ring_q": quartiles(times["ring"]), "torch_q": quartiles(times["torch"]),
+                     "ratio_q": quartiles(paired)})
+        par.runtime.dist.print0(f"  {numel:>10,} floats  ring {ring * 1e3:8.2f} ms  torch {torch_ * 1e3:8.2f} ms  "
+                        f"ratio {rows[-1]['ratio']:.2f}")
+    return rows
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {PARTS}")
+    p.add_argument("--show-numel", type=int, default=4)
+    p.add_argument("--trace-numel", type=int, default=0, help="default: 2 elements per rank")
+    p.add_argument("--bytes-sizes", default="1,5,7,1001,4096,65536")
+    p.add_argument("--sizes", default="1024,65536,1048576", help="element counts timed")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse(argv)
+    env = par.runtime.dist.init()
+    parts = args.parts.split(",")
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise SystemExit(f"unknown part(s) {sorted(unknown)}: choose from {PARTS}")
+    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    result = {"world_size": env.world_size, "backend": env.backend}
+    if "env" in parts:
+        result["env"] = environment(env)
+    if "show" in parts:
+        result["show"] = show_collectives(env, args.show_numel)
+    if "trace" in parts:
+        result["trace"] = trace_ring(env, args.trace_numel or 2 * env.world_size)
+    if "bytes" in parts:
+        result["bytes"] = count_bytes(env, ints(args.bytes_sizes))
+    if "timing" in parts:
+        result["timing"] = time_all_reduce(env, ints(args.sizes), args.reps, args.warmup)
+    par.runtime.dist.save_result(result)
+    par.runtime.dist.teardown()
+
+
+if __name__ == "__main__":
+    main()

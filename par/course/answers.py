@@ -1,0 +1,84 @@
+"""Student answer files on real ranks: the exercise checks that launch jobs load them through here.
+
+An exercise that runs on real ranks has the student write a module with `%%writefile my_ring.py`; its
+check launches a job (`par.course.exercise_ring`, `par.course.exercise_tp`) that, on every rank,
+
+    module = load(path)                                  # the student's file, as a fresh module
+    with forbidden(COLLECTIVES, "build it from sends and receives"):
+        module.ring_all_reduce(t)                        # a collective here raises, naming the rule
+    with counted(torch.distributed, "all_reduce") as calls:
+        ...                                              # calls["all_reduce"]: how often it was used
+
+`forbidden` and `counted` replace module attributes for the duration of the block, so they catch
+`dist.all_reduce(...)` (looked up at call time) in code loaded inside or before the block; the job
+loads the student's module inside the block for `from torch.distributed import all_reduce` too.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+# the collectives of torch.distributed and of par, which an exercise on sends and receives may not use
+COLLECTIVES = [("torch.distributed", name) for name in
+               ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
+                "all_gather_into_tensor", "broadcast", "all_to_all", "all_to_all_single")] + \
+              [("par.comm.collectives", name) for name in
+               ("all_reduce", "ring_all_reduce", "reduce_scatter", "ring_reduce_scatter", "all_gather",
+                "ring_all_gather", "broadcast")]
+
+
+class AnswerError(RuntimeError):
+    """The student's file is missing, or it used what the exercise rules out."""
+
+
+def load(path: str, name: str = "student_answer"):
+    """Import the student's file as a fresh module named `name`."""
+    file = Path(path)
+    if not file.is_file():
+        raise AnswerError(f"{path} not found in {Path.cwd()}: run the exercise's %%writefile cell first")
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextmanager
+def _replaced(targets, make):
+    saved = []
+    try:
+        for module_name, attr in targets:
+            module = importlib.import_module(module_name)
+            saved.append((module, attr, getattr(module, attr)))
+            setattr(module, attr, make(module_name, attr, getattr(module, attr)))
+        yield
+    finally:
+        for module, attr, original in reversed(saved):
+            setattr(module, attr, original)
+
+
+@contextmanager
+def forbidden(targets, why: str):
+    """Within the block, calling any `(module, attribute)` of `targets` raises AnswerError saying `why`."""
+    def make(module_name, attr, original):
+        def refuse(*args, **kwargs):
+            raise AnswerError(f"your code called {module_name}.{attr}: {why}")
+        return refuse
+    with _replaced(targets, make):
+        yield
+
+
+@contextmanager
+def counted(module, *names):
+    """Within the block, count the calls of `module.<name>` for each name (they still work); yields the counts."""
+    calls = {name: 0 for name in names}
+
+    def make(module_name, attr, original):
+        def wrapper(*args, **kwargs):
+            calls[attr] += 1
+            return original(*args, **kwargs)
+        return wrapper
+    with _replaced([(module.__name__, name) for name in names], make):
+        yield calls

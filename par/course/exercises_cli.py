@@ -1,0 +1,52 @@
+"""`python -m par exercises generate | check | record | release DIR`: the exercises' command line.
+
+`generate`, `check` and `record` are `par.course.exercises`; `release` is `par.course.release` (which builds
+on `par.course.exercises`): this module imports both, so that neither imports the other.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from par.course import release
+from par.course.exercises import ROOT, ExerciseError, generate, out_of_sync, record, solutions
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m par exercises", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["generate", "check", "record", "release"])
+    parser.add_argument("names", nargs="*", help="record: only these solutions (file names or stems); "
+                                                 "release: the folder to write the bundle into")
+    parser.add_argument("--root", type=Path, default=ROOT, help="course repository (default: %(default)s)")
+    parser.add_argument("--force", action="store_true", help="release: replace an existing bundle folder")
+    args = parser.parse_args(argv)
+    try:
+        if args.action == "generate":
+            changed = generate(args.root)
+            print(f"{len(solutions(args.root))} exercise(s); written or removed: "
+                  + (", ".join(p.name for p in changed) or "none"))
+            return 0
+        if args.action == "check":
+            problems = out_of_sync(args.root)
+            for line in problems:
+                print(line, file=sys.stderr)
+            if problems:
+                print("fix: python -m par exercises generate", file=sys.stderr)
+                return 1
+            print("in sync")
+            return 0
+        if args.action == "release":
+            if len(args.names) != 1:
+                print("error: name one folder: python -m par exercises release DIR", file=sys.stderr)
+                return 2
+            return release.main(Path(args.names[0]), root=args.root, force=args.force)
+        return record(args.root, args.names)
+    except ExerciseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

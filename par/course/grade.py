@@ -1,0 +1,486 @@
+"""Grade exercise notebooks with the instructor's checks: one notebook, or a whole class at once.
+
+    python -m par grade exercises/00_ring_chunks.ipynb                    # one notebook, a readable report
+    python -m par grade submissions/ --report grades.csv [--jobs 2]      # a class: one CSV row per notebook
+
+Which exercise. A notebook belongs to the exercise its metadata names (exercises carry it), else the one
+whose name its file name contains (`alice_03_pipelines.ipynb`), else the one whose cell ids it shares.
+
+What decides the grade. The notebook that runs is assembled from the instructor's copy,
+`solutions/NN_topic.ipynb` (code cells only, in the instructor's order):
+
+    answer cells (`### BEGIN SOLUTION` in the solution)   the student's cell with the same cell id, or the
+                                                          student cell defining the same functions; if none,
+                                                          the stub (graded as unanswered)
+    cells the student added                               kept, after the cell the student put them after
+    every other cell: setup, demos, the checks            the instructor's, hidden checks included
+
+up to the last check cell (what would run after it cannot change the grade). It runs in a fresh kernel, in a fresh temporary directory, under nbval (`pytest --nbval-lax`:
+`par.course.nbval_run`). Whatever the student did to the check cells (emptied, edited, asserts added or
+removed) is ignored. A check cell (tagged `check`) earns the points in its metadata (`"points": 2`,
+default 1) when it runs without error; the grade is points earned / points possible.
+
+Practice grade. Without `solutions/` (the student bundle of `python -m par exercises release`), or with
+`--practice`, the checks are the visible ones of `exercises/NN_topic.ipynb`; hidden checks do not run,
+and the report says it is a practice grade, not the official one.
+
+Status of a submission:
+
+    ok        every check passed
+    failed    some check failed (failed_checks names them; reason gives the first error)
+    timeout   the notebook ran past --timeout (then killed, with any ranks it launched) or a cell past
+              --cell-timeout (interrupted; later cells still ran). Checks that passed still count.
+    error     not valid JSON, not a notebook, belongs to no exercise, the kernel died, or the grader could
+              not run it; the reason says which. Checks that passed before the kernel died still count.
+
+Exit code: with --report, 0 once every submission has its row, whatever its status (2 when nothing could
+be graded at all: no notebook found, the report cannot be written); without --report, 0 when every
+notebook passed all its checks, 1 otherwise. Usage errors: 2.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import json
+import os
+import re
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from par.course import exercises, nbval_run
+from par.course.exercises import ROOT, is_answer, is_check
+
+TIMEOUT = 600          # seconds per notebook
+CELL_TIMEOUT = 300     # seconds per cell
+COLUMNS = ["submission", "exercise", "points", "max_points", "percent", "status", "failed_checks", "reason",
+           "seconds"]
+STATUSES = ("ok", "failed", "timeout", "error")
+
+
+class SubmissionError(ValueError):
+    """A submission that cannot be graded at all; the message is the reason recorded for it."""
+
+
+@dataclass
+class Check:
+    id: str
+    points: float
+    passed: bool = False
+    error: str = ""
+    traceback: str = ""
+
+
+@dataclass
+class Grade:
+    submission: str
+    exercise: str = ""
+    status: str = "error"
+    reason: str = ""
+    checks: list[Check] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    official: bool = True
+    seconds: float = 0.0
+
+    @property
+    def points(self) -> float:
+        return sum(c.points for c in self.checks if c.passed)
+
+    @property
+    def max_points(self) -> float:
+        return sum(c.points for c in self.checks)
+
+    @property
+    def failed_checks(self) -> list[str]:
+        return [c.id for c in self.checks if not c.passed]
+
+    def row(self) -> dict:
+        pct = 100 * self.points / self.max_points if self.max_points else 0.0
+        return {"submission": self.submission, "exercise": self.exercise, "points": _num(self.points),
+                "max_points": _num(self.max_points) if self.checks else "", "percent": f"{pct:.1f}",
+                "status": self.status, "failed_checks": ";".join(self.failed_checks),
+                "reason": " ".join("; ".join([self.reason, *self.notes] if self.status != "ok" else []).split()),
+                "seconds": f"{self.seconds:.1f}"}
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+# ---------------------------------------------------------------- the checks' source: solutions/ or exercises/
+@dataclass
+class Course:
+    folder: Path                  # where the reference notebooks are
+    official: bool                # solutions/ (the instructor's checks) or exercises/ (the visible ones)
+    notebooks: dict               # exercise name (file stem) -> reference notebook
+
+
+def load_course(solutions: Path | None = None, practice: bool = False, root: Path = ROOT) -> Course:
+    """The instructor's solutions/ (official), or exercises/ when practising or when there is no solutions/."""
+    import nbformat
+    if practice:
+        folder, official = Path(root) / "exercises", False
+    elif solutions is not None:
+        folder, official = Path(solutions), True
+        if not sorted(folder.glob("*.ipynb")):
+            raise SubmissionError(f"no solution notebooks in {folder}: pass the solutions/ folder of the "
+                                  f"instructor's checkout, or --practice for the visible checks")
+    else:
+        folder = Path(root) / "solutions"
+        official = bool(sorted(folder.glob("*.ipynb")))
+        folder = folder if official else Path(root) / "exercises"
+    notebooks = {p.stem: nbformat.read(p, as_version=4) for p in sorted(folder.glob("*.ipynb"))}
+    if not notebooks:
+        raise SubmissionError(f"no exercise notebooks in {folder}")
+    return Course(folder, official, notebooks)
+
+
+# ---------------------------------------------------------------- reading and recognising a submission
+def read_submission(path: Path):
+    """The notebook node, or SubmissionError saying why the file is not one."""
+    import nbformat
+    path = Path(path)
+    if path.suffix != ".ipynb":
+        raise SubmissionError(f"not a notebook file (.ipynb): {path.name}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SubmissionError(f"cannot read the file: {e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SubmissionError(f"not valid JSON ({e}); the file is damaged: ask for it again") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list) or "nbformat" not in data:
+        raise SubmissionError("valid JSON but not a Jupyter notebook (no 'cells' list or 'nbformat')")
+    try:
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # a schema warning is no reason to refuse a notebook
+            nb = nbformat.reads(text, as_version=4)
+        for cell in nb.cells:
+            cell.cell_type, cell.source  # noqa: B018  (a cell without them is not a cell)
+    except Exception as e:  # nbformat raises many kinds for a broken notebook
+        raise SubmissionError(f"not a readable notebook: {type(e).__name__}: {e}") from None
+    return nb
+
+
+def _code_ids(nb) -> set[str]:
+    return {c.get("id") for c in nb.cells if c.cell_type == "code" and c.get("id")}
+
+
+def identify(nb, path: Path, course: Course) -> str:
+    """The exercise `nb` belongs to: its metadata, else its file name, else the cell ids it shares."""
+    names = sorted(course.notebooks)
+    meta = exercises.exercise_name(nb)
+    if meta in course.notebooks:
+        return meta
+    in_name = [n for n in names if n in Path(path).name]
+    if in_name:
+        return max(in_name, key=len)
+    ids = {c.get("id") for c in nb.cells} - {exercises.NOTE_ID, None}
+    shared = {n: len(ids & _code_ids(ref)) for n, ref in course.notebooks.items()}
+    best = max(shared.values(), default=0)
+    winners = [n for n, k in shared.items() if k == best]
+    if best > 0 and len(winners) == 1:
+        return winners[0]
+    raise SubmissionError(f"belongs to no exercise: neither its metadata, its file name nor its cell ids match "
+                          f"one of {', '.join(names)}; rename it NN_topic.ipynb")
+
+
+# ---------------------------------------------------------------- the notebook that runs
+def defined_names(source: str) -> frozenset:
+    """What a cell defines at top level (functions, classes; `%%writefile FILE` cells: the file)."""
+    first = source.lstrip().split("\n", 1)[0]
+    if first.startswith("%%writefile"):
+        return frozenset({("file", first.split()[-1])})
+    try:
+        tree = ast.parse(source)
+        return frozenset(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
+    except SyntaxError:
+        return frozenset(re.findall(r"^(?:def|class)\s+(\w+)", source, re.M))
+
+
+@dataclass
+class Assembled:
+    notebook: object
+    roles: list[tuple[str, str]]    # per code cell: (role, cell id), role in setup|answer|check|added
+    notes: list[str]
+
+
+def assemble(reference, student, official: bool = True) -> Assembled:
+    """The notebook to grade: the reference's cells, the student's answers and added cells (module docstring)."""
+    import nbformat
+    ref = [c for c in reference.cells if c.cell_type == "code"]
+    ref_ids = {c.get("id") for c in ref}
+    mine = [c for c in student.cells if c.cell_type == "code"]
+    by_id = {c.get("id"): c for c in mine if c.get("id")}
+    used, answers, notes = set(), {}, []      # used: id() of the student cells taken as answers
+    for cell in (c for c in ref if is_answer(c)):
+        cid = cell.get("id")
+        if cid in by_id:
+            answers[cid] = by_id[cid].source
+            used.add(id(by_id[cid]))
+            continue
+        want = defined_names(cell.source)
+        found = next((c for c in mine if c.get("id") not in ref_ids and id(c) not in used
+                      and want and want <= defined_names(c.source)), None)
+        if found is not None:
+            answers[cid] = found.source
+            used.add(id(found))
+            notes.append(f"answer cell {cid} matched by what it defines ({', '.join(map(str, sorted(want)))})")
+        else:
+            answers[cid] = exercises.stub_source(cell.source) if official else cell.source
+            notes.append(f"answer cell {cid} is missing: graded as unanswered")
+    added: dict[str | None, list] = {}
+    anchor = None
+    for cell in mine:
+        cid = cell.get("id")
+        if cid in ref_ids:
+            anchor = cid
+        elif id(cell) not in used:
+            added.setdefault(anchor, []).append(cell.source)
+    last_check = max(i for i, c in enumerate(ref) if is_check(c))
+    ref = ref[:last_check + 1]      # what runs after the last check cannot change the grade: it does not run
+    cells, roles = [], []
+
+    def put(source, role, cid, metadata=None):
+        cells.append(nbformat.v4.new_code_cell(source, id=f"c{len(cells)}", metadata=metadata or {}))
+        roles.append((role, cid))
+
+    for source in added.get(None, []):
+        put(source, "added", f"added-{len(roles)}")
+    for cell in ref:
+        cid = cell.get("id")
+        if cid in answers:
+            put(answers[cid], "answer", cid)
+        else:
+            meta = {k: v for k, v in cell.metadata.items() if k in ("tags", "points")}
+            put(cell.source, "check" if is_check(cell) else "setup", cid, meta)
+        for source in added.get(cid, []):
+            put(source, "added", f"added-{len(roles)}")
+    nb = nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3",
+                                                                        "display_name": "Python 3"}})
+    return Assembled(nb, roles, notes)
+
+
+# ---------------------------------------------------------------- grading
+def score(assembled: Assembled, run: nbval_run.Run, reference, timeout: float, cell_timeout: float,
+          grade: Grade) -> Grade:
+    """Fill `grade` from what happened to the cells: checks passed, status and reason."""
+    points = {c.get("id"): exercises.points(c) for c in reference.cells if is_check(c)}
+
+    def where(i):
+        role, cid = assembled.roles[i] if i is not None and i < len(assembled.roles) else ("?", "?")
+        return f"code cell {i} ({role} {cid})"
+
+    for i, (role, cid) in enumerate(assembled.roles):
+        res = run.cells.get(i)
+        if role == "answer" and res is not None and res.ran and not res.passed and not res.timed_out:
+            grade.notes.append(f"answer cell {cid} itself failed: {res.error}")
+        if role != "check":
+            continue
+        grade.checks.append(Check(cid, points[cid], passed=bool(res and res.passed),
+                                  error=(res.error if res else "did not run"), traceback=res.traceback if res else ""))
+    grade.seconds = run.seconds
+    if run.kernel_died is not None:
+        grade.status, grade.reason = "error", f"the kernel died while running {where(run.kernel_died)}"
+    elif run.timed_out:
+        grade.status = "timeout"
+        grade.reason = f"ran past the {timeout:g} s limit" + (f" in {where(run.running)}" if run.running is not None
+                                                             else "") + "; it was stopped"
+    elif run.cell_timeouts:
+        grade.status = "timeout"
+        grade.reason = "; ".join(f"{where(i)} ran past the {cell_timeout:g} s cell limit" for i in run.cell_timeouts)
+    elif not any(c.ran for c in run.cells.values()) or run.exit_code in (2, 3, 4):
+        first = next((c.error for c in run.cells.values() if c.error), "")
+        grade.status = "error"
+        grade.reason = "the notebook could not be run: " + (first or (run.output.strip().splitlines()
+                                                                       or ["no output"])[-1])
+    elif all(c.passed for c in grade.checks):
+        grade.status = "ok"
+    else:
+        grade.status = "failed"
+        first = next(c for c in grade.checks if not c.passed)
+        grade.reason = f"{first.id}: {first.error}"
+    return grade
+
+
+def grade_one(path: Path, course: Course, timeout: float = TIMEOUT, cell_timeout: float = CELL_TIMEOUT,
+              env: dict | None = None, label: str | None = None) -> Grade:
+    """Grade one submission; every failure of the submission becomes its Grade's status, never an exception."""
+    grade = Grade(submission=label or str(path), official=course.official)
+    start = time.monotonic()
+    try:
+        nb = read_submission(path)
+        grade.exercise = identify(nb, path, course)
+    except SubmissionError as e:
+        grade.status, grade.reason, grade.seconds = "error", str(e), time.monotonic() - start
+        return grade
+    reference = course.notebooks[grade.exercise]
+    assembled = assemble(reference, nb, official=course.official)
+    grade.notes = assembled.notes
+    run = nbval_run.run(assembled.notebook, timeout=timeout, cell_timeout=min(cell_timeout, timeout),
+                        name=f"{grade.exercise}.ipynb", env=env)
+    return score(assembled, run, reference, timeout, cell_timeout, grade)
+
+
+def find_submissions(targets: list[str]) -> tuple[list[Path], list[Path]]:
+    """(notebooks to grade, other files skipped) for files and folders (searched recursively)."""
+    found, skipped = [], []
+    for target in map(Path, targets):
+        if target.is_dir():
+            for p in sorted(target.rglob("*")):
+                if not p.is_file() or ".ipynb_checkpoints" in p.parts or any(part.startswith(".") for part in
+                                                                             p.relative_to(target).parts):
+                    continue
+                (found if p.suffix == ".ipynb" else skipped).append(p)
+        elif target.is_file():
+            found.append(target)
+        else:
+            raise SubmissionError(f"no such file or folder: {target}")
+    return found, skipped
+
+
+def grade_many(paths: list[Path], course: Course, timeout: float = TIMEOUT, cell_timeout: float = CELL_TIMEOUT,
+               jobs: int = 1, progress=print) -> list[Grade]:
+    """Grade every path (`jobs` at a time); the result is in the order of `paths`."""
+    env = {}
+    if jobs > 1:  # share the cores between the notebooks running at once
+        from par.runtime.dist import physical_cores
+        env["OMP_NUM_THREADS"] = str(max(1, physical_cores() // jobs))
+    lock, done = threading.Lock(), [0]
+
+    def one(path):
+        g = grade_one(path, course, timeout, cell_timeout, env=env)
+        with lock:
+            done[0] += 1
+            if progress:
+                pts = f"{_num(g.points)}/{_num(g.max_points)}" if g.checks else "-"
+                progress(f"[{done[0]}/{len(paths)}] {g.submission}: {g.exercise or '?'} {pts} {g.status}"
+                         f"{' (' + g.reason[:100] + ')' if g.status in ('timeout', 'error') else ''} "
+                         f"{g.seconds:.0f} s", flush=True)
+        return g
+
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        return list(pool.map(one, paths))
+    except BaseException:  # Ctrl-C: no notebook, kernel or rank outlives the grader
+        nbval_run.stop_all()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def write_report(grades: list[Grade], path: Path) -> None:
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        for g in grades:
+            writer.writerow(g.row())
+
+
+def write_feedback(grades: list[Grade], course: Course, folder: Path) -> None:
+    """One text file per submission, named after its path, holding the report a student reads."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for g in grades:
+        name = re.sub(r"[^\w.-]+", "__", str(Path(g.submission)).lstrip("./")) + ".txt"
+        (folder / name).write_text(format_grade(g, course) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------- what people read
+def describe(course: Course) -> str:
+    if course.official:
+        return f"official grade: the instructor's checks in {course.folder}"
+    return (f"PRACTICE grade: the visible checks of {course.folder} (no solutions/ here). This is not the official "
+            f"grade: your instructor grades with their own copy of the checks, hidden checks included.")
+
+
+def format_grade(g: Grade, course: Course, tracebacks: bool = True) -> str:
+    """The report a student reads for one notebook."""
+    lines = [f"{g.submission}: exercise {g.exercise or '?'} ({describe(course)})"]
+    width = max([len(c.id) for c in g.checks] + [10])
+    for c in g.checks:
+        mark = "PASS" if c.passed else "FAIL"
+        lines.append(f"  {mark}  {c.id:<{width}}  {_num(c.points if c.passed else 0)}/{_num(c.points)}"
+                     + ("" if c.passed else f"   {c.error}"))
+        if not c.passed and tracebacks and c.traceback:
+            lines += ["        " + t for t in c.traceback.splitlines()[-8:]]
+    for note in g.notes:
+        lines.append(f"  note: {note}")
+    pct = 100 * g.points / g.max_points if g.max_points else 0.0
+    lines.append(f"{Path(g.submission).name}: {_num(g.points)}/{_num(g.max_points)} points ({pct:.0f}%), "
+                 f"status {g.status}{': ' + g.reason if g.status in ('timeout', 'error') else ''} "
+                 f"[{g.seconds:.0f} s]")
+    return "\n".join(lines)
+
+
+def class_summary(grades: list[Grade]) -> str:
+    counts = {s: sum(g.status == s for g in grades) for s in STATUSES}
+    lines = [f"{len(grades)} submission(s): " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)]
+    for ex in sorted({g.exercise for g in grades if g.exercise}):
+        mine = [g for g in grades if g.exercise == ex and g.max_points]
+        if mine:
+            mean = sum(g.points / g.max_points for g in mine) / len(mine)
+            lines.append(f"  {ex}: {len(mine)} graded, mean {100 * mean:.0f}%")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m par grade", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("submissions", nargs="+", metavar="SUBMISSION_OR_DIR",
+                    help="notebooks, or folders searched recursively for *.ipynb")
+    ap.add_argument("--report", type=Path, help="write the gradebook CSV here (one row per submission)")
+    ap.add_argument("--feedback", type=Path, help="write each submission's report (what a student reads) into "
+                                                  "this folder, one .txt per submission")
+    ap.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds per notebook (default %(default)s)")
+    ap.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT,
+                    help="seconds per cell (default %(default)s)")
+    ap.add_argument("--jobs", type=int, default=1, help="notebooks graded at once (default %(default)s)")
+    ap.add_argument("--solutions", type=Path, default=None,
+                    help="the instructor's solutions/ folder (default: solutions/ of this checkout)")
+    ap.add_argument("--practice", action="store_true", help="grade with the visible checks of exercises/ only")
+    args = ap.parse_args(argv)
+    if args.timeout <= 0 or args.cell_timeout <= 0 or args.jobs < 1:
+        print("error: --timeout and --cell-timeout must be positive and --jobs at least 1", file=sys.stderr)
+        return 2
+    try:
+        course = load_course(args.solutions, args.practice)
+        paths, skipped = find_submissions(args.submissions)
+    except SubmissionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if skipped:
+        print(f"note: {len(skipped)} file(s) that are not notebooks skipped: "
+              + ", ".join(str(p) for p in skipped[:10]) + (" ..." if len(skipped) > 10 else ""))
+    if not paths:
+        print(f"error: no notebook (*.ipynb) in {' '.join(args.submissions)}", file=sys.stderr)
+        return 2
+    if args.report is None and len(paths) == 1:
+        print(f"grading {paths[0]} ({describe(course)}) ...", flush=True)
+        grades = grade_many(paths, course, args.timeout, args.cell_timeout, 1, progress=None)
+        print(format_grade(grades[0], course))
+        return 0 if grades[0].status == "ok" else 1
+    print(f"grading {len(paths)} notebook(s), {args.jobs} at a time ({describe(course)})", flush=True)
+    grades = grade_many(paths, course, args.timeout, args.cell_timeout, args.jobs)
+    print(class_summary(grades))
+    if args.feedback is not None:
+        write_feedback(grades, course, args.feedback)
+        print(f"wrote {len(grades)} feedback file(s) to {args.feedback}")
+    if args.report is None:
+        return 0 if all(g.status == "ok" for g in grades) else 1
+    try:
+        write_report(grades, args.report)
+    except OSError as e:
+        print(f"error: cannot write {args.report}: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.report} ({len(grades)} rows)")
+    return 0

@@ -1,0 +1,685 @@
+"""The course's launches as data, and the dry run that checks a GPU batch before any GPU is rented.
+
+Every job a lecture notebook starts is one `Launch`: the module, the number of ranks, the
+arguments, the backend, the timeout, and what it computes (`Training` runs in the planner's
+terms, or `Collectives`). `launches(notebook, world_size, backend, preset, steps)` gives a
+notebook's launches as a pure function of the batch's four parameters, so the notebook can run
+exactly those (`launch.run()`), and the dry run checks exactly what will run.
+
+`dry_run(world_size, backend, preset, steps, gpu_memory)` checks every launch of every notebook
+for a server of `world_size` GPUs with `gpu_memory` bytes each, without touching a GPU:
+
+    layout   the degrees divide what they split (heads and width for tp, the layer list for pp,
+             the batch for dp × micro-batches: `par.train.planner.predict`), and a launch under NCCL
+             asks for at most `world_size` ranks (one GPU each)
+    memory   predicted bytes per GPU at the peak (`par.train.planner`: model states by ZeRO stage +
+             activations, plus a single-process reference kept beside) <= gpu_memory
+    time     predicted seconds = STARTUP_S + Σ steps × (planner step time + per-layer overhead)
+             <= the launch's timeout <= the batch's cell timeout; the launches of one cell
+             together <= the cell timeout
+
+Timeouts scale with the work: `scaled_timeout(work, backend)` is SAFETY × the time predicted on
+a deliberately slow reference device (fp32 without TF32 on a GPU, a few GFLOP/s on a CPU) plus
+the start-up, never below MIN_TIMEOUT_S. The batch's cell timeout for a notebook
+(`notebook_timeout`) is then the largest cell's launch timeouts added up, plus NOTEBOOK_S, at
+least CELL_TIMEOUT_S: a launch's own timeout (which names the ranks that hang) always fires first.
+
+The predictions are the planner's formulas; they are upper-bound estimates for a go/no-go
+check, not a benchmark (the planner ignores latency and overlaps nothing).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from par.train import planner
+from par.memory.accounting import format_bytes
+from par.tp.layers import tp_degree   # noqa: F401  (the one home of the rule; re-exported)
+
+CELL_TIMEOUT_S = 600.0      # the batch's cell timeout for a notebook that launches little
+NOTEBOOK_S = 60.0           # what a cell does besides its launches (plots, small computations)
+STARTUP_S = 30.0            # torchrun, imports, process group (NCCL communicators), CUDA context
+SAFETY = 3.0                # a timeout is this many times the predicted time (plus the start-up)
+MIN_TIMEOUT_S = 300.0
+FP32_FLOPS = 15e12          # achieved fp32 matmul FLOP/s of an A100 without TF32 (19.5 peak): the slow case
+OVERHEAD_S = {"gpu": 1e-3, "cpu": 2e-3}   # seconds per layer and micro-batch the FLOP count misses (launches)
+CPU = planner.HARDWARE["cpu"]
+
+
+class CourseError(ValueError):
+    """A notebook or launch the registry does not know."""
+
+
+def gpu(memory: float = math.inf, gpus_per_node: int = 8) -> planner.Hardware:
+    """The GPU the dry run imagines: the planner's A100 links and bf16 FLOP/s, `memory` bytes."""
+    return replace(planner.Hardware(), name="GPU", memory=memory, gpus_per_node=gpus_per_node)
+
+
+# ---------------------------------------------------------------- what a launch computes
+@dataclass(frozen=True)
+class Training:
+    """A training run in the planner's terms: model, global batch, layout, precision, steps.
+
+    `reference_batch` > 0: every rank also trains the single-process model on that many sequences
+    at once (a correctness check), kept in memory beside the parallel model."""
+    model: object                    # par.model.GPTConfig
+    global_batch: int
+    dp: int = 1
+    pp: int = 1
+    tp: int = 1
+    zero_stage: int = 0
+    offload: bool = False
+    microbatches: int = 1
+    precision: str = "fp32"          # fp32 | fp16 | bf16
+    optimizer: str = "adam"
+    steps: int = 1
+    reference_batch: int = 0
+    label: str = ""
+
+    def workload(self, batch: int | None = None, precision: str | None = None) -> planner.Workload:
+        p = precision or self.precision
+        return planner.Workload(self.model, batch or self.global_batch, "fp32" if p == "fp32" else "mixed",
+                                self.optimizer)
+
+    def hardware(self, hw: planner.Hardware, precision: str | None = None) -> planner.Hardware:
+        fp32 = (precision or self.precision) == "fp32" and hw.name != CPU.name
+        return replace(hw, flops=min(hw.flops, FP32_FLOPS)) if fp32 else hw
+
+    def plan(self, hw: planner.Hardware) -> planner.Plan:
+        return planner.predict(self.workload(), self.dp, self.pp, self.tp, self.zero_stage, self.microbatches,
+                               self.hardware(hw), self.offload)
+
+    def reference_plan(self, hw: planner.Hardware) -> planner.Plan | None:
+        if not self.reference_batch:
+            return None
+        return planner.predict(self.workload(self.reference_batch, "fp32"), 1, 1, 1, 0, 1,
+                               self.hardware(hw, "fp32"))
+
+    def problems(self, hw: planner.Hardware) -> list[str]:
+        plan = self.plan(hw)
+        return [] if plan.valid else [plan.reason]
+
+    def memory(self, hw: planner.Hardware) -> float:
+        """Bytes per device at the peak: the parallel run's, plus the reference's kept beside it
+        (NaN for a layout that cannot run: see `problems`)."""
+        plan, ref = self.plan(hw), self.reference_plan(hw)
+        if not plan.valid:
+            return math.nan
+        return plan.memory["total"] + (ref.memory["total"] if ref else 0.0)
+
+    def seconds(self, hw: planner.Hardware) -> float:
+        """steps × (planner step time + OVERHEAD per layer and micro-batch), the reference's steps too."""
+        kind = "cpu" if hw.name == CPU.name else "gpu"
+        layers = self.model.n_layer + 2
+        if not self.plan(hw).valid:
+            return math.nan
+        per_step = self.plan(hw).time["total"] + OVERHEAD_S[kind] * layers * self.microbatches / self.pp
+        ref = self.reference_plan(hw)
+        if ref:
+            per_step += ref.time["total"] + OVERHEAD_S[kind] * layers
+        return self.steps * per_step
+
+    def describe(self) -> str:
+        from par.runtime.grid import layout_label
+        layout = layout_label(self.dp, self.pp, self.tp) + (f" ZeRO-{self.zero_stage}" if self.zero_stage else "")
+        return f"{self.label or 'training'} ({layout}, {self.precision}, batch {self.global_batch})"
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """Collectives timed on tensors of `numels` float32 elements, `rounds` times each (ring and torch)."""
+    numels: tuple
+    rounds: int
+    label: str = "collectives"
+
+    def problems(self, hw) -> list[str]:
+        return []
+
+    def memory(self, hw) -> float:
+        return 4 * 4 * max(self.numels)        # the tensor, a copy, the ring's receive buffer, torch's
+
+    def seconds(self, hw) -> float:
+        bw = hw.bw_node if hw.name != CPU.name else CPU.bw_node
+        return sum(2 * self.rounds * (2 * 4 * n / bw + 1e-3) for n in self.numels)
+
+    def describe(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One `par.runtime.launch.run` a notebook makes: everything it needs, and what it computes (`work`, in order)."""
+    notebook: str
+    cell: str                        # which part of the notebook (the launches of one cell share it)
+    module: str
+    nproc: int
+    args: tuple
+    backend: str
+    timeout: float
+    work: tuple = field(default_factory=tuple)
+
+    def run(self, show: bool = True, **kwargs):
+        """Run it: `par.runtime.launch.run` with exactly these parameters (quiet=..., env=... pass through).
+        `show`: first print the one-line command (what a student would type), so the notebook says what runs."""
+        from par.runtime.launch import run
+        if show:
+            print(f"$ {self.command()}")
+        return run(self.module, nproc=self.nproc, args=list(self.args), backend=self.backend,
+                   timeout=self.timeout, **kwargs)
+
+    def command(self) -> str:
+        """The launch as a shell command: `torchrun --nproc-per-node N -m module args...`."""
+        return " ".join(["torchrun", f"--nproc-per-node={self.nproc}", "-m", self.module, *self.args])
+
+    def arg(self, flag: str) -> str:
+        """The value given to `flag` (e.g. "--preset"): notebooks read their parameters from the launch."""
+        i = self.args.index(flag)
+        return self.args[i + 1]
+
+    def with_arg(self, flag: str, value) -> "Launch":
+        """The launch with `flag`'s value replaced (e.g. fewer dtypes on a GPU without bf16)."""
+        i = self.args.index(flag)
+        return replace(self, args=(*self.args[:i + 1], str(value), *self.args[i + 2:]))
+
+    def fill(self, **values) -> "Launch":
+        """The launch with `{name}` placeholders in its arguments filled in (e.g. a temporary directory)."""
+        return replace(self, args=tuple(a.format(**values) if "{" in a else a for a in self.args))
+
+    def name(self) -> str:
+        return f"{self.notebook} [{self.cell}] {self.module} on {self.nproc} rank{'s' if self.nproc > 1 else ''}"
+
+
+def on_gpus(backend: str, world_size: int) -> bool:
+    """Whether the launches run on GPUs: "nccl", or "auto" where this machine has a GPU per rank."""
+    if backend != "auto":
+        return backend == "nccl"
+    from par.runtime.preflight import choose_backend
+    return choose_backend(world_size, "auto") == "nccl"
+
+
+def scaled_timeout(work, backend: str, nproc: int = 1) -> float:
+    """SAFETY × (time on the slow reference device) + STARTUP_S, at least MIN_TIMEOUT_S, in whole minutes."""
+    hw = gpu() if on_gpus(backend, nproc) else CPU
+    predicted = sum(0.0 if math.isnan(s) else s for s in (w.seconds(hw) for w in work))
+    return float(max(MIN_TIMEOUT_S, 60 * math.ceil((SAFETY * predicted + STARTUP_S) / 60)))
+
+
+def launch(notebook, cell, module, nproc, args, backend, work, timeout=None) -> Launch:
+    """A Launch whose timeout scales with its work (unless given)."""
+    work = tuple(work)
+    return Launch(notebook, cell, module, nproc, tuple(str(a) for a in args), backend,
+                  timeout if timeout is not None else scaled_timeout(work, backend, nproc), work)
+
+
+# ---------------------------------------------------------------- the registry: one function per notebook
+def _model(preset: str):
+    from par.model import preset as model_preset
+    return model_preset(preset)
+
+
+def per_rank_batch(cfg, small: int) -> int:
+    """Sequences per rank: `small` for a short context (tiny, small); 1 for a long one (gpt3-small's 2048)."""
+    return small if cfg.block_size <= 256 else 1
+
+
+def world_sizes(candidates, world_size: int, backend: str) -> list[int]:
+    """Extra world sizes a notebook sweeps: any on CPU ranks; on GPUs only those the server has."""
+    return sorted(n for n in set(candidates) if not on_gpus(backend, world_size) or n <= world_size)
+
+
+def cores() -> int:
+    from par.runtime.preflight import physical_cores
+    return physical_cores()
+
+
+def csv(values) -> str:
+    return ",".join(map(str, values))
+
+
+# Lecture 00: the ring all-reduce on `world_size` ranks, then the same job on 2, 3 and 4 ranks.
+COLLECTIVE_SIZES = (64, 1024, 16384, 1 << 18, 1 << 20, 1 << 22)   # float32 elements timed: 256 B to 16 MB
+COUNTED_SIZES = (1, 5, 7, 1001, 4096, 65536)                      # bytes counted, uneven chunks included
+SWEEP_NUMEL = 4096                                                # bytes counted on every world size
+
+
+def launches_00(W, backend, preset, steps):
+    nb = "00_distributed_basics"
+    out = [launch(nb, "collectives", "par.comm.job", W, [
+        "--parts", "env,show,trace,bytes,timing", "--sizes", csv(COLLECTIVE_SIZES), "--bytes-sizes",
+        csv(COUNTED_SIZES), "--reps", 9, "--warmup", 2], backend, [Collectives(COLLECTIVE_SIZES, 11)])]
+    gpus = on_gpus(backend, W)
+    for n in world_sizes({2, 3, 4}, W, backend):
+        if n != W:          # timings only where each rank has a core (or GPU) of its own, else the latency point
+            timed = COLLECTIVE_SIZES if gpus or n <= cores() else (64,)
+            out.append(launch(nb, "world-size sweep", "par.comm.job", n, [
+                "--parts", "trace,bytes,timing" if n == 4 else "bytes,timing", "--bytes-sizes", SWEEP_NUMEL,
+                "--reps", 9, "--warmup", 2, "--sizes", csv(timed)], backend, [Collectives((SWEEP_NUMEL, *timed), 11)]))
+    return out
+
+
+def launches_01(W, backend, preset, steps):
+    cfg = _model(preset)
+    b = per_rank_batch(cfg, 8)
+    runs = [Training(cfg, b * W, dp=W, precision=p, optimizer=o, steps=steps, label=f"{p} {o}")
+            for p in ("fp32", "bf16") for o in ("adam", "momentum", "sgd")]
+    return [launch("01_memory", "measured model states", "par.memory.job", W, [
+        "--preset", preset, "--steps", steps, "--optimizers", "adam,momentum,sgd", "--precisions", "fp32,bf16",
+        "--batch", b], backend, runs)]
+
+
+def bucket_kb(cfg) -> float:
+    """A bucket cap of a quarter of the fp32 gradients (about 4 buckets, whatever the model), in KiB."""
+    from par.memory.accounting import param_count
+    return round(max(1.0, 4 * param_count(cfg) / 4 / 1024), 1)
+
+
+def launches_02(W, backend, preset, steps):
+    nb, cfg = "02_data_parallel", _model(preset)
+    from par.memory.accounting import param_count
+    gpus = on_gpus(backend, W)
+    long = cfg.block_size > 256
+    batch = 2 * W if long else 32                    # the global batch of every run
+    # the timeline: a model large enough that backward outlasts the all-reduces, one core (or GPU) per rank
+    timed_preset = preset if param_count(cfg) >= param_count(_model("small")) else "small"
+    timed_cfg, timed_ranks = _model(timed_preset), W if gpus else min(W, cores())
+
+    def train(n, c, label, micro=None, runs=1, n_steps=steps):
+        """Work and arguments of a launch on n ranks; a long context trains micro-batches of one sequence."""
+        micro = 1 if long else micro
+        accum = batch // (micro * n) if micro else 1
+        work = [Training(c, batch, dp=n, microbatches=accum, steps=n_steps, label=label)] * runs
+        return work, (["--micro-batch", micro] if micro else [])
+    timeline_steps = max(4, steps // 5)              # the third step is drawn; the median of all is printed
+    work, micro = train(timed_ranks, timed_cfg, "naive, bucketed", runs=2, n_steps=timeline_steps)
+    out = [launch(nb, "bucketed timeline", "par.dp.job", timed_ranks, [
+        "--dp", "naive,bucketed", "--impl", "ring", "--bucket-kb", bucket_kb(timed_cfg), "--preset", timed_preset,
+        "--steps", timeline_steps, "--batch", batch, *micro], backend, work)]
+    work, micro = train(W, cfg, "bucketed, ddp", runs=2)
+    out.append(launch(nb, "torch DDP", "par.dp.job", W, [
+        "--dp", "bucketed,ddp", "--impl", "ring", "--bucket-kb", bucket_kb(cfg), "--preset", preset,
+        "--steps", steps, "--batch", batch, *micro, "--compare"], backend, work))
+    for n in world_sizes({1, 2, 4}, W, backend):
+        if n != W and batch % n == 0:    # the same micro-batches on every world size: the same losses
+            work, micro = train(n, cfg, f"{n} rank(s)", micro=batch // max(n, W))
+            out.append(launch(nb, "loss curves", "par.dp.job", n, [
+                "--dp", "none" if n == 1 else "bucketed", "--impl", "torch", "--preset", preset, "--steps", steps,
+                "--batch", batch, *micro], backend, work))
+    work, micro = train(W, cfg, "none, topk, randomk, int8", runs=4)
+    out.append(launch(nb, "compression", "par.dp.job", W, [
+        "--dp", "bucketed", "--impl", "torch", "--bucket-kb", bucket_kb(cfg), "--preset", preset,
+        "--steps", steps, "--batch", batch, *micro, "--compression", "none,topk,randomk,int8", "--ratio", 0.05],
+        backend, work))
+    return out
+
+
+@dataclass(frozen=True)
+class PipelineSetup:
+    """Lecture 03's experiments, chosen from the batch's parameters (`pipeline_setup`)."""
+    on_gpu: bool           # one GPU per rank; else CPU ranks on gloo
+    backend: str           # what the timed launches use
+    processors: int        # GPUs, or physical CPU cores: timing needs one per rank
+    p_time: int            # ranks of the timed experiments (bubble vs m, fixed batch, torch)
+    p_chart: int           # ranks of the Gantt charts
+    timed_steps: int       # timed steps per launched run (the median is reported)
+    time_cfg: object       # identical blocks: the bubble formula's equal stages
+    chart_cfg: object
+    trade_cfg: object
+    time_mbs: int          # sequences per micro-batch
+    chart_mbs: int
+    trade_batch: int       # the fixed batch of the step-time trade-off
+
+    @property
+    def chart_timed(self) -> bool:
+        """Whether the chart's ranks each have a processor (else their wall clock times the waiting for one)."""
+        return self.p_chart <= self.processors
+
+
+def pipeline_setup(W, backend, preset, steps) -> PipelineSetup:
+    """Stages whose actions last far longer than the overhead around them (Python between actions, a
+    message each way): identical blocks, a 65-symbol vocabulary (embedding and head cost next to nothing),
+    2 or 4 blocks per stage. GPUs: GPT-3 Small's width, one stage per GPU. CPU: one thread per rank,
+    width 256 on 12 sequences of 64 tokens (tens of ms per action), the chart on 4 cheap ranks."""
+    from par.model import preset as model_preset
+    gpus = on_gpus(backend, W)
+    processors = W if gpus else cores()
+    p_time = W if gpus else max(2, min(W, processors))
+    p_chart = p_time if gpus else 4
+    if gpus:
+        time_cfg = model_preset("gpt3-small", vocab_size=65, block_size=1024, n_layer=4 * p_time)
+        chart_cfg = model_preset("gpt3-small", vocab_size=65, block_size=1024, n_layer=4 * p_chart)
+        trade_cfg, sizes = time_cfg, (8, 2, 32)
+    else:
+        time_cfg = model_preset("small", d_model=256, n_head=8, n_layer=2 * p_time)
+        chart_cfg = model_preset("small", n_layer=p_chart)
+        trade_cfg, sizes = model_preset("small", block_size=32, n_layer=2 * p_time), (12, 2, 32)
+    return PipelineSetup(gpus, backend if gpus else "gloo", processors, p_time, p_chart,
+                         max(2, min(3, steps // 6)), time_cfg, chart_cfg, trade_cfg, *sizes)
+
+
+def model_args(c) -> list:
+    """The command-line arguments that give `par.pp.job` the GPT-lite configuration `c`."""
+    return ["--preset", "tiny", "--vocab-size", c.vocab_size, "--d-model", c.d_model, "--n-head", c.n_head,
+            "--block-size", c.block_size, "--n-layer", c.n_layer]
+
+
+def launches_03(W, backend, preset, steps):
+    nb, cfg, s = "03_pipelines", _model(preset), pipeline_setup(W, backend, preset, steps)
+    out = []
+
+    def pipe(cell, n, model, schedules, ms, size, timed, extra=(), batch=None, reference=False,
+             module="par.pp.job", run_backend=s.backend):
+        work = [Training(model, batch or m * size, pp=n, microbatches=m, steps=timed + 1,
+                         reference_batch=(batch or m * size) if reference else 0, label=f"{sc} m={m}")
+                for sc in schedules for m in ms]
+        out.append(launch(nb, cell, module, n, [*extra, "--steps", timed], run_backend, work))
+
+    m_chart = 2 * s.p_chart
+    check = s.chart_cfg.block_size <= 256     # a single-process reference of a long-context model would not fit
+    pipe("gantt", s.p_chart, s.chart_cfg, ("gpipe", "1f1b"), (m_chart,), s.chart_mbs, 1,
+         ["--schedules", "gpipe,1f1b", "--microbatches", m_chart, *model_args(s.chart_cfg),
+          "--micro-batch-size", s.chart_mbs, *(["--check"] if check else [])], reference=check)
+    ms = (1, 2, 4, 8, 16)
+    pipe("bubble vs m", s.p_time, s.time_cfg, ("1f1b",), ms, s.time_mbs, s.timed_steps,
+         ["--schedules", "1f1b", "--microbatches", csv(ms), *model_args(s.time_cfg), "--micro-batch-size",
+          s.time_mbs, "--warmup-once", "--record-comm"])
+    ms_c = tuple(m for m in ms if s.trade_batch % m == 0)
+    pipe("fixed batch", s.p_time, s.trade_cfg, ("1f1b",), ms_c, 0, max(3, s.timed_steps),
+         ["--schedules", "1f1b", "--microbatches", csv(ms_c), *model_args(s.trade_cfg), "--batch", s.trade_batch],
+         batch=s.trade_batch)
+    layers = max(cfg.n_layer, s.p_time - 2)
+    pipe("torch pipelining", s.p_time, replace(cfg, n_layer=layers), ("1f1b",), (2 * s.p_time,), 2, 3,
+         ["--schedule", "1f1b", "--microbatches", 2 * s.p_time, "--preset", preset, "--n-layer", layers,
+          "--micro-batch-size", 2], module="par.pp.vs_torch_job")
+    if not s.on_gpu or W >= 4:      # dp 2 × pp 2: four ranks (on a smaller GPU server: skipped)
+        pipe("dp x pp", 4, cfg, ("1f1b",), (3,), 2, 2,
+             ["--dp", 2, "--schedules", "1f1b", "--microbatches", 3, "--preset", preset, "--micro-batch-size", 2,
+              *(["--check"] if cfg.block_size <= 256 else [])], reference=cfg.block_size <= 256)
+    return out
+
+
+def launches_04(W, backend, preset, steps):
+    cfg = _model(preset)
+    n = tp_degree(cfg, W)
+    b = per_rank_batch(cfg, 8)
+    dense = cfg.block_size <= 256        # the dense model beside the TP one: only where it is small
+    work = [Training(cfg, b, tp=n, steps=steps, reference_batch=b if dense else 0, label=f"TP {n}")]
+    return [launch("04_tensor_parallel", "TP training", "par.tp.job", n, [
+        "--preset", preset, "--steps", steps, "--batch-size", b, "--eps", 1e-6,
+        *([] if dense else ["--no-reference"])], backend, work)]
+
+
+def launches_05(W, backend, preset, steps):
+    nb, cfg = "05_mixed_precision", _model(preset)
+    batch = per_rank_batch(cfg, 8) * W
+    inject = sorted({s for s in (2, 3, steps // 2, steps // 2 + 1) if s < steps})
+    dtypes = ("fp32", "fp16", "bf16")       # bf16 is dropped by the notebook on a GPU without it
+    return [
+        launch(nb, "loss scaling", "par.precision.job", W, [
+            "--dtype", "fp16", "--preset", preset, "--steps", steps, "--batch", batch, "--window", 5,
+            "--inject", csv(inject), "--inject-rank", 0, "--warmup", 4, "--max-grad-norm", 1.0],
+            backend, [Training(cfg, batch, dp=W, precision="fp16", steps=steps, label="fp16")]),
+        launch(nb, "fp32 / fp16 / bf16", "par.precision.job", W, [
+            "--dtype", csv(dtypes), "--preset", preset, "--steps", steps, "--batch", batch,
+            "--init-scale", 2 ** 13], backend,
+            [Training(cfg, batch, dp=W, precision=d, steps=steps, label=d) for d in dtypes]),
+    ]
+
+
+ZERO_STAGES = ("0", "1", "2", "3")
+
+
+def launches_06(W, backend, preset, steps):
+    """ZeRO on `W` ranks (every stage in fp32 and 16 bits, prefetch, offload, FSDP2), then on the other
+    data-parallel degrees 2-4: one global batch they all divide, so every degree trains the same thing.
+    The 4-rank job saves a sharded checkpoint (`{checkpoint}`: the notebook fills in a directory) that
+    the 2-rank job resumes."""
+    nb, cfg = "06_zero", _model(preset)
+    long = cfg.block_size > 256
+    half = "bf16"        # the CPU, and the GPUs of a course server (Ampere or newer), compute in bf16
+    degrees = [n for n in world_sizes({2, 3, 4, W}, W, backend) if n == W or not long or W % n == 0]
+    batch = W if long else math.lcm(2, 3, 4, W)          # gpt3-small's 2048 tokens: one sequence per rank
+    out = []
+    for n in sorted(degrees, reverse=True):              # 4 first: it saves the checkpoint 2 loads
+        main = n == W
+        runs = [*ZERO_STAGES, *(f"{st}+{half}" for st in ZERO_STAGES), *(["3+prefetch", "3+offload", "fsdp2"]
+                                                                         if main else [])]
+        n_steps = steps if main else 3
+        args = ["--preset", preset, "--steps", n_steps, "--batch", batch,
+                "--timeline-runs", "3,3+prefetch,3+offload" if main else ""]
+        if n == 4:
+            args += ["--checkpoint", "{checkpoint}", "--checkpoint-run", "3", "--checkpoint-step", 2]
+        if n == 2 and 4 in degrees:
+            runs.append("3+resume")
+            args += ["--resume", "{checkpoint}"]
+        work = [Training(cfg, batch, dp=n, zero_stage=int(r[0]) if r[0].isdigit() else 3,
+                         offload="offload" in r, precision=half if half in r else "fp32", steps=n_steps,
+                         label=f"ZeRO {r}") for r in runs]
+        out.append(launch(nb, "stages", "par.zero.job", n, ["--runs", csv(runs), *args], backend, work))
+    t = tp_degree(cfg, W)
+    out.append(launch(nb, "ZeRO-R", "par.zero.activations_job", t, ["--preset", preset, "--batch", 4], backend,
+                      [Training(cfg, 4, tp=t, steps=1, label="ZeRO-R activations")]))
+    return out
+
+
+def bench_steps(steps: int) -> int:
+    """Steps of each benchmark row: the first is a warm-up, the others are timed (4 or 5)."""
+    return max(4, min(steps, 5))
+
+
+def launches_07(W, backend, preset, steps):
+    """Lecture 07's benchmark table: the launches `par.train.suite.run_suite` makes, from its own functions
+    (`plan_rows`, `launches`, `launch_args`): first the 3D row, then the others (bf16 only on GPUs)."""
+    from par.train import suite
+    from par.train.config import model_config, parse
+    n_steps, gpus = bench_steps(steps), on_gpus(backend, W)
+    out = []
+    for cell, names in (("3D", ["3D"]), ("benchmark table", [n for n in LECTURE_07_ROWS if n != "bf16" or gpus])):
+        rows = suite.plan_rows(names, W, preset, 2, n_steps, W if gpus else cores())
+        for (n, _), group in sorted(suite.launches(rows).items()):
+            if gpus and n > W:     # a row needing more GPUs than the server has (the 3D row's 8) is skipped
+                continue
+            work = []
+            for name in group:
+                tc = parse(rows[name]["config"], n)
+                work.append(Training(model_config(tc), tc.train_batch_size, tc.dp, tc.pp, tc.tp, tc.zero_stage,
+                                     tc.offload, tc.grad_accum, tc.precision, tc.optimizer, n_steps, label=name))
+            out.append(launch("07_putting_it_together", cell, "par.train.job", n, suite.launch_args(rows, group),
+                              backend, work))
+    return out
+
+
+LECTURE_07_ROWS = ("single", "pipeline", "TP", "DDP", "ZeRO-1", "ZeRO-3", "ZeRO-3+offload", "bf16")
+
+def launches_08(W, backend, preset, steps):
+    """Lecture 08: one launch on the TP degree's ranks measures activation memory (DP, TP, TP+SP, CP),
+    trains TP+SP and CP beside the dense model and records the ring-attention timeline
+    (`par.cp.job`). Its work is costed as TP training with the dense reference beside it
+    (the planner's TP activations bound TP+SP's and CP's)."""
+    cfg = _model(preset)
+    n = tp_degree(cfg, W)
+    b = per_rank_batch(cfg, 4)
+    train_steps = max(2, min(steps, 5))
+    work = [Training(cfg, b, tp=n, steps=3 * train_steps, reference_batch=b, label=f"TP+SP and CP on {n}")]
+    return [launch("08_sequence_context_parallel", "memory, training, timeline", "par.cp.job", n, [
+        "--preset", preset, "--steps", train_steps, "--batch-size", b], backend, work)]
+
+
+def launches_09(W, backend, preset, steps):
+    """Lecture 09: a MoE GPT-lite with expert parallelism (ep = W), with and without the balancing loss;
+    then EP inside DP (4 ranks, ep = 2) on CPU ranks or a server with 4 GPUs. The planner has no MoE: the
+    work is a dense model whose FFN holds the experts a rank keeps (a go/no-go estimate)."""
+    nb, cfg = "09_mixture_of_experts", _model(preset)
+    experts, k, b = max(4, W), 2, per_rank_batch(cfg, 4)   # ep = W: at least one expert per rank
+    check = cfg.block_size <= 256        # the single-process reference beside: only where it is small
+
+    def work(n, ep, label, runs):
+        held = replace(cfg, d_ff=cfg.ffn * max(k, math.ceil(experts / ep)))
+        return [Training(held, b * n, dp=n, steps=steps, reference_batch=b * n if check else 0,
+                         label=f"{label} {r}") for r in runs]
+    args = ["--preset", preset, "--steps", steps, "--batch", b, "--experts", experts, "--k", k,
+            *(["--check"] if check else [])]
+    out = [launch(nb, "EP training", "par.moe.job", W, [*args, "--alphas", "0,0.1"], backend,
+                  work(W, W, "EP alpha", ("0", "0.1")))]
+    if 4 in world_sizes({4}, W, backend):
+        short = max(1, min(steps, 3))
+        out.append(launch(nb, "EP inside DP", "par.moe.job", 4, [
+            "--preset", preset, "--steps", short, "--batch", b, "--experts", 4, "--k", k, "--ep", 2,
+            "--alphas", "0.1", *(["--check"] if check else [])], backend,
+            [replace(w, steps=short) for w in work(4, 2, "EP2 x DP2 alpha", ("0.1",))]))
+    return out
+
+
+REGISTRY = {
+    "00_distributed_basics": launches_00,
+    "01_memory": launches_01,
+    "02_data_parallel": launches_02,
+    "03_pipelines": launches_03,
+    "04_tensor_parallel": launches_04,
+    "05_mixed_precision": launches_05,
+    "06_zero": launches_06,
+    "07_putting_it_together": launches_07,
+    "08_sequence_context_parallel": launches_08,
+    "09_mixture_of_experts": launches_09,
+}
+
+# The cells of each notebook that launch (`find`'s names): a cell may have no launch at some parameters
+# (e.g. the world-size sweep when world_size is every size), never a name that is not here.
+CELLS = {
+    "00_distributed_basics": ("collectives", "world-size sweep"),
+    "01_memory": ("measured model states",),
+    "02_data_parallel": ("bucketed timeline", "torch DDP", "loss curves", "compression"),
+    "03_pipelines": ("gantt", "bubble vs m", "fixed batch", "torch pipelining", "dp x pp"),
+    "04_tensor_parallel": ("TP training",),
+    "05_mixed_precision": ("loss scaling", "fp32 / fp16 / bf16"),
+    "06_zero": ("stages", "ZeRO-R"),
+    "07_putting_it_together": ("3D", "benchmark table"),
+    "08_sequence_context_parallel": ("memory, training, timeline",),
+    "09_mixture_of_experts": ("EP training", "EP inside DP"),
+}
+
+
+def launches(notebook: str, world_size: int, backend: str = "auto", preset: str = "tiny", steps: int = 20,
+             registry=None) -> list[Launch]:
+    """Every launch `notebook` makes with these parameters (a name such as "03_pipelines", or a path)."""
+    registry = REGISTRY if registry is None else registry
+    key = notebook.rsplit("/", 1)[-1].removesuffix(".ipynb")
+    if key not in registry:
+        raise CourseError(f"no launches registered for notebook {key!r}: known are {', '.join(sorted(registry))}")
+    return registry[key](world_size, backend, preset, steps)
+
+
+def find(notebook: str, cell: str, world_size: int, backend: str = "auto", preset: str = "tiny",
+         steps: int = 20) -> list[Launch]:
+    """The launches of one cell of a notebook (what that cell should run, in order; [] where the cell
+    launches nothing at these parameters). A cell name the notebook does not have is an error."""
+    key = notebook.rsplit("/", 1)[-1].removesuffix(".ipynb")
+    if cell not in CELLS.get(key, ()):
+        raise CourseError(f"{notebook} has no cell {cell!r}: its cells are {', '.join(CELLS.get(key, ()))}")
+    return [l for l in launches(notebook, world_size, backend, preset, steps) if l.cell == cell]
+
+
+def notebook_timeout(found: list[Launch]) -> float:
+    """The cell timeout a batch should give a notebook: its busiest cell's launch timeouts + NOTEBOOK_S."""
+    cells: dict = {}
+    for l in found:
+        cells[l.cell] = cells.get(l.cell, 0.0) + l.timeout
+    return max(CELL_TIMEOUT_S, max(cells.values(), default=0.0) + NOTEBOOK_S)
+
+
+# ---------------------------------------------------------------- the checker
+@dataclass(frozen=True)
+class Problem:
+    where: str       # the launch (or cell) it concerns
+    kind: str        # layout | memory | time
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+@dataclass
+class Estimate:
+    launch: Launch
+    backend: str          # resolved: nccl or gloo
+    memory: float         # bytes per device at the peak
+    seconds: float        # predicted, start-up included
+
+
+def resolve_backend(requested: str, nproc: int, gpus: int) -> str:
+    """The backend a launch gets on the imagined server (auto: NCCL with a GPU per rank)."""
+    from par.runtime.preflight import BackendError, choose_backend
+    try:
+        return choose_backend(nproc, requested, gpus=gpus)
+    except BackendError:
+        return "nccl"       # reported by check() as a layout problem
+
+
+def check(launch_: Launch, world_size: int, gpu_memory: float, cell_timeout: float,
+          gpu_flops: float | None = None) -> tuple[Estimate, list[Problem]]:
+    """Predicted memory and time of one launch on `world_size` GPUs of `gpu_memory` bytes (and
+    `gpu_flops` achieved FLOP/s, default the planner's A100); its problems."""
+    backend = resolve_backend(launch_.backend, launch_.nproc, world_size)
+    hw = gpu(gpu_memory, world_size) if backend == "nccl" else CPU
+    if gpu_flops and backend == "nccl":
+        hw = replace(hw, flops=gpu_flops)
+    where = launch_.name()
+    problems = []
+    if backend == "nccl" and launch_.nproc > world_size:
+        problems.append(Problem(where, "layout", f"needs {launch_.nproc} GPUs, the server has {world_size}"))
+    for w in launch_.work:
+        problems += [Problem(where, "layout", f"{w.describe()}: {reason}") for reason in w.problems(hw)]
+    if problems:
+        return Estimate(launch_, backend, float("nan"), float("nan")), problems
+    memory = max((w.memory(hw) for w in launch_.work), default=0.0)
+    seconds = STARTUP_S + sum(w.seconds(hw) for w in launch_.work)
+    if backend == "nccl" and memory > gpu_memory:
+        worst = max(launch_.work, key=lambda w: w.memory(hw))
+        problems.append(Problem(where, "memory", f"predicted {format_bytes(memory)} per GPU > "
+                                                 f"{format_bytes(gpu_memory)} ({worst.describe()})"))
+    if seconds > launch_.timeout:
+        device = "GPU" if backend == "nccl" else "CPU"
+        problems.append(Problem(where, "time", f"predicted {seconds:.0f} s on {device} > its timeout "
+                                               f"{launch_.timeout:.0f} s"))
+    if launch_.timeout > cell_timeout:
+        problems.append(Problem(where, "time", f"its timeout {launch_.timeout:.0f} s > the batch's cell timeout "
+                                               f"{cell_timeout:.0f} s: pass --timeout {launch_.timeout:.0f}"))
+    return Estimate(launch_, backend, memory, seconds), problems
+
+
+def dry_run(world_size: int, backend: str = "nccl", preset: str = "gpt3-small", steps: int = 200,
+            gpu_memory: float = 80e9, cell_timeout: float | None = None, notebooks=None, registry=None,
+            gpu_flops: float | None = None):
+    """(estimates, problems) for every launch of every notebook (default: all registered), in order.
+
+    `cell_timeout` None: each notebook gets the batch's automatic one (`notebook_timeout`). Backend
+    "auto" is NCCL there: the imagined server has a GPU per rank."""
+    registry = REGISTRY if registry is None else registry
+    backend = "nccl" if backend == "auto" else backend     # the imagined server has a GPU per rank
+    estimates, problems = [], []
+    for nb in (notebooks or list(registry)):
+        cells: dict = {}
+        found_ = launches(nb, world_size, backend, preset, steps, registry)
+        timeout = cell_timeout or notebook_timeout(found_)
+        for launch_ in found_:
+            est, found = check(launch_, world_size, gpu_memory, timeout, gpu_flops)
+            estimates.append(est)
+            problems += found
+            cells.setdefault(launch_.cell, []).append(est)
+        for cell, ests in cells.items():
+            total = sum(e.seconds for e in ests)
+            if len(ests) > 1 and total > timeout:
+                problems.append(Problem(f"{nb} [{cell}]", "time", f"its {len(ests)} launches together are predicted "
+                                        f"{total:.0f} s > the batch's cell timeout {timeout:.0f} s: "
+                                        f"pass --timeout {60 * math.ceil(total / 60):.0f}"))
+    return estimates, problems
+
+
+def format_estimates(estimates: list[Estimate]) -> str:
+    """A table: one launch per line, predicted memory per device and time beside its timeout."""
+    head = f"{'launch':<72} {'backend':>7} {'mem/device':>11} {'predicted':>10} {'timeout':>8}"
+    lines = [head, "-" * len(head)]
+    for e in estimates:
+        mem = "?" if math.isnan(e.memory) else format_bytes(e.memory)
+        sec = "?" if math.isnan(e.seconds) else f"{e.seconds:.0f} s"
+        lines.append(f"{e.launch.name()[:72]:<72} {e.backend:>7} {mem:>11} {sec:>10} {e.launch.timeout:>6.0f} s")
+    return "\n".join(lines)

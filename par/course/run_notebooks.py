@@ -1,0 +1,273 @@
+"""Run the whole course: every lecture notebook, executed with papermill, summarised.
+
+    python -m par batch                                   # CPU: min(4, cores) gloo ranks, tiny model
+    python -m par batch --backend nccl --world-size 8 --preset gpt3-small --steps 200   # a GPU server
+    python -m par batch --dry-run --backend nccl --world-size 8 --preset gpt3-small --steps 200 --gpu-memory 80e9
+
+Before anything runs, the backend is checked against this machine (`par.runtime.preflight`): NCCL
+without a GPU per rank stops at once (`BackendError`, exit 2). On a GPU server the batch also
+checks each notebook's launches (`par.course.launches`) and does not run a notebook it knows will fail
+(a layout its degrees cannot split, a launch that needs more GPUs or more memory than there are):
+its row says "not run" and why.
+
+Each `notebooks/*.ipynb` (sorted) runs top to bottom in a fresh kernel "python3" of
+this interpreter, with its `parameters` cell overridden by world_size, backend,
+preset and steps, and is saved executed into `runs/<YYYYmmdd-HHMMSS>/`. A failing
+notebook is reported and the batch goes on. A cell may run for `--timeout` seconds; by
+default a notebook's cell timeout scales with its launches (`par.course.launches.notebook_timeout`).
+The folder gets `summary.json` and `summary.md`: per notebook its status (ok, FAILED with
+the error's first line, or not run), its duration, and the key numbers it left with
+`par.course.notebook.record`; `summary.json` also merges every notebook's numbers under `records`.
+The exit code is 1 when any notebook failed or was not run.
+
+`--dry-run` runs nothing: it checks every launch of every notebook for a server of
+`--world-size` GPUs with `--gpu-memory` bytes each (`par.course.launches.dry_run`), prints the predicted
+memory and time per launch, then one line per problem; exit 0 when everything fits, else 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from datetime import datetime
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+CELL_TIMEOUT_S = 600.0   # a notebook's cell timeout when the course registry does not know it
+
+
+def first_line(error: BaseException) -> str:
+    """`Name: message` of an error, first line only (papermill's carries the cell's exception)."""
+    name = getattr(error, "ename", None) or type(error).__name__
+    text = str(getattr(error, "evalue", None) or error).strip()
+    return f"{name}: {text.splitlines()[0] if text else ''}".strip().rstrip(":")
+
+
+def kernel_warning() -> str | None:
+    """A warning when the kernel "python3" would not run this interpreter (so notebooks could miss `par`)."""
+    import shutil
+    import sys
+
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+    try:
+        program = KernelSpecManager().get_kernel_spec("python3").argv[0]
+    except NoSuchKernel:
+        return "no Jupyter kernel named python3: pip install ipykernel"
+    if program in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"):
+        return None  # jupyter_client runs sys.executable for these
+    if Path(shutil.which(program) or program).resolve() != Path(sys.executable).resolve():
+        return (f"the Jupyter kernel python3 runs {program}, not this interpreter ({sys.executable}); "
+                f"fix: {sys.executable} -m ipykernel install --user --name python3")
+    return None
+
+
+def run_one(notebook: Path, output: Path, parameters: dict, timeout: float) -> dict:
+    """Execute one notebook with papermill into `output`; return its summary row (never raises)."""
+    import nbformat
+    import papermill
+
+    from par.course.kernel_poll import sliced
+    from par.course.notebook import records
+
+    start = time.perf_counter()
+    error = None
+    try:
+        with sliced():  # a lost wake-up must not stall a cell for its whole timeout
+            papermill.execute_notebook(str(notebook), str(output), parameters=parameters, kernel_name="python3",
+                                       cwd=str(notebook.parent), execution_timeout=timeout,
+                                       progress_bar=False, log_output=False)
+    except Exception as e:  # the batch reports every failure and goes on
+        error = first_line(e)
+    found = records(nbformat.read(output, as_version=4)) if output.exists() else {}
+    return {"notebook": notebook.name, "status": "FAILED" if error else "ok", "error": error,
+            "duration_s": round(time.perf_counter() - start, 1), "records": found, "output": str(output)}
+
+
+def merge_records(rows: list[dict]) -> dict:
+    """Every notebook's records in one dict, in notebook order. Records of the same name that are dicts
+    are merged key by key (02, 03 and 06 each add their part of `torch_api_max_diff`); otherwise the
+    later notebook's value wins."""
+    merged: dict = {}
+    for row in rows:
+        for name, value in row["records"].items():
+            if isinstance(value, dict) and isinstance(merged.get(name), dict):
+                merged[name] = {**merged[name], **value}
+            else:
+                merged[name] = value
+    return merged
+
+
+def not_run(notebook: Path, output: Path, problems: list) -> dict:
+    """The summary row of a notebook the batch did not run, because its launches cannot work here."""
+    return {"notebook": notebook.name, "status": "not run", "error": f"{problems[0]}" + (
+        f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""),
+        "problems": [str(p) for p in problems], "duration_s": 0.0, "records": {}, "output": None}
+
+
+def gpu_memory_here() -> float | None:
+    """Bytes of memory of GPU 0 of this machine (None without one)."""
+    from par.runtime.preflight import visible_gpus
+    if not visible_gpus():
+        return None
+    import torch
+    return float(torch.cuda.get_device_properties(0).total_memory)
+
+
+def known_failures(notebook: Path, parameters: dict) -> tuple[list, float | None]:
+    """(problems that make this notebook fail here, its automatic cell timeout); ([], None) when the
+    course registry does not know the notebook. Problems count only on a GPU server (backend NCCL):
+    the layouts that cannot split, the launches that need more GPUs or more memory than there are."""
+    from par.course import launches as course
+    if notebook.stem not in course.REGISTRY:
+        return [], None
+    p = parameters
+    try:
+        found = course.launches(notebook.stem, p["world_size"], p["backend"], p["preset"], p["steps"])
+    except Exception as e:  # the registry's own bug must not stop the course: run the notebook, say so
+        print(f"warning: par.course.launches could not list {notebook.stem}'s launches ({type(e).__name__}: {e}); "
+              f"running it unchecked", flush=True)
+        return [], None
+    timeout = course.notebook_timeout(found)
+    from par.runtime.preflight import choose_backend
+    if choose_backend(p["world_size"], p["backend"]) != "nccl":
+        return [], timeout
+    memory = gpu_memory_here() or float("inf")
+    problems = [problem for l in found for problem in course.check(l, p["world_size"], memory, timeout)[1]
+                if problem.kind in ("layout", "memory")]
+    return problems, timeout
+
+
+def run(notebooks, out_root: Path, parameters: dict, timeout: float | None = None) -> dict:
+    """Execute `notebooks` in order into a new timestamped folder under `out_root`; return the summary.
+
+    `timeout`: seconds a cell may run (None: per notebook, `par.course.launches.notebook_timeout`, else 600)."""
+    logging.getLogger("papermill").setLevel(logging.WARNING)
+    warning = kernel_warning()
+    if warning:
+        print(f"warning: {warning}", flush=True)
+    folder = Path(out_root) / datetime.now().strftime("%Y%m%d-%H%M%S")
+    suffix = 1
+    while folder.exists():  # two batches in the same second
+        folder = folder.with_name(f"{folder.name.split('_')[0]}_{suffix}")
+        suffix += 1
+    folder.mkdir(parents=True)
+    rows = []
+    bar = tqdm(list(notebooks), desc="notebooks", unit="nb")
+    for notebook in bar:
+        bar.set_postfix_str(notebook.name)
+        problems, auto_timeout = known_failures(notebook, parameters)
+        if problems:
+            row = not_run(notebook, folder / notebook.name, problems)
+        else:
+            cell_timeout = timeout or auto_timeout or CELL_TIMEOUT_S
+            row = run_one(notebook, folder / notebook.name, parameters, cell_timeout)
+            row["timeout_s"] = cell_timeout
+        rows.append(row)
+        if row["error"]:
+            bar.write(f"{row['status'].upper()} {notebook.name}: {row['error']}")
+    bar.close()
+    summary = {"folder": str(folder), "parameters": parameters, "timeout_s": timeout, "notebooks": rows,
+               "failed": sum(r["status"] != "ok" for r in rows),
+               "duration_s": round(sum(r["duration_s"] for r in rows), 1), "records": merge_records(rows)}
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (folder / "summary.md").write_text(markdown(summary))
+    return summary
+
+
+def short(value) -> str:
+    """A recorded value for the table: floats to 4 significant digits (whole ones as integers), containers element by element."""
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:.4g}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {short(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(short(v) for v in value) + "]"
+    return str(value)
+
+
+def markdown(summary: dict) -> str:
+    """The human summary: one table row per notebook (summary.json keeps the numbers in full)."""
+    p = summary["parameters"]
+    cell = f"{summary['timeout_s']:g} s" if summary["timeout_s"] else "scaled with each notebook's launches"
+    lines = [f"# Batch run {Path(summary['folder']).name}", "",
+             "Parameters: " + ", ".join(f"{k}={v}" for k, v in p.items()) + f"; cell timeout {cell}",
+             "", "| notebook | status | duration (s) | key numbers |", "|---|---|---:|---|"]
+    for r in summary["notebooks"]:
+        status = r["status"] + (f": {r['error']}" if r["error"] else "")
+        numbers = ", ".join(f"{k} = {short(v)}" for k, v in r["records"].items())
+        lines.append(f"| {r['notebook']} | {status.replace('|', '/')} | {r['duration_s']:.1f} | {numbers} |")
+    ok = len(summary["notebooks"]) - summary["failed"]
+    lines += ["", f"{ok}/{len(summary['notebooks'])} notebooks ok in {summary['duration_s']:.1f} s."]
+    for r in summary["notebooks"]:
+        if r.get("problems"):
+            lines += ["", f"{r['notebook']} was not run:", *[f"- {p}" for p in r["problems"]]]
+    return "\n".join(lines) + "\n"
+
+
+def parse_bytes(text: str) -> float:
+    """'80e9', '80GB', '40 GiB', '8000000000' -> bytes."""
+    t = text.strip().replace(" ", "").replace("_", "").lower()
+    for unit, size in (("gib", 2 ** 30), ("gb", 1e9), ("mib", 2 ** 20), ("mb", 1e6), ("g", 1e9)):
+        if t.endswith(unit):
+            return float(t[:-len(unit)]) * size
+    return float(t)
+
+
+def dry_run(args) -> int:
+    """`--dry-run`: the course's launches checked for the imagined server; exit 0 if all fit, else 2."""
+    from par.course import launches as course
+    if args.gpu_memory is None and args.backend != "gloo":
+        raise course.CourseError("--dry-run imagines a GPU server: give its memory per GPU, e.g. --gpu-memory 80e9")
+    estimates, problems = course.dry_run(args.world_size, args.backend, args.preset, args.steps,
+                                         args.gpu_memory or float("inf"), args.timeout, gpu_flops=args.gpu_flops)
+    memory = f"{args.gpu_memory / 1e9:g} GB" if args.gpu_memory else "CPU"
+    print(f"dry run: {args.world_size} x {memory}, backend {args.backend}, preset {args.preset}, "
+          f"{args.steps} steps\n")
+    print(course.format_estimates(estimates) + "\n")
+    for problem in problems:
+        print(f"problem: {problem}")
+    print(f"{len(estimates)} launches checked: " + (f"{len(problems)} problem(s)" if problems else "everything fits"))
+    return 2 if problems else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m par batch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from par.runtime.preflight import choose_backend, default_world_size
+    parser.add_argument("--world-size", type=int, default=default_world_size(),
+                        help=f"ranks per launched job; GPUs on a GPU server (default min(4, cores) = "
+                             f"{default_world_size()})")
+    parser.add_argument("--backend", default="auto", help="auto | gloo | nccl (default auto)")
+    parser.add_argument("--preset", default="tiny", help="GPT-lite preset: tiny | small | gpt3-small")
+    parser.add_argument("--steps", type=int, default=20, help="training steps where a notebook trains")
+    parser.add_argument("--out", type=Path, default=Path("runs"), help="runs/<time>/ goes here")
+    parser.add_argument("--notebooks", default="notebooks/*.ipynb", help="glob of notebooks to run")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds any one cell may run before the notebook is failed (papermill execution_timeout; "
+                             "default: scaled with the notebook's launches, at least 600)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="run nothing: check every launch for a server of --world-size GPUs of --gpu-memory bytes")
+    parser.add_argument("--gpu-memory", type=parse_bytes, default=None, help="bytes per GPU for --dry-run: 80e9, 40GB")
+    parser.add_argument("--gpu-flops", type=float, default=None,
+                        help="achieved FLOP/s of one GPU for --dry-run (default: an A100's, fp32 without TF32)")
+    args = parser.parse_args(argv)
+    if args.world_size < 1:
+        parser.error(f"--world-size must be at least 1, got {args.world_size}")
+    from par.model import PRESETS
+    if args.preset not in PRESETS:
+        parser.error(f"unknown --preset {args.preset!r}: use one of {', '.join(PRESETS)}")
+    if args.dry_run:
+        return dry_run(args)
+    choose_backend(args.world_size, args.backend)   # preflight: BackendError before any notebook starts
+    notebooks = sorted(Path().glob(args.notebooks)) if not Path(args.notebooks).is_absolute() else \
+        sorted(Path(args.notebooks).parent.glob(Path(args.notebooks).name))
+    if not notebooks:
+        from par.course.launches import CourseError
+        raise CourseError(f"no notebook matches {args.notebooks!r} in {Path.cwd()}: run from the repository root, "
+                          f"or pass --notebooks")
+    parameters = {"world_size": args.world_size, "backend": args.backend, "preset": args.preset, "steps": args.steps}
+    summary = run(notebooks, args.out, parameters, args.timeout)
+    print("\n" + markdown(summary) + f"\nexecuted notebooks and summary: {summary['folder']}")
+    return 1 if summary["failed"] else 0

@@ -1,0 +1,170 @@
+"""Lecture 08's measurements: activation memory per rank, SP and CP training beside the dense model, the ring timeline.
+
+    par.runtime.launch.run("par.cp.job", nproc=tensor_parallel.tp_degree(cfg, world_size), args=["--steps", "5"])
+
+Launch it on a number of ranks that divides the heads (sequence parallelism runs on TP). Rank 0 saves,
+beside the job contract's keys (world_size, backend, losses = the dense model's loss per step, step_s =
+the slowest rank's seconds per TP+SP step, per_rank):
+
+    memory      per sequence length, the bytes autograd keeps for one transformer block on one rank
+                (`par.memory.accounting.saved_activation_bytes`, the largest over the ranks) for DP (the whole
+                sequence, a replica per rank), TP, TP+SP and CP (ring attention), each beside
+                `par.memory.accounting.activation_bytes_per_layer`
+    sp_losses, cp_losses    the same training with TP+SP and with CP (each loss of the whole batch);
+                max_param_diff {"sp", "cp"}: the largest gap to the dense weights afterwards
+    timeline    per layout (balanced, naive): the spans of one ring-attention forward (compute per
+                block, K/V transfers), every rank's, and the scores each rank computes (`computed_pairs`)
+    oversubscribed  more ranks than physical cores (then the timeline's times are not to be trusted)
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+import par.runtime.dist
+from par.cp import ring_attention as cp
+from par.memory import accounting as memory
+from par.tp import sequence as sp, layers as tp
+from par.data import CharDataset, global_batches
+from par.model import build, lm_loss, preset
+from par.runtime.preflight import physical_cores
+from par.reference import make_optimizer
+from par.timeline import Recorder
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seqs", default="", help="sequence lengths of the memory sweep (default: the context × 1, 2, 4, 8)")
+    p.add_argument("--timeline-seq", type=int, default=2048, help="tokens of the ring-attention timeline")
+    p.add_argument("--timeline-heads", type=int, default=4)
+    p.add_argument("--timeline-head-dim", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def sweep(cfg, n: int, text: str) -> list[int]:
+    """Sequence lengths for the memory figure, rounded up to a multiple of 2n (SP and CP both split them)."""
+    seqs = [int(s) for s in text.split(",")] if text else (
+        [cfg.block_size * k for k in (1, 2, 4, 8)] if cfg.block_size <= 256 else
+        [cfg.block_size // 4, cfg.block_size // 2, cfg.block_size])
+    return [-(-s // (2 * n)) * 2 * n for s in seqs]
+
+
+def block_memory(cfg, n: int, r: int, seq: int, batch: int, device) -> dict:
+    """Saved bytes of one block per strategy on this rank, and the formulas."""
+    from par.model import Block
+    torch.manual_seed(0)
+    dense = Block(cfg).to(device)
+    x = torch.randn(batch, seq, cfg.d_model, device=device)
+    e = x.element_size()
+    positions = cp.all_positions(seq, n)
+    runs = {
+        "DP": (dense, lambda t: dense(t), x),
+        "TP": (tp.TensorParallelBlock.from_dense(dense), None, x),
+        "TP+SP": (sp.SequenceParallelBlock.from_dense(dense), None, sp.my_sequence_slice(x)),
+        "CP": (dense, lambda t: cp.block_forward(dense, t, positions), cp.shard_sequence(x, positions[r])),
+    }
+    out = {}
+    for name, (module, fn, inp) in runs.items():
+        _, saved = memory.saved_activation_bytes(fn or module, inp.clone().requires_grad_(),
+                                                 exclude=list(module.parameters()))
+        out[name] = saved
+    f = lambda **kw: memory.activation_bytes_per_layer(seq, batch, cfg.d_model, cfg.n_head, "none", e,
+                                                       dropout=False, **kw)
+    formula = {"DP": f(), "TP": f(tp=n), "TP+SP": f(tp=n, sequence_parallel=True), "CP": f(cp=n) if n > 1 else f()}
+    return {"seq": seq, "measured": out, "formula": formula}
+
+
+def train(cfg, n: int, r: int, args, device) -> dict:
+    """The dense model, TP+SP and CP trained on the same batches; losses and the final weight gaps."""
+    dense = build(cfg, seed=args.seed).to(device)
+    spm = sp.SequenceParallelGPT.from_dense(dense)
+    cpm = build(cfg, seed=args.seed).to(device)
+    seq = cfg.block_size - cfg.block_size % n          # SP cuts the sequence into n equal slices
+    positions = cp.all_positions(seq, n)
+    opts = {k: make_optimizer(m.parameters(), "adam", args.lr, eps=1e-6) for k, m in
+            (("dense", dense), ("sp", spm), ("cp", cpm))}
+    losses = {"dense": [], "sp": [], "cp": []}
+    step_s = []
+    for x, y in global_batches(CharDataset(block_size=seq), args.batch_size, args.steps, seed=args.seed):
+        x, y = x.to(device), y.to(device)
+        for o in opts.values():
+            o.zero_grad(set_to_none=True)
+        loss = lm_loss(dense(x), y)
+        loss.backward()
+        losses["dense"].append(loss.item())
+        t0 = time.perf_counter()
+        loss = lm_loss(spm(x), y)
+        loss.backward()
+        sp.sync_grads(spm)
+        step_s.append(time.perf_counter() - t0)
+        losses["sp"].append(loss.item())
+        logits = cp.gpt_forward(cpm, cp.shard_sequence(x, positions[r]), positions)
+        mine = F.cross_entropy(logits.reshape(-1, logits.size(-1)), cp.shard_sequence(y, positions[r]).reshape(-1),
+                               reduction="sum") / y.numel()
+        mine.backward()
+        cp.sync_grads(cpm)
+        total = mine.detach().clone()
+        torch.distributed.all_reduce(total) if n > 1 else None
+        losses["cp"].append(total.item())
+        for o in opts.values():
+            o.step()
+    gaps = {"sp": max((a - b).abs().max().item() for a, b in
+                      zip(spm.state_dict().values(), tp.TensorParallelGPT.from_dense(dense).state_dict().values())),
+            "cp": max((a - b).abs().max().item() for a, b in zip(cpm.parameters(), dense.parameters()))}
+    return {"losses": losses, "step_s": step_s, "max_param_diff": gaps}
+
+
+def timeline(n: int, r: int, args, device) -> dict:
+    """One ring-attention forward per layout at a size where a block's compute outweighs its transfer."""
+    g = torch.Generator().manual_seed(1)
+    shape = (1, args.timeline_heads, args.timeline_seq, args.timeline_head_dim)
+    full = [torch.randn(shape, generator=g).to(device) for _ in range(3)]
+    out = {}
+    for layout in cp.LAYOUTS:
+        positions = cp.all_positions(args.timeline_seq, n, layout)
+        q, k, v = (cp.shard_sequence(t, positions[r], dim=2) for t in full)
+        rec = Recorder()
+        for _ in range(2):                      # the first forward warms up; the second is kept
+            rec.reset()
+            with torch.no_grad():
+                cp.ring_attention(q, k, v, positions, recorder=rec)
+        out[layout] = {"spans": rec.gather(), "computed_pairs": cp.computed_pairs(args.timeline_seq, n, layout),
+                       "causal_pairs": cp.causal_pairs(args.timeline_seq, n, layout)}
+    return out
+
+
+def main(argv=None) -> None:
+    args = parse(argv)
+    env = par.runtime.dist.init()
+    n, r = env.world_size, env.rank
+    cfg = preset(args.preset)
+    tp.check_tp_degree(cfg, n)
+    mem = [block_memory(cfg, n, r, s, args.batch_size, env.device) for s in sweep(cfg, n, args.seqs)]
+    worst = par.runtime.dist.gather_object(mem)
+    if r == 0:        # the largest over the ranks (CP's uneven slices differ by a token)
+        for i, row in enumerate(mem):
+            row["measured"] = {k: max(w[i]["measured"][k] for w in worst) for k in row["measured"]}
+    trained = train(cfg, n, r, args, env.device)
+    slowest = par.runtime.dist.gather_object(trained["step_s"])
+    spans = timeline(n, r, args, env.device)
+    per_rank = par.runtime.dist.gather_object({"rank": r, "memory": [m["measured"] for m in mem]})
+    par.runtime.dist.save_result({
+        "world_size": n, "backend": env.backend, "preset": args.preset, "batch_size": args.batch_size,
+        "losses": trained["losses"]["dense"], "sp_losses": trained["losses"]["sp"],
+        "cp_losses": trained["losses"]["cp"], "max_param_diff": trained["max_param_diff"],
+        "step_s": [max(s) for s in zip(*slowest)] if slowest else [], "per_rank": per_rank,
+        "memory": mem, "timeline": spans, "oversubscribed": n > physical_cores(),
+        "timeline_shape": [1, args.timeline_heads, args.timeline_seq, args.timeline_head_dim]})
+    par.runtime.dist.teardown()
+
+
+if __name__ == "__main__":
+    main()

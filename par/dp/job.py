@@ -1,0 +1,165 @@
+"""Train GPT-lite with data parallelism and report what happened.
+
+    torchrun --nproc-per-node=2 -m par.dp.job --dp naive,bucketed --impl ring --bucket-kb 64 \\
+        --batch 16 --accum 1 --steps 20 --compression none
+
+`--dp` and `--compression` take comma-separated lists; every combination trains from the same
+initial weights on the same data, one after the other (`--dp ddp` is torch's DistributedDataParallel,
+for comparison). Rank 0 saves {"world_size", "backend", "runs": [...]} (the job contract of
+`par.measure`), one entry per run with:
+
+    losses                  loss of the global batch per step (the mean over ranks)
+    step_s                  seconds per step, the slowest rank's
+    per_rank                each rank's losses, step times, bytes sent per step and parameter fingerprint
+    bytes_sent_per_step     rank 0's, counted by par.comm.commlog (0 for ddp: torch's own traffic is not logged)
+    bytes_expected          the exact ring count and the formula 2(N-1)/N · gradient bytes
+    memory                  model states measured and predicted, plus the wrapper's own buffers
+    timeline, overlap       one step's recorded spans, and the share of communication hidden behind backward
+    max_param_diff_vs_first with --compare: max |parameters - the first run's parameters| over every rank
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from dataclasses import asdict
+
+import torch
+
+import par.runtime.dist
+from par.comm import collectives, commlog
+from par.dp import compression
+from par.memory import accounting as memory
+from par.dp.batch_size import resolve_batch
+from par.comm.collectives import all_reduce_formula_bytes, ring_all_reduce_bytes
+from par.data import CharDataset
+from par.dp.wrap import (VARIANTS, overlap_fraction, shard_loader, split_micro, train_step, wrap,
+                               wrapper_buffer_bytes)
+from par.dp.bucketed import bucket_all_reduce_bytes
+from par.model import build, lm_loss, preset
+from par.reference import make_optimizer, param_hash
+from par.timeline import Recorder
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dp", default="bucketed", help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    ap.add_argument("--impl", default="ring", choices=["ring", "torch"], help="all-reduce: par's ring or torch's")
+    ap.add_argument("--bucket-kb", type=float, default=25 * 1024, help="bucket size cap in KiB (DDP: 25 MiB)")
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--tie-embeddings", action="store_true")
+    ap.add_argument("--batch", type=int, default=16, help="train_batch_size: the global batch per step")
+    ap.add_argument("--micro-batch", type=int, default=None, help="default: batch / (accum × world size)")
+    ap.add_argument("--accum", type=int, default=None,
+                    help="gradient accumulation steps (default: batch / (micro-batch × world size), else 1)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--optimizer", default="adam")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--compression", default="none", help=f"comma-separated, of: {', '.join(compression.NAMES)}")
+    ap.add_argument("--ratio", type=float, default=0.01, help="fraction kept by topk / randomk")
+    ap.add_argument("--timeline-step", type=int, default=None, help="step whose timeline is kept (default: 3rd)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compare", action="store_true",
+                    help="report each run's largest parameter difference from the first run (e.g. --dp bucketed,ddp)")
+    return ap.parse_args(argv)
+
+
+def expected_bytes(dp, comp, n: int, rank: int) -> dict:
+    """What one step should send: exact for this rank (ring, uneven chunks) and the lecture's formula."""
+    params = [p for p in dp.module.parameters() if p.requires_grad] if hasattr(dp, "module") else []
+    grad_bytes = sum(p.numel() * p.element_size() for p in params)
+    if hasattr(dp, "buckets"):
+        buffers = dp.bucket_numels
+    else:
+        buffers = [sum(p.numel() for p in params)] if comp is not None else [p.numel() for p in params]
+    if comp is not None:
+        exact = sum(comp.bytes_formula(k, n, rank) for k in buffers)
+    elif hasattr(dp, "buckets"):
+        exact = bucket_all_reduce_bytes(buffers, n, rank)
+    else:
+        exact = sum(ring_all_reduce_bytes(k, n, rank) for k in buffers)
+    return {"exact": exact, "formula": all_reduce_formula_bytes(grad_bytes, n), "grad_bytes": grad_bytes,
+            "buffers": len(buffers)}
+
+
+def train_one(args, variant: str, comp_name: str, env) -> dict:
+    n = env.world_size
+    if variant == "none" and n > 1:
+        raise ValueError(f"--dp none trains one process on the whole batch: launch it with 1 rank, not {n}")
+    sizes = resolve_batch(n, args.batch, args.micro_batch, args.accum)
+    cfg = preset(args.preset, tie_embeddings=args.tie_embeddings)
+    model = build(cfg, seed=args.seed).to(env.device)
+    comp = compression.make(comp_name, args.ratio, args.seed)
+    rec = Recorder()
+    dp = wrap(model, variant, args.impl, int(args.bucket_kb * 1024), comp)
+    opt = make_optimizer(model.parameters(), args.optimizer, args.lr)
+    data = CharDataset(block_size=cfg.block_size)
+    loader = shard_loader(data, sizes.per_rank, args.seed)
+    if len(loader) < args.steps:
+        raise ValueError(f"{args.steps} steps of {sizes.train_batch_size} sequences need more data than the "
+                         f"{len(data)} windows of the corpus: lower --steps or --batch")
+    tl_step = min(args.timeline_step if args.timeline_step is not None else 2, args.steps - 1)
+    losses, times, sent, timeline = [], [], [], None
+    for step, (x, y) in zip(range(args.steps), loader):
+        recording = step == tl_step
+        if recording:
+            rec.reset()  # a barrier, so every rank's clock starts together
+        if hasattr(dp, "recorder"):
+            dp.recorder = rec if recording else None
+        micro = split_micro(x.to(env.device), y.to(env.device), sizes.grad_accum)
+        t0 = time.perf_counter()
+        with commlog.capture() as log:
+            losses.append(train_step(dp, opt, micro, lm_loss, rec if recording else None))
+        if env.device.type == "cuda":
+            torch.cuda.synchronize(env.device)
+        times.append(time.perf_counter() - t0)
+        sent.append(log.total_bytes())
+        if recording:
+            timeline = rec.gather()
+    numel = sum(p.numel() for p in model.parameters())
+    per_rank = par.runtime.dist.gather_object({"losses": losses, "step_s": times, "bytes_sent_per_step": sent,
+                                       "param_hash": param_hash(model)})
+    result = {
+        "dp": variant, "compression": comp_name, "impl": args.impl, "world_size": n, "backend": env.backend,
+        "batch": asdict(sizes) | {"per_rank": sizes.per_rank}, "preset": args.preset, "numel": numel,
+        "bytes_sent_per_step": sent,   # rank 0's, counted by par.comm.commlog (0 for ddp: torch's own traffic)
+        "bytes_expected": expected_bytes(dp, comp, n, env.rank) if variant in ("naive", "bucketed") else None,
+        "n_buckets": len(getattr(dp, "buckets", [])) or None,
+        "memory": {"measured": memory.live_model_state_bytes(model, opt).to_dict(),
+                   "predicted": memory.model_state_bytes(numel, 1, 0, "fp32", args.optimizer).to_dict(),
+                   "wrapper_buffers": wrapper_buffer_bytes(dp)},
+        "timeline": timeline, "timeline_step": tl_step,
+    }
+    if per_rank is not None:
+        result["losses"] = [sum(r["losses"][s] for r in per_rank) / n for s in range(len(losses))]
+        result["step_s"] = [max(r["step_s"][s] for r in per_rank) for s in range(len(times))]
+        result["per_rank"] = per_rank
+        result["replicas_identical"] = len({r["param_hash"] for r in per_rank}) == 1
+        result["overlap"] = [overlap_fraction(timeline, r) for r in range(n)]
+    final = torch.cat([p.detach().reshape(-1) for p in model.parameters()]) if args.compare else None
+    return result, final
+
+
+def largest_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| over every element and every rank (the same on every rank)."""
+    worst = (a - b).abs().max().reshape(1).double()
+    collectives.all_reduce(worst, "max", impl="torch")
+    return worst.item()
+
+
+def main(argv=None):
+    args = parse(argv)
+    env = par.runtime.dist.init()
+    runs, first = [], None
+    for v, c in itertools.product(args.dp.split(","), args.compression.split(",")):
+        result, final = train_one(args, v, c, env)
+        if args.compare:
+            first = final if first is None else first
+            result["max_param_diff_vs_first"] = largest_difference(final, first)
+        runs.append(result)
+    par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "runs": runs})
+    par.runtime.dist.teardown()
+
+
+if __name__ == "__main__":
+    main()

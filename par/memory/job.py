@@ -1,0 +1,133 @@
+"""Predicted vs measured model-state memory of GPT-lite, on every rank.
+
+    torchrun --nproc-per-node=2 -m par.memory.job --preset tiny --optimizers adam,momentum,sgd --precisions fp32,bf16
+
+Each rank builds the same GPT-lite on its device and, for each precision and
+optimizer, trains it for `--steps` real steps on batches of its own:
+
+* fp32: weights, grads and optimizer state in fp32: 4 + 4 + K bytes per parameter
+  (K: Adam 8, momentum 4, SGD 0);
+* bf16: a bf16 model (weights and grads 2 + 2) and an optimizer over fp32 master
+  copies (K: 4 + Adam 8, momentum 4, SGD 0), the bare bones of mixed precision
+  (no loss scaling is needed for bf16; lecture 05 builds the full recipe).
+
+It measures the live bytes of parameters, gradients and optimizer state after
+building, after the first backward and after every step
+(`par.memory.accounting.live_model_state_bytes`), beside the formula `model_state_bytes`; the
+bytes autograd saves for one forward (activations); and the CUDA peak on a GPU, each
+configuration's own (the previous one is released first). Rank 0 saves {"world_size",
+"backend", ..., "runs": {"<precision> <optimizer>": ...}}, each run with every rank's numbers
+and the job contract's `losses` (mean over the ranks' own batches), `step_s` (slowest rank) and
+`per_rank`.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import par.runtime.dist
+from par.memory import accounting as memory
+from par.data import CharDataset
+from par.model import build, lm_loss, preset
+from par.reference import make_optimizer
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--optimizers", default="adam,momentum,sgd", help="comma-separated: sgd, momentum, adam")
+    ap.add_argument("--precisions", default="fp32", help="comma-separated: fp32, bf16")
+    ap.add_argument("--batch", type=int, default=8, help="sequences per rank")
+    ap.add_argument("--steps", type=int, default=1, help="optimizer steps (model states stay constant)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    args.optimizers = [o.strip() for o in args.optimizers.split(",") if o.strip()]
+    args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    for p in args.precisions:
+        if p not in DTYPES:
+            ap.error(f"unknown precision {p!r}: use fp32 or bf16")
+    return args
+
+
+def measure_one(cfg, precision: str, optimizer: str, batch: int, steps: int, seed: int, env) -> dict:
+    """`steps` steps; live model-state bytes after build, the first backward and each step."""
+    memory.free_device_memory()       # the previous configuration's tensors must not count in this peak
+    memory.reset_cuda_peak(env.device)
+    model = build(cfg, seed=seed).to(env.device, DTYPES[precision])
+    params = list(model.parameters())
+    masters = params if precision == "fp32" else [p.detach().float().requires_grad_() for p in params]
+    opt = make_optimizer(masters, optimizer, lr=1e-3)
+    data = CharDataset(block_size=cfg.block_size)
+    g = torch.Generator().manual_seed(seed * 1000 + env.rank)
+    phases = {"built": memory.live_model_state_bytes(model, opt).to_dict()}
+    totals, losses, times = [], [], []
+    for step in range(max(1, steps)):
+        t0 = time.perf_counter()
+        rows = torch.randint(len(data), (batch,), generator=g).tolist()
+        x, y = (torch.stack(t).to(env.device) for t in zip(*(data[i] for i in rows)))
+        opt.zero_grad(set_to_none=True)
+        loss = lm_loss(model(x).float(), y)
+        loss.backward()
+        if step == 0:
+            phases["backward"] = memory.live_model_state_bytes(model, opt).to_dict()
+        if masters is not params:                     # mixed precision: update the fp32 masters
+            for m, p in zip(masters, params):
+                m.grad = p.grad.float()
+        opt.step()
+        if masters is not params:                     # copy back; the fp32 grads were transient
+            with torch.no_grad():
+                for m, p in zip(masters, params):
+                    p.copy_(m)
+                    m.grad = None
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+        totals.append(memory.live_model_state_bytes(model, opt).total)
+    measured = memory.live_model_state_bytes(model, opt)
+    phases["step"] = measured.to_dict()
+    _, activations = memory.saved_activation_bytes(lambda: lm_loss(model(x).float(), y), exclude=params)
+    numel = sum(p.numel() for p in params)
+    return {
+        "numel": numel,
+        "predicted": memory.model_state_bytes(numel, precision=precision, optimizer=optimizer).to_dict(),
+        "measured": measured.to_dict(),
+        "phases": phases,
+        "totals_per_step": totals,
+        "activation_bytes": activations,
+        "scalar_bytes": memory.live_model_state_bytes(model, opt, include_scalars=True).optimizer - measured.optimizer,
+        "cuda_peak": memory.cuda_peak_bytes(env.device),
+        "losses": losses, "times": times,
+    }
+
+
+def main(argv=None):
+    args = parse(argv)
+    env = par.runtime.dist.init()
+    cfg = preset(args.preset)
+    keys = [(p, o) for p in args.precisions for o in args.optimizers]
+    mine = {f"{p} {o}": measure_one(cfg, p, o, args.batch, args.steps, args.seed, env) for p, o in keys}
+    for k, r in mine.items():
+        ok = "equal" if r["predicted"] == r["measured"] else "DIFFERENT"
+        print(f"rank {env.rank} {k:>14}: predicted {r['predicted']['total']:,.0f} B, "
+              f"measured {r['measured']['total']:,.0f} B ({ok}), cuda peak {memory.format_bytes(r['cuda_peak'])}",
+              flush=True)
+    ranks = par.runtime.dist.gather_object(mine)
+    if env.is_rank0:
+        per_rank = ("measured", "phases", "totals_per_step", "activation_bytes", "scalar_bytes", "cuda_peak")
+        par.runtime.dist.save_result({
+            "preset": args.preset, "steps": args.steps, "batch": args.batch, "world_size": env.world_size,
+            "backend": env.backend, "device": str(env.device), "numel": memory.param_count(cfg),
+            "runs": {k: {"predicted": mine[k]["predicted"], **{f: [r[k][f] for r in ranks] for f in per_rank},
+                         "losses": [sum(r[k]["losses"][s] for r in ranks) / len(ranks) for s in range(len(mine[k]["losses"]))],
+                         "step_s": [max(r[k]["times"][s] for r in ranks) for s in range(len(mine[k]["times"]))],
+                         "per_rank": [{f: r[k][f] for f in ("losses", "times", "cuda_peak")} for r in ranks]}
+                     for k in mine},
+        })
+    par.runtime.dist.teardown()
+
+
+if __name__ == "__main__":
+    main()

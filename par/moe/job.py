@@ -1,0 +1,133 @@
+"""Train a MoE GPT-lite with expert parallelism inside data parallelism, with and without the balancing loss.
+
+    par.runtime.launch.run("par.moe.job", nproc=2, args=["--alphas", "0,0.1", "--steps", "20"])
+
+W ranks = W/ep EP groups of `--ep` ranks (default ep = W): every rank trains on its own sequences (one
+routing group), its MoE layers send tokens to the experts' owners with the all-to-all (`--impl p2p` by
+hand, `torch` for all_to_all_single). One run per balancing-loss weight alpha (`--alphas`). Rank 0
+saves {"world_size", "backend", "runs": [...]}; each run has the contract's keys (losses, step_s, per_rank:
+bytes sent per step) and
+
+    alpha, ep, dp, impl, n_experts, k, capacity_factor, capacity   the run's settings (capacity: C per rank)
+    tokens_per_expert   [step][layer][expert]: choices each expert received, summed over every rank
+    dropped             [step]: fraction of the choices dropped (expert full), all layers and ranks
+    alltoall_bytes      rank 0's bytes in all-to-alls per step (measured by par.comm.commlog) and its formula
+    reference_losses    (--check) the single-process model on the same batches, ranks as routing groups
+    max_loss_diff, max_param_diff   (--check) against it
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+
+import par.runtime.dist
+from par.comm import commlog
+from par.moe import experts as ep
+from par.data import CharDataset, global_batches
+from par.model import preset
+from par.moe.router import build_moe_gpt, capacity, moe_layers, moe_loss, set_groups
+from par.reference import make_optimizer
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--batch", type=int, default=4, help="sequences per rank")
+    p.add_argument("--experts", type=int, default=4)
+    p.add_argument("--k", type=int, default=2)
+    p.add_argument("--capacity-factor", type=float, default=1.25)
+    p.add_argument("--alphas", default="0,0.1", help="balancing-loss weights, one run each")
+    p.add_argument("--ep", type=int, default=0, help="ranks per EP group (default: all)")
+    p.add_argument("--impl", default="p2p", choices=list(ep.IMPLS))
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--check", action="store_true", help="train the single-process model beside and compare")
+    return p.parse_args(argv)
+
+
+def device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def global_load(model) -> list[list[int]]:
+    """Choices per expert of the last forward, per layer, summed over every rank."""
+    load = torch.stack([layer.routings[0].load for layer in moe_layers(model)]).double()
+    dist.all_reduce(load)
+    return load.long().tolist()
+
+
+def global_dropped(model) -> float:
+    counts = torch.tensor([[sum(r.dropped for r in layer.routings), layer.routings[0].kept.numel()]
+                           for layer in moe_layers(model)], dtype=torch.float64).sum(0).to(device_of(model))
+    dist.all_reduce(counts)
+    return (counts[0] / counts[1]).item()
+
+
+def run(args, alpha: float, env) -> dict:
+    n, r = env.world_size, env.rank
+    cfg = preset(args.preset)
+    groups = ep.make_groups(args.ep or n)
+    dense = build_moe_gpt(cfg, args.experts, args.k, args.capacity_factor, seed=0)
+    model = ep.to_expert_parallel(dense, groups, args.impl).to(env.device)
+    opt = make_optimizer(model.parameters(), "adam", args.lr)
+    if args.check:
+        set_groups(dense, n)
+        ref_opt = make_optimizer(dense.parameters(), "adam", args.lr)
+    data = CharDataset(block_size=cfg.block_size)
+    cap = capacity(args.batch * cfg.block_size, args.experts, args.k, args.capacity_factor)
+    out = {"alpha": alpha, "ep": groups.ep, "dp": groups.dp, "impl": args.impl, "n_experts": args.experts, "k": args.k,
+           "capacity_factor": args.capacity_factor, "capacity": cap, "losses": [], "step_s": [],
+           "tokens_per_expert": [], "dropped": [], "reference_losses": []}
+    sent, mine = [], slice(r * args.batch, (r + 1) * args.batch)
+    for x, y in global_batches(data, args.batch * n, args.steps, seed=1):
+        if args.check:
+            ref_opt.zero_grad(set_to_none=True)
+            loss = moe_loss(dense, dense(x), y, alpha)
+            loss.backward()
+            ref_opt.step()
+            out["reference_losses"].append(loss.item())
+        xs, ys = x[mine].to(env.device), y[mine].to(env.device)
+        dist.barrier()
+        start = time.perf_counter()
+        with commlog.capture() as log:
+            out["losses"].append(ep.train_step(model, opt, xs, ys, groups, alpha))
+        if env.device.type == "cuda":
+            torch.cuda.synchronize(env.device)
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=env.device)
+        dist.all_reduce(elapsed, dist.ReduceOp.MAX)
+        out["step_s"].append(elapsed.item())
+        sent.append(log.total_bytes("all_to_all"))
+        out["tokens_per_expert"].append(global_load(model))
+        out["dropped"].append(global_dropped(model))
+    formula = ep.moe_step_bytes(cfg.n_layer, args.experts, cap, cfg.d_model, groups.ep, r % groups.ep)
+    out["alltoall_bytes"] = {"measured": sent[-1], "formula": formula}
+    if args.check:
+        out["max_loss_diff"] = max(abs(a - b) for a, b in zip(out["losses"], out["reference_losses"]))
+        want = ep.reference_shard(dense, model)
+        diff = torch.tensor([max((p.cpu() - want[k]).abs().max().item() for k, p in model.state_dict().items())],
+                            device=env.device)
+        dist.all_reduce(diff, dist.ReduceOp.MAX)
+        out["max_param_diff"] = diff.item()
+    out["per_rank"] = par.runtime.dist.gather_object({"rank": r, "alltoall_bytes_per_step": sent[-1], "formula": formula})
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    env = par.runtime.dist.init()
+    torch.manual_seed(0)
+    runs = [run(args, float(a), env) for a in args.alphas.split(",")]
+    par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "runs": runs})
+    for run_ in runs:
+        par.runtime.dist.print0(f"alpha {run_['alpha']}: loss {run_['losses'][0]:.3f} -> {run_['losses'][-1]:.3f}, "
+                        f"dropped {run_['dropped'][-1]:.1%}, all-to-all {run_['alltoall_bytes']['measured']} B/step "
+                        f"(formula {run_['alltoall_bytes']['formula']})")
+    par.runtime.dist.teardown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,229 @@
+"""Train GPT-lite pipeline-parallel and record what every rank did.
+
+    torchrun --nproc-per-node=4 -m par.pp.job --schedules gpipe,1f1b --microbatches 1,4,8
+
+One launch runs every (schedule, m) combination in turn, each on a fresh copy of the model:
+`--warmup` untimed steps (only before the first with `--warmup-once`), then `--steps` timed ones. With a fixed `--micro-batch-size` the batch
+grows with m (the GPipe view); with `--batch` the batch is fixed and the micro-batches shrink as m
+grows (the micro-batch size trade-off). `--d-model`, `--n-head`, `--n-layer`, `--block-size` and
+`--vocab-size` change the preset (the lecture's timing experiments use wide blocks and a small
+vocabulary, so the stages are equal and an action is tens of ms of compute).
+
+With `--dp D` the world is D replicas of a pipeline of world/D stages (`par.pp.replicated`): every replica runs its rows of the batch through its pipeline, then the D copies of each
+stage average their gradients. Only 1F1B there.
+
+With `--check` every rank also trains the single-process model on the same batches and compares
+its stage: the first step's gradients (max_grad_diff), every step's loss (max_loss_diff) and the
+parameters at the end (max_diff). The reference runs the batch in the pipeline's micro-batches and
+accumulates their gradients (loss_i / m), so it never holds more than one micro-batch's activations.
+
+Rank 0 saves {"world_size", "backend", "config", "runs": [...]}; each run follows the job result
+contract (losses, step_s, per_rank) and adds: schedule, m, v, dp, batch, micro_batch_size, text,
+bounds, spans (every action of the last timed step, wall clock, with its CPU time `cpu_s`),
+bubble (median over the timed steps of the measured idle fraction) and bubble_steps, bubble_formula,
+costs (median CPU seconds of each stage's forward and backward, for the simulator), memory (per
+rank: activation peak, micro-batches in flight), bytes (per rank and step, by kind:
+pipeline sends, data-parallel gradients) and the max_*diff of --check.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import par.runtime.dist
+from par.comm import commlog
+from par.pp import sim as pipeline_sim, schedules
+from par.data import CharDataset, global_batches
+from par.runtime.grid import Grid
+from par.model import build, lm_loss, preset
+from par.pp.replicated import ReplicatedPipeline
+from par.pp.pipeline import Pipeline, split_microbatches
+from par.reference import make_optimizer
+from par.timeline import Recorder
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--schedules", default="1f1b", help="comma-separated: naive, gpipe, 1f1b, interleaved")
+    ap.add_argument("--microbatches", default="4", help="comma-separated numbers of micro-batches m")
+    ap.add_argument("--virtual", type=int, default=2, help="chunks per rank for 'interleaved'")
+    ap.add_argument("--micro-batch-size", type=int, default=4, help="sequences per micro-batch")
+    ap.add_argument("--batch", type=int, default=None, help="fixed batch (overrides --micro-batch-size)")
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (1F1B only)")
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--n-layer", type=int, default=None, help="override the preset's number of blocks")
+    ap.add_argument("--d-model", type=int, default=None, help="override the preset's width")
+    ap.add_argument("--n-head", type=int, default=None, help="override the preset's number of heads")
+    ap.add_argument("--block-size", type=int, default=None, help="override the preset's context length")
+    ap.add_argument("--vocab-size", type=int, default=None, help="override the preset's vocabulary")
+    ap.add_argument("--partition", default="parameters", choices=["parameters", "uniform"])
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per combination")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps before each combination's timed ones")
+    ap.add_argument("--warmup-once", action="store_true",
+                    help="warm up before the first combination only (when all have the same micro-batch shapes)")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--check", action="store_true", help="compare with single-process training")
+    ap.add_argument("--record-comm", action="store_true", help="also record blocking waits (lane 'comm')")
+    return ap.parse_args(argv)
+
+
+def config(args):
+    overrides = {"n_layer": args.n_layer, "d_model": args.d_model, "n_head": args.n_head,
+                 "block_size": args.block_size, "vocab_size": args.vocab_size}
+    return preset(args.preset, **{k: v for k, v in overrides.items() if v is not None})
+
+
+class Reference:
+    """Single-process training of the whole model on every rank, one micro-batch at a time."""
+
+    def __init__(self, cfg, seed, lr, device, m):
+        self.model = build(cfg, seed=seed).to(device)
+        self.opt = make_optimizer(self.model.parameters(), "adam", lr)
+        self.m = m
+        self.params = {f"{i}.{n}": p for i, layer in enumerate(self.model.to_layers())
+                       for n, p in layer.named_parameters()}
+
+    def step(self, x, y) -> float:
+        """∇ (1/m) Σ_i loss(x_i): the whole batch's gradient, accumulated micro-batch by micro-batch."""
+        self.opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for xi, yi in zip(split_microbatches(x, self.m), split_microbatches(y, self.m)):
+            loss = lm_loss(self.model(xi), yi) / self.m
+            loss.backward()
+            total += loss.item()
+        return total
+
+    def max_diff(self, named, grads: bool) -> float:
+        return max(((p.grad if grads else p) - (self.params[n].grad if grads else self.params[n])).abs().max().item()
+                   for n, p in named)
+
+
+def run_one(args, cfg, kind, m, env, ds, warmup):
+    """Train one (schedule, m) for warmup + steps steps; rank 0 returns the run's record, the others None."""
+    v = args.virtual if kind == "interleaved" else 1
+    pp = env.world_size // args.dp
+    batch = args.batch if args.batch is not None else args.dp * m * args.micro_batch_size
+    sched = schedules.make(kind, pp, m, v)
+    model = build(cfg, seed=args.seed)
+    if args.dp > 1:
+        engine = ReplicatedPipeline(model.to_layers(), Grid(args.dp, pp, 1), microbatches=m, lr=args.lr,
+                                    schedule=kind, track_memory=True)
+        pipe, opt = engine.pipe, None
+    else:
+        pipe = Pipeline(model.to_layers(), sched, lm_loss, method=args.partition, track_memory=True)
+        engine, opt = None, make_optimizer(pipe.parameters(), "adam", args.lr)
+    ref = Reference(cfg, args.seed, args.lr, env.device, args.dp * m) if args.check else None
+    rec = Recorder()
+    losses, times, bubbles, steps_bytes = [], [], [], []
+    loss_diff = grad_diff = 0.0
+    for step, (x, y) in enumerate(global_batches(ds, batch, warmup + args.steps, seed=args.seed)):
+        x, y = x.to(env.device), y.to(env.device)
+        timed = step >= warmup
+        rec.reset()                                   # a barrier: every rank starts the step together
+        with commlog.capture() as log:
+            t0 = time.perf_counter()
+            if engine is not None:
+                loss = engine.step(x, y)
+            else:
+                opt.zero_grad(set_to_none=True)
+                loss = pipe.step(x, y, recorder=rec, record_comm=args.record_comm)
+                opt.step()
+            if env.device.type == "cuda":
+                torch.cuda.synchronize(env.device)
+            elapsed = time.perf_counter() - t0
+        if loss is not None:
+            losses.append(loss)
+        if ref is not None:
+            ref_loss = ref.step(x, y)
+            loss_diff = max(loss_diff, abs(loss - ref_loss) if loss is not None else 0.0)
+            if step == 0:
+                grad_diff = ref.max_diff(pipe.named_parameters(), grads=True)
+            ref.opt.step()
+        if timed:
+            times.append(elapsed)
+            steps_bytes.append({k: e["bytes_sent"] for k, e in _bytes_by_tag(log).items()})
+            if engine is None:
+                spans = _with_cpu(rec, pipe)
+                if spans is not None:
+                    bubbles.append(pipeline_sim.bubble_fraction(spans))
+    diff = ref.max_diff(pipe.named_parameters(), grads=False) if ref is not None else None
+    mine = {"losses": losses, "times": times, "memory": pipe.memory, "diff": diff, "grad_diff": grad_diff,
+            "loss_diff": loss_diff, "bounds": pipe.bounds, "cpu_s": pipe.cpu_s,
+            "bytes": steps_bytes[-1] if steps_bytes else {}}
+    parts = par.runtime.dist.gather_object(mine)
+    if parts is None:
+        return None
+    step_s = [max(ts) for ts in zip(*(p["times"] for p in parts))]   # a step lasts as long as its slowest rank
+    record = {"schedule": kind, "m": m, "v": v, "dp": args.dp, "pp": pp, "batch": batch,
+              "micro_batch_size": batch // (args.dp * m), "text": sched.text(), "bounds": parts[0]["bounds"],
+              "losses": next((p["losses"] for p in parts if p["losses"]), []),   # from a last stage
+              "step_s": step_s, "median_step_s": statistics.median(step_s) if step_s else None,
+              "per_rank": [{k: p[k] for k in ("memory", "bytes", "cpu_s")} for p in parts],
+              "memory": [p["memory"] for p in parts],
+              "bubble_formula": pipeline_sim.bubble_formula(pp, m)}
+    if engine is None:
+        record["spans"] = spans
+        record["bubble_steps"] = bubbles
+        record["bubble"] = statistics.median(bubbles) if bubbles else None
+        record["costs"] = dict(zip(("forward", "backward"), pipeline_sim.stage_costs(spans, sched, clock="cpu")))
+    if args.check:
+        record.update({"max_diff": max(p["diff"] for p in parts), "max_grad_diff": max(p["grad_diff"] for p in parts),
+                       "max_loss_diff": max(p["loss_diff"] for p in parts)})
+    return record
+
+
+def _bytes_by_tag(log) -> dict:
+    """{"pipeline": {...}, "dp gradients": {...}}: this rank's bytes sent in the step, by the label par gave them."""
+    out = {}
+    for e in log.events:
+        part = out.setdefault(e.tag.split("/")[0] or "other", {"bytes_sent": 0, "count": 0})
+        part["bytes_sent"] += e.bytes_sent
+        part["count"] += 1
+    return out
+
+
+def _with_cpu(rec: Recorder, pipe: Pipeline):
+    """The step's spans on rank 0 (None elsewhere), each compute span with its CPU seconds `cpu_s`."""
+    spans = rec.gather()
+    cpu = par.runtime.dist.gather_object(pipe.cpu_s)
+    if spans is None:
+        return None
+    for s in spans:
+        if s["lane"] == "compute":
+            s["cpu_s"] = cpu[s["rank"]][s["name"]]
+    return spans
+
+
+def main(argv=None):
+    args = parse(argv)
+    env = par.runtime.dist.init()
+    torch.manual_seed(args.seed)
+    if env.world_size % args.dp:
+        raise SystemExit(f"error: --dp {args.dp} does not divide the {env.world_size} ranks: "
+                         f"launch a multiple of {args.dp} ranks")
+    if args.dp > 1 and args.schedules != "1f1b":
+        raise SystemExit("error: --dp > 1 runs 1F1B only: pass --schedules 1f1b")
+    cfg = config(args)
+    ds = CharDataset(block_size=cfg.block_size)
+    runs = []
+    for kind in args.schedules.split(","):
+        for m in map(int, args.microbatches.split(",")):
+            r = run_one(args, cfg, kind, m, env, ds, 0 if args.warmup_once and runs else args.warmup)
+            runs.append(r)
+            if r is not None:
+                bubble = f"bubble measured {r['bubble']:.3f}, " if r.get("bubble") is not None else ""
+                print(f"{kind:>11} m={m:<3} step {r['median_step_s'] * 1e3:8.1f} ms   "
+                      f"{bubble}formula {r['bubble_formula']:.3f}", flush=True)
+    par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "preset": args.preset,
+                          "config": cfg.to_dict(), "runs": runs})
+    if dist.is_initialized():
+        par.runtime.dist.teardown()
+
+
+if __name__ == "__main__":
+    main()

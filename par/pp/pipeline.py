@@ -1,0 +1,333 @@
+"""The pipeline runtime: every rank executes its part of a `Schedule`'s communication plan.
+
+Setup. The layer list (`model.to_layers()`) is cut into p·v stages (`par.pp.partition`);
+rank r keeps stages r, r+p, ... (its chunks). Before the first step the ranks agree on
+the shape of every activation that crosses a stage boundary: the owner of stage k runs
+it once on a dummy input and broadcasts the output's shape.
+
+One step = the rank's actions, in order:
+
+    F(i) on stage k:  x = activation i from stage k-1           (stage 0: micro-batch i of the batch)
+                      y = stage(x)                                keep x, y for the backward
+                      y goes to stage k+1                        (last stage: loss_i = loss(y, t_i) / m)
+    B(i) on stage k:  g = d loss / d y from stage k+1            (last stage: backward of loss_i)
+                      y.backward(g)                              parameter .grad accumulates
+                      x.grad goes to stage k-1
+
+Because loss_i is divided by m and .grad accumulates over the micro-batches, the
+gradients equal those of one process training on the whole batch: ∇(1/m Σ loss_i).
+
+Communication. The sends and receives between the actions follow the plan of
+`par.pp.p2p_plan.build(schedule)`, the very plan `par.pp.sim.check` replayed under NCCL's rule
+(groups posted together with one `batch_isend_irecv`; sends that block until matched). The
+runtime keeps one group in flight: it posts a group, goes on computing, and waits for every
+Work of that group before the first action that reads a tensor it receives, before posting
+the next group, and at the end of the step. `executed` lists the groups of the last step as
+they were posted, so a test can compare them with the plan.
+
+A `par.timeline.Recorder` passed to `step` gets one span per action ("F3", "B3@1") on
+every rank (and, with `record_comm`, one "wait" span per blocking wait in lane "comm"); its
+`gather()` brings the timeline to rank 0. `cpu_s` holds each action's CPU time of the last step
+(`time.thread_time()`): what the action cost when ranks share cores and wall time does not tell.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from contextlib import contextmanager, nullcontext
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from par.comm import collectives, commlog
+from par.pp import partition, sim as pipeline_sim
+from par.pp.p2p_plan import Group, message_in
+from par.pp.schedules import Schedule
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32]
+MAX_DIMS = 8
+
+
+class PipelineError(ValueError):
+    """Bad pipeline input: one line that names the numbers and the fix."""
+
+
+def split_microbatches(batch: torch.Tensor, m: int) -> list[torch.Tensor]:
+    """The batch cut along dimension 0 into m equal micro-batches."""
+    if batch.size(0) % m:
+        lower, upper = (batch.size(0) // m) * m, (batch.size(0) // m + 1) * m
+        raise PipelineError(f"a batch of {batch.size(0)} rows does not split into {m} equal micro-batches: "
+                            f"use a batch divisible by {m} (e.g. {lower or upper} or {upper}) "
+                            f"or a number of micro-batches that divides {batch.size(0)}")
+    return list(batch.split(batch.size(0) // m))
+
+
+class Pipeline:
+    """This rank's part of a pipeline-parallel model and the schedule it runs.
+
+    layers    the whole model as a list of modules (every rank passes the same list)
+    schedule  a `par.pp.schedules.Schedule` for p ranks (p = size of `ranks`, default the world)
+    loss_fn   loss_fn(output, target) -> mean loss of a micro-batch, applied on the last stage
+    method    'parameters' (balanced parameter counts) or 'uniform' layer counts
+    ranks     global ranks of the p pipeline ranks (default 0..p-1), for DP x PP layouts,
+    group     with `ranks`: a process group of exactly those ranks (`dist.new_group(ranks)`)
+    """
+
+    def __init__(self, layers, schedule: Schedule, loss_fn, method: str = "parameters",
+                 ranks=None, group=None, device=None, track_memory: bool = False):
+        layers = list(layers)
+        self.plan = pipeline_sim.verified_plan(schedule)
+        self.schedule = schedule
+        self.p, self.v, self.m = schedule.num_ranks, schedule.virtual, schedule.microbatches
+        self.ranks = list(ranks) if ranks is not None else list(range(self.p))
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if len(self.ranks) != self.p:
+            raise PipelineError(f"the schedule is for {self.p} ranks but {len(self.ranks)} were given")
+        if ranks is not None and world != self.p and group is None:
+            raise PipelineError(f"a pipeline on ranks {self.ranks} of {world} needs its own process group: "
+                                f"pass group=dist.new_group({self.ranks})")
+        self.group = group
+        if ranks is None and world != self.p:
+            raise PipelineError(f"the schedule is for {self.p} ranks but the job has {world}: "
+                                f"launch {self.p} ranks or build the schedule for {world}")
+        me = dist.get_rank() if dist.is_initialized() else 0
+        if me not in self.ranks:
+            raise PipelineError(f"rank {me} is not one of the pipeline's ranks {self.ranks}")
+        self.rank = self.ranks.index(me)  # this rank's place in the pipeline
+        self.bounds = partition.bounds_for(layers, self.p * self.v, method)
+        self.device = torch.device(device) if device is not None else _default_device(layers)
+        self.chunks = [nn.Sequential(*layers[slice(*self.bounds[self.stage_of(c)])]).to(self.device)
+                       for c in range(self.v)]
+        self.loss_fn = loss_fn
+        self.track_memory = track_memory
+        self._shapes = {}
+        self.memory = {}
+        self.executed = []   # the last step's groups as posted: [[(kind, peer, message), ...], ...]
+        self.cpu_s = {}      # the last step's CPU seconds per action: {"F3": 0.012, ...}
+
+    # ------------------------------------------------------------ bookkeeping
+    @property
+    def last_rank(self) -> int:
+        """Pipeline rank that holds the last stage (and so knows the loss)."""
+        return self.schedule.owner(self.p * self.v - 1)[0]
+
+    def stage_of(self, chunk: int) -> int:
+        """Global stage of this rank's chunk `chunk`: chunk·p + rank."""
+        return chunk * self.p + self.rank
+
+    def parameters(self):
+        return itertools.chain.from_iterable(c.parameters() for c in self.chunks)
+
+    def named_parameters(self):
+        """(name, parameter) with names of the whole layer list: '<layer index>.<name in the layer>'."""
+        for c, chunk in enumerate(self.chunks):
+            first = self.bounds[self.stage_of(c)][0]
+            for name, param in chunk.named_parameters():
+                i, rest = name.split(".", 1)
+                yield f"{first + int(i)}.{rest}", param
+
+    # ------------------------------------------------------------ shapes
+    def _boundary_shapes(self, x0: torch.Tensor) -> list[tuple]:
+        """(shape, dtype) of the output of every stage but the last, for micro-batch input x0.
+
+        Stage k's owner runs it on a dummy input of stage k's shape and broadcasts the result.
+        """
+        key = (tuple(x0.shape), x0.dtype)
+        if key in self._shapes:
+            return self._shapes[key]
+        shapes, inp = [], (tuple(x0.shape), x0.dtype)
+        with commlog.tag("pipeline shapes"):
+            for k in range(self.p * self.v - 1):
+                owner, chunk = self.schedule.owner(k)
+                code = torch.zeros(2 + MAX_DIMS, dtype=torch.int64, device=self.device)
+                if owner == self.rank:
+                    dummy = x0 if k == 0 else torch.zeros(inp[0], dtype=inp[1], device=self.device)
+                    with torch.no_grad():
+                        out = self.chunks[chunk](dummy.to(self.device))
+                    code[0], code[1] = out.dim(), DTYPES.index(out.dtype)
+                    code[2:2 + out.dim()] = torch.tensor(out.shape)
+                if self.p > 1:
+                    collectives.broadcast(code, src=self.ranks[owner], group=self.group)
+                n = int(code[0])
+                inp = (tuple(int(d) for d in code[2:2 + n]), DTYPES[int(code[1])])
+                shapes.append(inp)
+        self._shapes[key] = shapes
+        return shapes
+
+    def _buffer(self, message, shapes) -> torch.Tensor:
+        """An empty tensor for `message`: an activation (output of stage k) or a gradient (input of stage k)."""
+        what, _, stage = message
+        shape, dtype = shapes[stage] if what == "activation" else shapes[stage - 1]
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    # ------------------------------------------------------------ one step
+    def step(self, x: torch.Tensor, y: torch.Tensor, recorder=None, record_comm: bool = False):
+        """Forward and backward of the batch (x, y) by the plan; gradients accumulate in .grad.
+
+        Returns the batch's mean loss on the rank holding the last stage, None elsewhere.
+        """
+        run = _Step(self, split_microbatches(x, self.m), split_microbatches(y, self.m))
+        span = recorder.span if recorder is not None else (lambda *a, **k: nullcontext())
+        run.waiting = (lambda: span("wait", lane="comm")) if record_comm else nullcontext
+        with commlog.tag("pipeline"):
+            for item in self.plan.ranks[self.rank]:
+                if isinstance(item, Group):
+                    run.post(item)
+                    continue
+                run.wait_for(item)
+                cpu = time.thread_time()
+                with span(str(item)):
+                    if item.kind == "F":
+                        run.forward(item)
+                    else:
+                        run.backward(item)
+                run.cpu_s[str(item)] = time.thread_time() - cpu
+            run.wait()
+        if run.saved or run.inbox or run.outbox:
+            raise RuntimeError(f"rank {self.rank}: step ended with work left: saved {sorted(run.saved)}, "
+                               f"unread messages {sorted(run.inbox)}, unsent {sorted(run.outbox)}")
+        self.executed, self.cpu_s = run.executed, run.cpu_s
+        if run.mem:
+            self.memory = run.mem.summary()
+        return float(run.loss) if run.loss is not None else None
+
+
+class _Step:
+    """The state of one step on one rank: what is saved for backward, what arrived, what waits to be sent."""
+
+    def __init__(self, pipe: Pipeline, xs, ys):
+        self.pipe, self.xs, self.ys = pipe, xs, ys
+        self.shapes = pipe._boundary_shapes(xs[0].to(pipe.device))
+        self.last = pipe.p * pipe.v - 1
+        self.saved = {}                   # (micro-batch, stage) -> (input, output or loss)
+        self.inbox = {}                   # message -> tensor received (and waited for) or handed over locally
+        self.outbox = {}                  # message -> tensor computed here, waiting for its group
+        self.in_flight = None             # (works, {message: buffer}, tensors sent) of the group posted last
+        self.executed, self.cpu_s = [], {}
+        self.waiting = nullcontext
+        self.loss = None
+        self.mem = _MemoryMeter(pipe.parameters()) if pipe.track_memory else None
+
+    def post(self, group: Group) -> None:
+        """Post `group` as one batch (after the previous group completed); do not wait for it."""
+        self.wait()
+        ranks = self.pipe.ranks
+        sends = [(self.outbox.pop(op.message), ranks[op.peer]) for op in group.sends]
+        buffers = {op.message: self.pipe._buffer(op.message, self.shapes) for op in group.recvs}
+        recvs = [(buffers[op.message], ranks[op.peer]) for op in group.recvs]
+        works = collectives.send_recv(sends, recvs, self.pipe.group)
+        self.in_flight = (works, buffers, sends)
+        self.executed.append([(op.kind, op.peer, op.message) for op in group.sends]
+                             + [(op.kind, op.peer, op.message) for op in group.recvs])
+
+    def wait(self) -> None:
+        """Wait for every Work of the group in flight; only then are its received tensors valid."""
+        if self.in_flight is None:
+            return
+        works, buffers, _ = self.in_flight
+        with self.waiting():
+            for work in works:
+                work.wait()
+        self.inbox.update(buffers)
+        self.in_flight = None
+
+    def wait_for(self, a) -> None:
+        """Before action `a`: wait for the group in flight if it brings `a`'s input."""
+        need = message_in(self.pipe.schedule, self.pipe.rank, a)
+        if need is not None and self.in_flight is not None and need[0] in self.in_flight[1]:
+            self.wait()
+
+    def forward(self, a) -> None:
+        """x = input (micro-batch or received activation); y = stage(x); send y, or loss_i / m on the last stage."""
+        pipe, k = self.pipe, self.pipe.stage_of(a.chunk)
+        if k == 0:
+            inp = self.xs[a.microbatch].to(pipe.device)
+        else:
+            inp = self.inbox.pop(("activation", a.microbatch, k - 1))
+            if inp.is_floating_point():
+                inp.requires_grad_(True)
+        with self.mem.forward(a.microbatch, k) if self.mem else nullcontext():
+            out = pipe.chunks[a.chunk](inp)
+            if k == self.last:
+                out = pipe.loss_fn(out, self.ys[a.microbatch].to(pipe.device)) / pipe.m
+        self.saved[(a.microbatch, k)] = (inp, out)
+        if k == self.last:
+            self.loss = out.detach() if self.loss is None else self.loss + out.detach()
+        else:
+            self.hand_over(("activation", a.microbatch, k), out.detach(), k + 1)
+
+    def backward(self, a) -> None:
+        """y.backward(dL/dy) (the loss's own backward on the last stage); send x.grad to the stage before."""
+        k = self.pipe.stage_of(a.chunk)
+        inp, out = self.saved.pop((a.microbatch, k))
+        if k == self.last:
+            out.backward()
+        else:
+            out.backward(self.inbox.pop(("gradient", a.microbatch, k + 1)))
+        if self.mem:
+            self.mem.backward(a.microbatch, k)
+        if k > 0:
+            self.hand_over(("gradient", a.microbatch, k), inp.grad, k - 1)
+
+    def hand_over(self, message, tensor, stage) -> None:
+        """`tensor` for the owner of `stage`: into this rank's inbox if it owns it, else out with the plan's next group."""
+        if self.pipe.schedule.owner(stage)[0] == self.pipe.rank:
+            self.inbox[message] = tensor.detach()
+        else:
+            self.outbox[message] = tensor.detach().contiguous()
+
+
+def _default_device(layers) -> torch.device:
+    try:
+        from par.runtime import dist as pdist
+        return pdist.env().device
+    except RuntimeError:
+        for layer in layers:
+            for p in getattr(layer, "parameters", lambda: [])():
+                return p.device
+    return torch.empty(0).device
+
+
+class _MemoryMeter:
+    """Bytes of activations autograd keeps for backward, per micro-batch in flight (parameters excluded).
+
+    Counted with saved-tensor hooks, so it works on any device: a tensor saved by several
+    operations is counted once. `summary()` gives the peak over the step.
+    """
+
+    def __init__(self, params):
+        self.params = {p.untyped_storage().data_ptr() for p in params}
+        self.live = {}      # (micro-batch, stage) -> {storage: bytes}
+        self.held = self.peak = 0
+        self.in_flight = self.peak_in_flight = 0
+        self.per_microbatch = []
+
+    @contextmanager
+    def forward(self, mb: int, stage: int):
+        """Count what autograd saves inside the block as micro-batch `mb`'s activations on `stage`."""
+        storages = {}
+
+        def pack(t):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in self.params and ptr not in storages:
+                storages[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+        self.live[(mb, stage)] = storages
+        got = sum(storages.values())
+        self.per_microbatch.append(got)
+        self.held += got
+        self.in_flight += 1
+        self.peak = max(self.peak, self.held)
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+
+    def backward(self, mb: int, stage: int) -> None:
+        self.held -= sum(self.live.pop((mb, stage)).values())
+        self.in_flight -= 1
+
+    def summary(self) -> dict:
+        return {"peak_bytes": self.peak, "peak_in_flight": self.peak_in_flight,
+                "bytes_per_microbatch": max(self.per_microbatch, default=0)}

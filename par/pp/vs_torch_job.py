@@ -1,0 +1,98 @@
+"""par's pipeline next to torch.distributed.pipelining: same stages, same data, same Adam steps.
+
+    torchrun --nproc-per-node=2 -m par.pp.vs_torch_job --schedule 1f1b --microbatches 4 --steps 3
+
+Every rank builds par's `Pipeline` and torch's `PipelineStage` + `Schedule1F1B` (or
+`ScheduleGPipe`) on the same stage of the same GPT-lite (the same layer boundaries, the same
+initial weights, `par.pp.torch_api`), feeds both the same batches cut into the same
+micro-batches, and takes `--steps` Adam steps with each. It compares the first step's gradients,
+every step's loss and the parameters at the end. Rank 0 saves the job result contract (losses,
+step_s and per_rank are par's) plus losses_torch, step_s_torch, max_grad_diff, max_loss_diff and
+max_param_diff (the largest absolute difference on any rank).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import par.runtime.dist
+from par.pp import schedules
+from par.data import CharDataset, global_batches
+from par.model import build, lm_loss, preset
+from par.pp.pipeline import Pipeline
+from par.reference import make_optimizer
+from par.pp.torch_api import SCHEDULES, TorchPipeline
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--schedule", default="1f1b", choices=sorted(SCHEDULES))
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--micro-batch-size", type=int, default=2, help="sequences per micro-batch")
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--n-layer", type=int, default=None, help="override the preset's number of blocks")
+    ap.add_argument("--steps", type=int, default=3, help="Adam steps with each runtime")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+def timed_step(runtime, opt, x, y, device):
+    opt.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    loss = runtime.step(x, y)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return loss, time.perf_counter() - t0
+
+
+def main(argv=None):
+    args = parse(argv)
+    env = par.runtime.dist.init()
+    p, m = env.world_size, args.microbatches
+    cfg = preset(args.preset, **({"n_layer": args.n_layer} if args.n_layer else {}))
+    ours = Pipeline(build(cfg, seed=args.seed).to_layers(), schedules.make(args.schedule, p, m), lm_loss)
+    theirs = TorchPipeline(build(cfg, seed=args.seed).to_layers(), ours.bounds, lm_loss, m, args.schedule,
+                           env.rank, p, env.device)
+    opt = {"par": make_optimizer(ours.parameters(), "adam", args.lr),
+           "torch": make_optimizer(theirs.parameters(), "adam", args.lr)}
+    out = {"losses": [], "losses_torch": [], "step_s": [], "step_s_torch": []}
+    grad_diff = loss_diff = 0.0
+    ds = CharDataset(block_size=cfg.block_size)
+    for step, (x, y) in enumerate(global_batches(ds, m * args.micro_batch_size, args.steps, seed=args.seed)):
+        x, y = x.to(env.device), y.to(env.device)
+        loss, t = timed_step(ours, opt["par"], x, y, env.device)
+        loss_t, t_t = timed_step(theirs, opt["torch"], x, y, env.device)
+        if step == 0:
+            grad_diff = max((a.grad - b.grad).abs().max().item()
+                            for a, b in zip(ours.parameters(), theirs.parameters()))
+        if loss is not None:
+            out["losses"].append(loss)
+            out["losses_torch"].append(loss_t)
+            loss_diff = max(loss_diff, abs(loss - loss_t))
+        out["step_s"].append(t)
+        out["step_s_torch"].append(t_t)
+        opt["par"].step()
+        opt["torch"].step()
+    param_diff = max((a - b).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters()))
+    mine = {"grad_diff": grad_diff, "param_diff": param_diff, "loss_diff": loss_diff, "bounds": ours.bounds[env.rank],
+            **out}
+    parts = par.runtime.dist.gather_object(mine)
+    if parts is not None:
+        last = parts[ours.last_rank]
+        par.runtime.dist.save_result({
+            "world_size": p, "backend": env.backend, "schedule": args.schedule, "m": m, "config": cfg.to_dict(),
+            "losses": last["losses"], "losses_torch": last["losses_torch"],
+            "step_s": [max(ts) for ts in zip(*(q["step_s"] for q in parts))],
+            "step_s_torch": [max(ts) for ts in zip(*(q["step_s_torch"] for q in parts))],
+            "per_rank": [{k: q[k] for k in ("grad_diff", "param_diff", "bounds")} for q in parts],
+            "max_grad_diff": max(q["grad_diff"] for q in parts),
+            "max_loss_diff": max(q["loss_diff"] for q in parts),
+            "max_param_diff": max(q["param_diff"] for q in parts)})
+    par.runtime.dist.teardown()
+
+
+if __name__ == "__main__":
+    main()

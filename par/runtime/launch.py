@@ -1,0 +1,456 @@
+"""Run a real multi-process job from a notebook cell (or a test) and get its results back.
+
+`run("par.comm.job", nproc=4, args=[...])` first checks that the backend can run
+`nproc` ranks on this machine (`par.runtime.preflight.choose_backend`: a `BackendError` in one line,
+before anything starts), then starts
+
+    torchrun --nnodes=1 --nproc-per-node=4 --master-addr=127.0.0.1 --master-port=<free> -m par.comm.job ...
+
+in its own process group, streams every rank's output into the cell as it happens, and
+returns the JSON that rank 0 saved with `par.runtime.dist.save_result`. Never a hang, never a
+swallowed failure, never a silent second try:
+
+* a rank that fails makes the whole job fail: `LaunchError`, whose FIRST LINE is the root
+  cause (which rank, the exception type and message, or the signal that killed it), followed
+  by that rank's traceback or last output;
+* torchrun ends the other ranks when one dies (even by SIGKILL: they would wait forever in
+  their next collective);
+* at `timeout` the launcher asks every rank still running where it is (SIGUSR1: Python's
+  faulthandler, registered by `par.runtime.dist.init`, prints its stack), kills the whole process
+  tree, and the error names the ranks that did not finish: which were busy where, and which
+  were waiting for them in a collective.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+STACK_SIGNAL = signal.SIGUSR1     # "print your stack": par.runtime.dist.init registers faulthandler for it
+COMM_FILES = ("torch/distributed/", "par/comm/collectives.py", "par/runtime/nccl_emulation.py", "par/runtime/dist.py")
+
+
+class LaunchError(RuntimeError):
+    """A launched job failed or timed out. The first line of the message is the root cause.
+
+    `ranks`: the ranks the first line names (the failing rank, or those that did not finish).
+    `crashed`: True when the failing rank died from a signal (a C++ abort, a kill) without a
+    Python exception: the message then holds its last output, with faulthandler's stack dump.
+    """
+
+    def __init__(self, message: str, crashed: bool = False, ranks=(), streamed: bool = False):
+        super().__init__(message)
+        self.crashed = crashed
+        self.ranks = list(ranks)
+        self.streamed = streamed   # the ranks' output was already shown (run(quiet=False))
+
+    @property
+    def root_cause(self) -> str:
+        return str(self).splitlines()[0]
+
+
+def free_port() -> int:
+    """Ask the OS for a TCP port nobody is listening on (127.0.0.1)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_command(target: str, nproc: int, args=(), port: int | None = None) -> list[str]:
+    """The torchrun command line for `python -m target` (or a script, if `target` ends in .py) on `nproc` ranks."""
+    program = [target] if target.endswith(".py") else ["-m", target]
+    return [sys.executable, "-m", "torch.distributed.run",
+            "--nnodes=1", f"--nproc-per-node={nproc}",
+            "--master-addr=127.0.0.1", f"--master-port={port or free_port()}",
+            f"--local-ranks-filter={','.join(map(str, range(nproc)))}", "--tee=3",
+            "--max-restarts=0", "--monitor-interval=0.1",
+            *program, *map(str, args)]
+
+
+# ---------------------------------------------------------------- reading what the ranks said
+PREFIX = re.compile(r"^\[default(\d+)\]:(?:\[rank\d+\]: ?)?")
+
+
+def rank_lines(lines: list[str], rank: int | None = None) -> list[str]:
+    """What `rank` (None: any rank) printed, prefixes removed (torchrun writes `[defaultN]:`, torch adds `[rankN]: `)."""
+    out = []
+    for line in lines:
+        m = PREFIX.match(line)
+        if m and (rank is None or int(m.group(1)) == rank):
+            out.append(line[m.end():])
+    return out
+
+
+def failures(lines: list[str]) -> list[dict]:
+    """torchrun's failure report, root cause first: [{rank, exitcode}] (empty when it printed none)."""
+    text = "".join(lines)
+    found = []
+    for section in (r"Root Cause \(first observed failure\):(.*?)(?:={10,}|$)", r"Failures:(.*?)-{10,}"):
+        m = re.search(section, text, re.S)
+        if m:
+            for rank, code in re.findall(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", m.group(1), re.S):
+                if int(rank) not in [f["rank"] for f in found]:
+                    found.append({"rank": int(rank), "exitcode": int(code)})
+    return found
+
+
+def exception_line(said: list[str]) -> str | None:
+    """`Type: message` of the last Python traceback in a rank's output (None without one)."""
+    starts = [i for i, line in enumerate(said) if line.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return None
+    block = said[starts[-1]:]
+    frames = [i for i, line in enumerate(block) if line.startswith('  File "')]
+    i = (frames[-1] + 1) if frames else 1
+    while i < len(block) and block[i].startswith(" "):   # the frame's source line and its ^^^ markers
+        i += 1
+    return block[i].strip() if i < len(block) else None
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused")
+
+
+def cause_first(found: list[dict], lines: list[str]) -> list[dict]:
+    """torchrun's failures reordered so the cause leads, not its consequences: a rank killed by a
+    signal torchrun did not send (SIGTERM is how torchrun stops the others), then a rank with an
+    exception of its own, then ranks that only saw a peer vanish (gloo's connection errors)."""
+    def rank_of(f):
+        if f["exitcode"] < 0:
+            return 0 if -f["exitcode"] != signal.SIGTERM else 3
+        exc = exception_line(rank_lines(lines, f["rank"])) or ""
+        return 2 if any(p in exc for p in PEER_GONE) else 1
+    return sorted(found, key=rank_of)   # stable: torchrun's order within a kind
+
+
+def describe_failure(lines: list[str]) -> tuple[str, list[int], bool, str]:
+    """(first line naming the root cause, [rank], crashed, details) of a job that exited non-zero."""
+    found = cause_first(failures(lines), lines)
+    if not found:   # torchrun failed by itself, or printed no report: the last traceback anyone printed
+        exc = exception_line(rank_lines(lines)) or exception_line(lines)
+        return (exc or "the job failed without a traceback"), [], False, "".join(lines[-40:])
+    rank, code = found[0]["rank"], found[0]["exitcode"]
+    said = rank_lines(lines, rank)
+    exc = exception_line(said)
+    if code < 0 and exc is None:
+        head = (f"rank {rank} was killed by {signal_name(-code)} (signal {-code}) without a Python exception; "
+                f"torchrun then stopped the other ranks")
+        return head, [rank], True, f"rank {rank}'s last output:\n" + "".join(said[-30:])
+    if exc is None:
+        return (f"rank {rank} exited with code {code} without a Python traceback", [rank], False,
+                f"rank {rank}'s last output:\n" + "".join(said[-30:]))
+    start = max(i for i, l in enumerate(said) if l.startswith("Traceback (most recent call last)"))
+    died = f" (then died by {signal_name(-code)})" if code < 0 else ""
+    return (f"rank {rank} failed: {exc}{died}", [rank], code < 0,
+            f"rank {rank}'s traceback:\n" + "".join(said[start:][:80]))
+
+
+def main_stack(said: list[str]) -> list[tuple[str, int, str]]:
+    """The main thread's frames (file, line, function), innermost first, from the last faulthandler dump.
+
+    faulthandler lists the threads newest first, so the main thread is the last block of a dump."""
+    heads = [i for i, line in enumerate(said) if re.match(r"(Current thread|Thread) 0x[0-9a-f]+", line)]
+    if not heads:
+        return []
+    frames = []
+    for line in said[heads[-1] + 1:]:
+        m = re.match(r'\s+File "(.*)", line (\d+) in (.*)', line)
+        if not m:
+            break
+        frames.append((m.group(1), int(m.group(2)), m.group(3).strip()))
+    return frames
+
+
+def where(frames: list[tuple[str, int, str]]) -> tuple[bool, str]:
+    """(waiting in a collective?, 'all_reduce at job.py:46') for one rank's main-thread stack."""
+    def comm(frame):
+        return any(part in frame[0].replace(os.sep, "/") for part in COMM_FILES)
+    if not frames:
+        return False, "no stack (it had not reached par.runtime.dist.init)"
+    inner = 0
+    while inner < len(frames) and comm(frames[inner]):
+        inner += 1
+    if inner == 0:
+        file, line, fn = frames[0]
+        return False, f"busy in {fn} at {os.path.basename(file)}:{line}"
+    called = frames[inner - 1][2]
+    if inner == len(frames):
+        return True, f"waiting in {called}"
+    file, line, fn = frames[inner]
+    return True, f"waiting in {called} at {os.path.basename(file)}:{line}"
+
+
+def describe_unfinished(lines: list[str], ranks: list[int]) -> str:
+    """'ranks 0, 1 did not finish: rank 1 busy in main at job.py:44; rank 0 waiting in all_reduce at job.py:46'."""
+    if not ranks:
+        return "no rank process was left (torchrun itself did not finish)"
+    status = {r: where(main_stack(rank_lines(lines, r))) for r in ranks}
+    busy = [f"rank {r} {text}" for r, (waiting, text) in status.items() if not waiting]
+    waiting = [f"rank {r} {text}" for r, (waiting, text) in status.items() if waiting]
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+    return f"{who} did not finish: " + "; ".join(busy + waiting)
+
+
+# ---------------------------------------------------------------- the process tree
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, parents first (from /proc on Linux, `ps` elsewhere)."""
+    if os.path.isdir("/proc/self"):
+        pairs = []
+        for d in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    pairs.append((int(d), int(f.read().rsplit(")", 1)[1].split()[1])))
+            except (OSError, IndexError, ValueError):
+                pass
+    else:
+        out = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+        pairs = [tuple(map(int, line.split())) for line in out.splitlines() if line.strip()]
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [child for child, parent in pairs if parent in frontier]
+        found += frontier
+    return found
+
+
+def _environ(pid: int) -> dict:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return dict(item.split("=", 1) for item in f.read().decode(errors="replace").split("\0") if "=" in item)
+    except OSError:
+        return {}
+
+
+def _rank_pids(proc: subprocess.Popen, token: str) -> dict[int, int]:
+    """{rank: pid} of this launch's rank processes still alive (Linux; empty elsewhere).
+
+    A rank is a process below torchrun whose environment carries this launch's own `token`
+    (its PAR_RESULT path) and a RANK."""
+    ranks = {}
+    for pid in _descendants(proc.pid):
+        e = _environ(pid)
+        if e.get("PAR_RESULT") == token and e.get("RANK", "").isdigit() and e.get("TORCHELASTIC_RUN_ID"):
+            ranks.setdefault(int(e["RANK"]), pid)
+    return ranks
+
+
+def _kill_tree(proc: subprocess.Popen, also=()) -> None:
+    """SIGKILL torchrun and every rank below it (and `also`: ranks seen earlier, should torchrun be gone).
+
+    Killing torchrun's process group is not enough: torchrun starts each rank in
+    a session of its own, so the ranks are found by walking the process tree."""
+    for pid in [proc.pid, *_descendants(proc.pid), *also]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _ask_for_stacks(pids: list[int], q: queue.Queue, lines: list[str], quiet: bool, wait_s: float = 3.0) -> None:
+    """Send STACK_SIGNAL to `pids` and collect what they print for up to `wait_s` seconds."""
+    for pid in pids:
+        try:
+            os.kill(pid, STACK_SIGNAL)
+        except ProcessLookupError:
+            pass
+    deadline, answered = time.monotonic() + wait_s, set()
+    while time.monotonic() < deadline:
+        try:
+            line = q.get(timeout=0.3)
+        except queue.Empty:
+            if len(answered) >= len(pids):      # every rank answered, then went quiet
+                break
+            continue
+        if line is None:
+            break
+        lines.append(line)
+        m = re.match(r"\[default(\d+)\]:.*[Tt]hread 0x[0-9a-f]+ \(most recent call first\)", line)
+        if m:
+            answered.add(int(m.group(1)))
+        if not quiet:
+            print(line, end="", flush=True)
+
+
+# ---------------------------------------------------------------- the launcher
+def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: str = "auto",
+        env: dict | None = None, quiet: bool = False, threads_per_rank: int = 1):
+    """Launch `module` on `nproc` ranks; return rank 0's saved result (or None).
+
+    Raises `par.runtime.preflight.BackendError` before starting anything when `backend` cannot run `nproc`
+    ranks here, and `LaunchError` (root cause on its first line) when the job fails or runs past
+    `timeout` seconds. Output is streamed line by line (prefixed `[defaultN]:` by torchrun)."""
+    from par.runtime.preflight import choose_backend
+    choose_backend(nproc, backend, local_world_size=nproc)     # preflight: one line, nothing started
+    with tempfile.TemporaryDirectory(prefix="par-") as tmp:
+        result_path = os.path.join(tmp, "result.json")
+        child_env = dict(os.environ)
+        child_env.update({
+            "PAR_RESULT": result_path,
+            "PAR_BACKEND": backend,
+            "OMP_NUM_THREADS": str(threads_per_rank),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONFAULTHANDLER": "1",  # a rank that crashes in C++ still shows where Python was
+            "TORCHELASTIC_ERROR_FILE": os.path.join(tmp, "error.json"),
+            "GLOO_SOCKET_IFNAME": child_env.get("GLOO_SOCKET_IFNAME", "lo"),
+            "LOGLEVEL": "WARNING",
+        })
+        child_env.update(env or {})
+        name = os.path.basename(module) if module.endswith(".py") else module
+        cmd = torchrun_command(module, nproc, args)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=child_env, start_new_session=True, bufsize=1)
+        lines: list[str] = []
+        q: queue.Queue = queue.Queue()
+        reader = threading.Thread(target=lambda: ([q.put(l) for l in proc.stdout], q.put(None)), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + timeout
+        seen: dict[int, int] = {}     # rank -> pid, refreshed every second: to kill orphans if torchrun dies
+        next_look = time.monotonic()
+        try:
+            while True:
+                try:
+                    line = q.get(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
+                except queue.Empty:
+                    line = ""
+                if line is None:
+                    break
+                if line:
+                    lines.append(line)
+                    if not quiet:
+                        print(line, end="", flush=True)
+                if time.monotonic() >= next_look:
+                    seen.update(_rank_pids(proc, result_path))
+                    next_look = time.monotonic() + 1.0
+                if time.monotonic() > deadline:
+                    alive = _rank_pids(proc, result_path)
+                    _ask_for_stacks(list(alive.values()), q, lines, quiet)
+                    unfinished = describe_unfinished(lines, sorted(alive))
+                    raise LaunchError(f"{name} on {nproc} ranks timed out after {timeout:.0f}s and was killed; "
+                                      f"{unfinished}\nLast output:\n{''.join(lines[-40:])}", ranks=sorted(alive),
+                                      streamed=not quiet)
+        except BaseException:  # timeout, or the notebook's interrupt button: leave no rank behind
+            _kill_tree(proc, _still_ours(seen, result_path))
+            raise
+        code = proc.wait()
+        leftovers = _still_ours(seen, result_path)
+        if leftovers:          # torchrun itself died (killed?) and left ranks behind
+            _kill_tree(proc, leftovers)
+        if code != 0:
+            head, ranks, crashed, details = describe_failure(lines)
+            if code < 0 and not failures(lines):
+                head = f"torchrun itself was killed by {signal_name(-code)}; {head}"
+            raise LaunchError(f"{head}\n{name} on {nproc} ranks failed (exit code {code}). {details}",
+                              crashed, ranks, streamed=not quiet)
+        if os.path.exists(result_path):
+            with open(result_path) as f:
+                return json.load(f)
+        return None
+
+
+def _still_ours(seen: dict[int, int], token: str) -> list[int]:
+    """The pids of `seen` that are still this launch's ranks (a pid may have been reused since)."""
+    return [pid for pid in seen.values() if _environ(pid).get("PAR_RESULT") == token]
+
+
+# ---------------------------------------------------------------- several nodes
+class MultiNodeError(ValueError):
+    """A multi-node description that cannot work: one line naming the fix."""
+
+
+@dataclass(frozen=True)
+class MultiNode:
+    """A job on `nnodes` machines with `nproc_per_node` ranks each, meeting at `rdzv_endpoint`.
+
+    With the c10d rendezvous (the default) every node runs the SAME command:
+
+        torchrun --nnodes=N --nproc-per-node=K --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT
+                 --rdzv-id=ID --max-restarts=0 -m par.measure.X ...
+
+    The agents meet at a TCP store served by the node at HOST, which numbers the nodes in the
+    order they arrive. With `rdzv_backend="static"` each node is told its place instead
+    (`--node-rank=i --master-addr=HOST --master-port=PORT`: the same command but for i), and the
+    job starts only when all N have come. Either way torchrun numbers the ranks node by node:
+    WORLD_SIZE = N·K, the K ranks of one node are consecutive (RANK = node · K + LOCAL_RANK),
+    LOCAL_WORLD_SIZE = K, and MASTER_ADDR/MASTER_PORT point at rank 0's store. A job reads only
+    these (`par.runtime.dist.init`), so it runs unchanged on one node or many.
+    """
+    nnodes: int
+    nproc_per_node: int
+    rdzv_endpoint: str               # HOST:PORT of the rendezvous (node rank 0)
+    rdzv_id: str = "par"
+    rdzv_backend: str = "c10d"       # or "static": node ranks given, not assigned
+    max_restarts: int = 0            # never a silent second try (see run())
+
+    def __post_init__(self):
+        for name in ("nnodes", "nproc_per_node"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise MultiNodeError(f"{name} must be a positive integer, got {v!r}")
+        if self.rdzv_backend not in ("c10d", "static"):
+            raise MultiNodeError(f"rdzv_backend must be 'c10d' or 'static', got {self.rdzv_backend!r}")
+        host, _, port = self.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise MultiNodeError(f"rdzv_endpoint must be HOST:PORT (e.g. node0:29500), got {self.rdzv_endpoint!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def host(self) -> str:
+        return self.rdzv_endpoint.rpartition(":")[0]
+
+    def ranks_of(self, node: int) -> list[int]:
+        """The global ranks on the node that is `node`-th in the rendezvous: consecutive."""
+        return list(range(node * self.nproc_per_node, (node + 1) * self.nproc_per_node))
+
+    def torchrun_args(self, node_rank: int) -> list[str]:
+        """torchrun's options for node `node_rank` (without the program)."""
+        if not 0 <= node_rank < self.nnodes:
+            raise MultiNodeError(f"node_rank must be in 0..{self.nnodes - 1}, got {node_rank}")
+        common = [f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}"]
+        if self.rdzv_backend == "static":
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            meet = [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}"]
+        else:
+            meet = ["--rdzv-backend=c10d", f"--rdzv-endpoint={self.rdzv_endpoint}", f"--rdzv-id={self.rdzv_id}"]
+        return [*common, *meet, f"--max-restarts={self.max_restarts}"]
+
+    def command(self, target: str, args=(), node_rank: int = 0, torchrun=("torchrun",)) -> list[str]:
+        """The exact command to type on node `node_rank` (`torchrun`: how to call torchrun there)."""
+        program = [target] if target.endswith(".py") else ["-m", target]
+        return [*torchrun, *self.torchrun_args(node_rank), *program, *map(str, args)]
+
+    def commands(self, target: str, args=(), torchrun=("torchrun",)) -> list[list[str]]:
+        """One command per node, node rank 0 first."""
+        return [self.command(target, args, i, torchrun) for i in range(self.nnodes)]
+
+    def describe(self, target: str, args=()) -> str:
+        """The per-node commands as text to copy onto each machine."""
+        import shlex
+        how = ("every node runs the same command; the rendezvous numbers the nodes as they arrive"
+               if self.rdzv_backend == "c10d" else "each node is told its node rank")
+        lines = [f"# {self.nnodes} nodes × {self.nproc_per_node} ranks = world {self.world_size}; rendezvous at "
+                 f"{self.rdzv_endpoint} ({self.rdzv_backend}: start it on that host; {how}). On each node:"]
+        for i, cmd in enumerate(self.commands(target, args)):
+            lines.append(f"node {i} (ranks {self.ranks_of(i)[0]}-{self.ranks_of(i)[-1]}): {shlex.join(cmd)}")
+        return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""Train a tensor-parallel GPT-lite on every rank of the job (TP degree = world size), beside the dense model.
+
+    par.runtime.launch.run("par.tp.job", nproc=tensor_parallel.tp_degree(cfg, world_size), args=["--steps", "20"])
+    torchrun --nproc-per-node=2 -m par.tp.job --steps 20
+
+Launch it on `par.tp.layers.tp_degree(cfg, world_size)` ranks: the degree must divide the heads.
+Every rank sees the same (whole) batch: tensor parallelism splits the layers, not the data. Rank 0
+saves, beside the job contract's keys (world_size, backend, losses = the TP model's loss per step,
+step_s = the slowest rank's seconds per step, per_rank):
+
+    dense_losses      the dense model trained on the same batches (unless --no-reference)
+    max_param_diff    the largest gap between a rank's shards and the matching slices of the dense
+                      model after training, over every rank; max_param_diff_name says which parameter
+    comm              the collectives of one step per layer (count and bytes vs the formula)
+    memory            live parameter bytes per rank (measured vs formula, for every TP degree that
+                      divides the world size) and model states after training
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+
+import par.runtime.dist
+from par.comm import commlog
+from par.tp import layers as tp
+from par.comm.collectives import all_reduce_formula_bytes, ring_all_reduce_bytes
+from par.data import CharDataset, global_batches
+from par.memory.accounting import live_model_state_bytes, model_state_bytes
+from par.model import build, lm_loss, preset
+from par.reference import make_optimizer
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--n-head", type=int, default=None, help="override the preset's number of heads")
+    p.add_argument("--d-model", type=int, default=None, help="override the preset's hidden size")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--optimizer", default="adam")
+    p.add_argument("--eps", type=float, default=1e-8, help="Adam's epsilon")
+    p.add_argument("--impl", default="ring", choices=["ring", "torch"], help="all-reduce: par's ring or torch's")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-reference", action="store_true", help="skip the dense model (big presets)")
+    return p.parse_args(argv)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train(model, batches, optimizer, lr, device, eps=1e-8):
+    """Plain training loop; returns (losses, seconds per step, the first step's communication log, optimizer)."""
+    opt = make_optimizer(model.parameters(), optimizer, lr, **({"eps": eps} if optimizer.startswith("adam") else {}))
+    losses, times, first = [], [], None
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        _sync(device)
+        t0 = time.perf_counter()
+        with commlog.capture() as log:
+            opt.zero_grad(set_to_none=True)
+            loss = lm_loss(model(x), y)
+            loss.backward()
+            opt.step()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+        first = first if first is not None else log
+    return losses, times, first, opt
+
+
+def comm_per_layer(log, n_layer: int) -> list[dict]:
+    """Count and bytes of the all-reduces each layer issued, forward and backward."""
+    rows = []
+    for i in range(n_layer):
+        ev = [e for e in log.events if e.kind == "all_reduce" and e.tag.startswith(f"layer {i}/")]
+        rows.append({"layer": i, "forward": sum(e.tag.endswith("/fwd") for e in ev),
+                     "backward": sum(e.tag.endswith("/bwd") for e in ev), "bytes": sum(e.bytes_sent for e in ev)})
+    return rows
+
+
+def memory_by_degree(dense, world: int, rank: int) -> dict:
+    """Live parameter bytes on this rank of a TP model for every degree d dividing the world size."""
+    out = {}
+    for d in [d for d in range(1, world + 1) if world % d == 0]:
+        groups = [dist.new_group(list(range(s, s + d))) for s in range(0, world, d)]  # every rank makes every group
+        try:
+            model = tp.TensorParallelGPT.from_dense(dense, groups[rank // d])
+        except ValueError:  # this degree does not divide the heads / sizes
+            continue
+        out[d] = tp.param_bytes(model)
+        del model
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    env = par.runtime.dist.init()
+    n, r, device = env.world_size, env.rank, env.device
+    overrides = {k: v for k, v in (("n_head", args.n_head), ("d_model", args.d_model)) if v is not None}
+    cfg = preset(args.preset, **overrides)
+    if tp.tp_degree(cfg, n) != n:
+        raise ValueError(f"{n} ranks cannot split {cfg.n_head} heads (d_model {cfg.d_model}, ffn {cfg.ffn}) evenly: "
+                         f"launch par.tp.layers.tp_degree(cfg, {n}) = {tp.tp_degree(cfg, n)} ranks")
+    dense = build(cfg, seed=args.seed).to(device)
+    model = tp.TensorParallelGPT.from_dense(dense, impl=args.impl)
+    ds = CharDataset(block_size=cfg.block_size)
+    batches = list(global_batches(ds, args.batch_size, args.steps, seed=args.seed))
+
+    losses, times, first, opt = train(model, batches, args.optimizer, args.lr, device, args.eps)
+    every_time = par.runtime.dist.gather_object(times)
+    result = {"world_size": n, "backend": env.backend, "device": str(device), "config": cfg.to_dict(),
+              "batch_size": args.batch_size, "impl": args.impl, "losses": losses,
+              "step_s": [max(t[i] for t in every_time) for i in range(len(times))] if every_time else times}
+
+    act = tp.activation_bytes(args.batch_size, cfg.block_size, cfg.d_model)
+    result["comm"] = {
+        "per_layer": comm_per_layer(first, cfg.n_layer),
+        "kinds": first.by_kind(),
+        "allreduce_bytes_formula": all_reduce_formula_bytes(act, n),
+        "allreduce_bytes_exact": ring_all_reduce_bytes(act // 4, n, r),
+        "expected_per_step": tp.allreduces_per_step(cfg.n_layer),
+        "tp_bytes_per_step_formula": tp.tp_bytes_per_step(cfg, args.batch_size, cfg.block_size, n),
+        "tp_bytes_per_step_measured": first.total_bytes(),
+        "dp_bytes_per_step_formula": all_reduce_formula_bytes(4 * tp.tp_param_count(cfg, 1), n),
+    }
+    result["memory"] = {
+        "param_bytes_per_rank": par.runtime.dist.gather_object(tp.param_bytes(model)),
+        "param_bytes_formula": 4 * tp.tp_param_count(cfg, n),
+        "dense_param_bytes": tp.param_bytes(dense),
+        "by_degree_measured": memory_by_degree(build(cfg, seed=args.seed).to(device), n, r),
+        "by_degree_formula": {d: 4 * tp.tp_param_count(cfg, d) for d in range(1, n + 1) if n % d == 0},
+        # params + grads + optimizer state alive after training vs (4 + 4 + K) bytes x this rank's parameters
+        "model_states_measured": live_model_state_bytes(model, opt).to_dict(),
+        "model_states_formula": model_state_bytes(tp.tp_param_count(cfg, n), precision="fp32",
+                                                  optimizer=args.optimizer).to_dict(),
+    }
+
+    mine = {"step_s": times, "param_bytes": tp.param_bytes(model)}
+    if not args.no_reference:
+        dense_losses, _, _, _ = train(dense, batches, args.optimizer, args.lr, device, args.eps)
+        gap = tp.shard_like(model, dense)
+        mine["max_param_diff"], mine["max_param_diff_name"] = max(
+            ((p - gap[k]).abs().max().item(), k) for k, p in model.state_dict().items())
+        result["dense_losses"] = dense_losses
+    per_rank = par.runtime.dist.gather_object(mine)
+    if per_rank is not None:
+        result["per_rank"] = per_rank
+        if not args.no_reference:
+            worst = max(per_rank, key=lambda r: r["max_param_diff"])
+            result["max_param_diff"], result["max_param_diff_name"] = worst["max_param_diff"], worst["max_param_diff_name"]
+    par.runtime.dist.save_result(result)
+    timed = result["step_s"][1:] or result["step_s"]
+    par.runtime.dist.print0(f"TP={n}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
+                    f"{sum(timed) / len(timed) * 1e3:.1f} ms/step, "
+                    f"{result['comm']['tp_bytes_per_step_measured']} bytes sent per step per rank")
+    par.runtime.dist.teardown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""`python -m par train --config configs/zero1.json --nproc 4`: check a DeepSpeed-style config, then train it.
+
+Everything that can be checked before any rank starts is checked here: a bad config, a world size the
+degrees do not divide, a missing file or a backend this machine lacks is one line `error: ...` naming
+the fix and exit code 2; `--debug` (or `PAR_DEBUG=1`) shows the traceback instead. Then the job
+`par.train.job` runs on `--nproc` ranks through `par.runtime.launch.run`, and its result is printed as one row.
+
+On several machines (`--nnodes M --rdzv-endpoint HOST:PORT`): check the config for the whole world of
+`--nproc` ranks, then print the torchrun command each node runs (`par.runtime.launch.MultiNode`); nothing starts
+here (`configs/slurm/train.sbatch` runs them under Slurm).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from par.train.config import ConfigError, ignored_keys, load, read   # light: a bad config fails before torch loads
+from par.runtime.grid import GridError
+
+
+def user_error(e: BaseException) -> bool:
+    """Errors that mean "fix your input": the config's, the grid's, the backend's (par.runtime.dist.BackendError,
+    looked up only if par.runtime.dist was imported, so that a config error never waits for torch to load)."""
+    kinds = [ConfigError, GridError]
+    if "par.runtime.dist" in sys.modules:
+        kinds.append(sys.modules["par.runtime.dist"].BackendError)
+    return isinstance(e, tuple(kinds))
+
+
+def format_row(row: dict) -> str:
+    from par.memory.accounting import format_bytes
+    lo, hi = row["samples_per_s_range"]
+    check = f"  max |param - single process| {row['max_param_diff']:.1e}" if "max_param_diff" in row else ""
+    return (f"{row['strategy']:<28} {row['samples_per_s']:>9.1f} ({lo:.1f}-{hi:.1f}) {format_bytes(row['mem_avg']):>11} "
+            f"{format_bytes(row['mem_peak']):>11} {format_bytes(row['bytes_per_step']):>11}  "
+            f"loss {row['losses'][0]:.3f} -> {row['losses'][-1]:.3f}{check}")
+
+
+def launch(argv) -> int:
+    """The shell side: check everything that can be checked here, then start the ranks."""
+    ap = argparse.ArgumentParser(prog="python -m par train", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, help="a JSON file (see configs/) or a JSON object as text")
+    ap.add_argument("--nproc", type=int, default=1, help="ranks to start (dp = nproc / (pp · tp))")
+    ap.add_argument("--backend", default="auto", help="auto, gloo or nccl")
+    ap.add_argument("--steps", type=int, default=None, help="override the config's steps")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds before the job is killed")
+    ap.add_argument("--check", action="store_true", help="compare with one process trained on the same batches")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    ap.add_argument("--nnodes", type=int, default=None,
+                    help="several machines: print the torchrun command for each node (--nproc ranks in all)")
+    ap.add_argument("--rdzv-endpoint", default="node0:29500", help="with --nnodes: HOST:PORT of node 0")
+    ap.add_argument("--rdzv-backend", default="c10d", help="with --nnodes: c10d (same command everywhere) or static")
+    args = ap.parse_args(argv)
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.nnodes is not None:
+        return print_nodes(args)
+    tc = load(args.config, args.nproc)     # the config's own error, before starting ranks
+    import par.runtime.dist
+    par.runtime.dist.choose_backend(args.nproc, args.backend)
+    skipped = ignored_keys(read(args.config))
+    if skipped:
+        print(f"note: accepted for DeepSpeed compatibility, no effect in par: {', '.join(skipped)}")
+    print(f"{tc.strategy} ({tc.layout}) on {args.nproc} rank(s): batch {tc.train_batch_size} = micro "
+          f"{tc.micro_batch} × accum {tc.grad_accum} × dp {tc.dp}")
+    from par.runtime.launch import run
+    extra = (["--steps", str(args.steps)] if args.steps is not None else []) + (["--check"] if args.check else [])
+    row = run("par.train.job", nproc=args.nproc, args=["--config", args.config, *extra], backend=args.backend,
+              timeout=args.timeout)
+    print(f"{'strategy':<28} {'samples/s (range)':>21} {'mem avg':>11} {'mem peak':>11} {'bytes/step':>11}")
+    print(format_row(row))
+    return 0
+
+
+def print_nodes(args) -> int:
+    """`--nnodes N`: check the config for the whole world, then print the command each node runs."""
+    from par.runtime.launch import MultiNode, MultiNodeError
+    if args.nnodes < 1 or args.nproc % args.nnodes:
+        raise ConfigError(f"--nproc {args.nproc} ranks do not split over --nnodes {args.nnodes}: "
+                          f"give --nproc a multiple of --nnodes (ranks in all, e.g. --nproc {2 * max(1, args.nnodes)})")
+    tc = load(args.config, args.nproc)
+    try:
+        nodes = MultiNode(args.nnodes, args.nproc // args.nnodes, args.rdzv_endpoint, rdzv_id="par-train",
+                          rdzv_backend=args.rdzv_backend)
+    except MultiNodeError as e:
+        raise ConfigError(str(e)) from None
+    extra = (["--steps", str(args.steps)] if args.steps is not None else []) + (["--check"] if args.check else [])
+    print(f"{tc.strategy} ({tc.layout}) on {args.nproc} ranks over {args.nnodes} nodes: batch {tc.train_batch_size}")
+    print(nodes.describe("par.train.job", ["--config", args.config, *extra]))
+    return 0
+
+
+def main(argv=None) -> int:
+    """`python -m par train --config FILE --nproc N [--backend auto] [--steps S] [--check]`."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv or os.environ.get("PAR_DEBUG", "") not in ("", "0")
+    try:
+        return launch(argv)
+    except Exception as e:
+        if debug or not user_error(e):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Train GPT-lite as a DeepSpeed-style JSON config says: the torchrun job behind `python -m par train`
+(`par.train.cli`) and lecture 07's benchmark table (`par.train.suite`).
+
+Every rank parses the config(s) for the world it sees, runs `par.train.loop.train` (read that for what a step
+does), and rank 0 saves `par.train.loop.summarize` of all ranks:
+
+    par.runtime.launch.run("par.train.job", nproc=4, args=["--config", "configs/zero1.json"])
+
+Result (the contract of par/measure.py): world_size, backend, losses, step_s (timed steps, the slowest
+rank's), per_rank, and the row keys of `par.train.loop.summarize` (strategy, layout, samples_per_s and its range,
+memory, bytes per step, max_param_diff with --check). Several --config in one launch (saving the start-up)
+give {"world_size", "backend", "runs": [row, ...]}; a config this device cannot run (fp16 without fp16
+kernels) becomes a run {"strategy", "error"} and the next one runs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from par.train.config import load, read
+
+
+def main(argv=None) -> int:
+    """Parse, train, gather, save (on every rank, under torchrun)."""
+    import par.runtime.dist
+    from par.precision.mixed_precision import UnsupportedPrecision
+    from par.train.loop import summarize, train
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", action="append", required=True, help="a JSON file, or a JSON object as text")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args(argv)
+    env = par.runtime.dist.init()
+    runs = []
+    for source in args.config:
+        cfg = read(source)
+        tc = load({**cfg, "steps": args.steps} if args.steps is not None else cfg, env.world_size)
+        try:
+            mine = train(tc, check=args.check)
+        except UnsupportedPrecision as e:   # raised identically on every rank, before any collective
+            runs.append({"strategy": tc.strategy, "error": str(e)})
+            continue
+        ranks = par.runtime.dist.gather_object(mine)
+        runs.append(summarize(tc, ranks, env.backend) if env.rank == 0 else None)
+    if env.rank == 0:
+        par.runtime.dist.save_result(runs[0] if len(runs) == 1 else
+                             {"world_size": env.world_size, "backend": env.backend, "runs": runs})
+    par.runtime.dist.teardown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

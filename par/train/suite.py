@@ -1,0 +1,316 @@
+"""The benchmark table of lecture 07: GPT-lite under every strategy, measured and predicted.
+
+`python -m par bench suite --nproc 2` trains the same model on the same global batches under each
+configuration, each a DeepSpeed-style config handed to `par.train.job` (`par.train.loop`'s loop):
+
+    single | pipeline (1F1B) | TP | DDP | ZeRO-1 | ZeRO-2 | ZeRO-3 | ZeRO-3 + offload | fp16 | bf16 (ZeRO-1) | 3D
+
+and reports per row samples per second (median of the timed steps, with the fastest and slowest),
+the speed-up over `single`, average and peak memory per rank, bytes sent per rank and step
+(`par.comm.commlog`), beside the planner's prediction for the same config (`par.train.planner`); and the largest
+GPT-lite (same depth and heads, wider) whose predicted memory fits `--memory` bytes per device.
+
+What makes the timings honest:
+
+* every row pays the same per step: one loop (`par.train.loop`), one activation meter
+  (`par.memory.accounting.saved_activation_bytes`, paid per micro-batch by every engine), the same micro-batch size;
+* each rank runs one thread (`par.runtime.launch`), so n ranks have at most n times the arithmetic of `single`:
+  a speed-up over `single` cannot exceed the number of ranks (16-bit rows change the arithmetic itself,
+  so their speed-up is not compared with the rank count);
+* a row is timed only when every rank has a core of its own (`timing_slots`: physical cores for gloo,
+  GPUs for NCCL); the others (the 3D row needs 8 ranks) run for correctness, bytes and memory and say
+  "not timed";
+* the model is big enough that the matmuls dominate (`timing_model`): `tiny` itself is Python overhead.
+
+The 3D row is a real one, every degree > 1 (dp2xpp2xtp2 on 8 ranks below a world of 8); where it cannot
+be timed it trains the preset and is checked against one process trained on the same batches (`--check`). A launch that fails makes its
+rows carry the error; `run_suite(strict=True)` (the lecture's cell) raises it, in one line, at once.
+Plot with `par.course.plots.benchmark_table(rows)`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from par.train import planner
+from par.train.config import ConfigError, model_config, parse
+from par.memory.accounting import format_bytes
+
+NAMES = ("single", "pipeline", "TP", "DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "ZeRO-3+offload", "fp16", "bf16", "3D")
+EXACT = 1e-5       # max |parameter - single process| for a layout to count as matching the reference
+# Adam's eps, as in the equivalence tests: Adam's step lr·g/(√v + eps) turns a gradient element of eps's size
+# (e.g. the LM-head row of a character absent from the batch, ~1e-8) into an lr-sized step, so with the
+# default 1e-8 two summation orders of the same gradient differ by ~2e-5 after one step, even in one process.
+ADAM_EPS = 1e-6
+
+
+class BenchmarkError(RuntimeError):
+    """A benchmark launch failed: the configuration and the failing rank's error, one line."""
+
+
+def timing_model(preset: str) -> dict:
+    """The model section the suite trains. 'tiny' is Python overhead on any device (a micro-batch of 2 × 32
+    tokens is 0.025 GFLOP: ~5 ms on one CPU core, ~90 % of it outside the matmuls), so timing it would
+    measure Python, not parallelism. The suite widens it to d_model 256 over 64 tokens: 2.6 GFLOP per
+    micro-batch, ~50 ms on one core, ~90 % of it in matmuls. Other presets are timed as they are."""
+    return {"preset": "tiny", "d_model": 256, "block_size": 64} if preset == "tiny" else {"preset": preset}
+
+
+def timing_slots(backend: str = "auto", world: int = 1) -> int:
+    """How many ranks can be timed at once: one per physical core on gloo, one per GPU on NCCL."""
+    import par.runtime.dist
+    if par.runtime.dist.choose_backend(world, backend) == "nccl":
+        import torch
+        return torch.cuda.device_count()
+    return par.runtime.dist.physical_cores()
+
+
+def layout_3d(world: int) -> tuple[int, int, int]:
+    """(dp, pp, tp) of the 3D row, every degree > 1: tp 2, pp 2, the rest dp (8 ranks below a world of 8)."""
+    n = world if world >= 8 and world % 4 == 0 else 8
+    return n // 4, 2, 2
+
+
+def model_label(model: dict) -> str:
+    """'tiny' or 'tiny d_model=256 block_size=64': a model section in a few words."""
+    return " ".join([model.get("preset", "tiny"), *(f"{k}={v}" for k, v in model.items() if k != "preset")])
+
+
+def tp_degree(world: int, n_head: int) -> int:
+    """The largest tensor-parallel degree <= world that divides both the world and the heads."""
+    return max(t for t in range(1, world + 1) if world % t == 0 and n_head % t == 0)
+
+
+def config_for(name: str, world: int, model: dict | str, micro_batch: int, steps: int) -> tuple[dict, int]:
+    """(DeepSpeed-style config, number of ranks) of one benchmark row; `model`: a model section or a preset name.
+
+    Every row trains the same global batch B = micro_batch × 4 × world in micro-batches of `micro_batch`
+    samples; the config derives the accumulation steps (= pipeline micro-batches): 4 for DDP/ZeRO, 4·world on
+    the single device, 4·pp·tp/ (replicas) for pipeline, TP and 3D layouts."""
+    model = {"preset": model} if isinstance(model, str) else model
+    base = {"train_batch_size": micro_batch * 4 * world, "train_micro_batch_size_per_gpu": micro_batch,
+            "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "eps": ADAM_EPS}}, "model": dict(model),
+            "steps": steps}
+    zero = lambda stage, **kw: {"zero_optimization": {"stage": stage, **kw}}
+    if name == "single":
+        return base, 1
+    if name == "pipeline":
+        return {**base, "pipeline": {"stages": min(4, world)}}, world
+    if name == "TP":
+        from par.model import preset
+        heads = preset(model.get("preset", "tiny"), **{k: v for k, v in model.items() if k != "preset"}).n_head
+        return {**base, "tensor_parallel": {"tp_size": tp_degree(world, heads)}}, world
+    if name == "DDP":
+        return {**base, **zero(0)}, world
+    if name.startswith("ZeRO"):
+        extra = {"offload_optimizer": {"device": "cpu"}} if "offload" in name else {}
+        return {**base, **zero(int(name[5]), **extra)}, world
+    if name in ("fp16", "bf16"):
+        return {**base, name: {"enabled": True}, **zero(1)}, world
+    if name == "3D":
+        dp, pp, tp = layout_3d(world)
+        return {**base, "pipeline": {"stages": pp}, "tensor_parallel": {"tp_size": tp}, **zero(1)}, dp * pp * tp
+    raise ValueError(f"unknown benchmark configuration {name!r}: use {', '.join(NAMES)}")
+
+
+def predicted(tc, hw: planner.Hardware, search_world: int, memory: float) -> dict:
+    """The planner's numbers for this config, and the largest model that fits `memory` per device."""
+    plan = planner.from_config(tc, hw)
+    w = planner.Workload(model_config(tc), tc.train_batch_size,
+                         "fp32" if tc.precision == "fp32" else "mixed", tc.optimizer)
+    scale = search_world // tc.world_size if search_world % tc.world_size == 0 else 1
+    dp = tc.dp * scale
+    batch = tc.train_batch_size * scale
+    _, psi = planner.largest_model(planner.Workload(w.model, batch, w.precision, w.optimizer), dp, tc.pp, tc.tp,
+                                   tc.zero_stage, tc.grad_accum, replace(hw, memory=memory), tc.offload)
+    states = plan.memory["params"] + plan.memory["grads"] + plan.memory["optimizer"]
+    return {"pred_model_states": states, "pred_activations": plan.memory["activations"],
+            "pred_mem": plan.memory["total"], "pred_bytes_per_step": plan.bytes["total"],
+            "largest_params": psi, "search_world": dp * tc.pp * tc.tp}
+
+
+def plan_rows(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: int = 2, steps: int = 6,
+              slots: int = 1, model: dict | None = None, check: bool | None = None, memory: float = 80e9,
+              search_world: int | None = None, hardware: str = "a100-80gb") -> dict:
+    """{name: row} before anything runs: its config, its ranks, whether it is timed (ranks <= `slots`) and
+    checked, the planner's prediction; a config that cannot be parsed gets its error.
+
+    Timed rows train `model` (default `timing_model(preset)`). Rows that cannot be timed here train the preset
+    itself, checked (`check=None`) against one process trained on the same batches, every parameter compared:
+    they are there for correctness, bytes and memory, and the preset ('tiny') is where fp32 training matches
+    one process to 1e-5 after several Adam steps (a wider model has more gradient elements of eps's size, see
+    ADAM_EPS: accumulating 8 micro-batches instead of one batch moves it by ~4e-5 after one step)."""
+    hw = planner.HARDWARE[hardware]
+    rows = {}
+    for name in names:
+        n = config_for(name, nproc, {"preset": preset}, micro_batch, steps)[1]
+        timed = n <= slots
+        cfg, _ = config_for(name, nproc, (model or timing_model(preset)) if timed else {"preset": preset},
+                            micro_batch, steps)
+        rows[name] = {"name": name, "nproc": n, "config": cfg, "timed": timed,
+                      "checked": (not timed) if check is None else check}
+        try:
+            rows[name].update(predicted(parse(cfg, n), hw, search_world or nproc, memory))
+        except (ConfigError, ValueError) as e:
+            rows[name]["error"] = f"{name}: {e}"
+    return rows
+
+
+def launches(rows: dict) -> dict:
+    """{(ranks, checked): [row names]}: the launches `run_suite` makes for `plan_rows`' rows, one per group."""
+    out = {}
+    for name, row in rows.items():
+        if "error" not in row:
+            out.setdefault((row["nproc"], row["checked"]), []).append(name)
+    return out
+
+
+def launch_args(rows: dict, group: list[str]) -> list[str]:
+    """The arguments of `par.train.job` for one launch: every row's config, and --check when they are checked."""
+    args = [a for name in group for a in ("--config", json.dumps(rows[name]["config"]))]
+    return args + (["--check"] if rows[group[0]]["checked"] else [])
+
+
+def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: int = 2, steps: int = 6,
+              backend: str = "auto", memory: float = 80e9, search_world: int | None = None,
+              hardware: str = "a100-80gb", timeout: int = 300, progress: bool = False, model: dict | None = None,
+              check: bool | None = None, strict: bool = False) -> list[dict]:
+    """One row per configuration (`plan_rows`): measured by `par.train.job` beside predicted by `par.train.planner`.
+
+    Rows with the same number of ranks (and the same check) run in one launch (start-up costs seconds).
+    `strict`: raise `BenchmarkError` at the first row that cannot run instead of recording it in the row."""
+    from par.runtime.launch import LaunchError, run
+    rows = plan_rows(names, nproc, preset, micro_batch, steps, timing_slots(backend, nproc), model, check, memory,
+                     search_world, hardware)
+    bad = [row["error"] for row in rows.values() if "error" in row]
+    if strict and bad:
+        raise BenchmarkError(bad[0])
+    from par.runtime.preflight import choose_backend
+    if choose_backend(nproc, backend) == "nccl":   # on GPUs: a row needing more GPUs than the run has is skipped
+        for row in rows.values():
+            if row["nproc"] > nproc and "error" not in row:
+                row["skipped"] = f"needs {row['nproc']} GPUs, this run has {nproc}"
+    todo = sorted(launches({k: r for k, r in rows.items() if "skipped" not in r}).items())
+    if progress:
+        from tqdm.auto import tqdm
+        todo = tqdm(todo, desc="launches", unit="launch")
+    for (n, checked), group in todo:
+        t0 = time.perf_counter()
+        try:
+            got = run("par.train.job", nproc=n, args=launch_args(rows, group), backend=backend, timeout=timeout,
+                      quiet=True)
+        except LaunchError as e:
+            if strict:
+                raise BenchmarkError(f"{', '.join(group)} on {n} ranks: {e.root_cause}") from None
+            for name in group:
+                rows[name]["error"] = e.root_cause
+            continue
+        runs = got["runs"] if "runs" in got else [got]
+        for name, measured in zip(group, runs):
+            if "error" in measured:      # a configuration this device cannot run (fp16 without fp16 kernels)
+                rows[name]["skipped"] = measured["error"]
+                continue
+            rows[name].update(measured)
+            rows[name]["launch_s"] = time.perf_counter() - t0
+    return [rows[name] for name in names]
+
+
+def measured(rows: list[dict]) -> list[dict]:
+    """The rows that ran (no error, not skipped)."""
+    return [r for r in rows if "error" not in r and "skipped" not in r]
+
+
+def single_seconds(single: dict) -> float:
+    """The reference step time of `single`. On gloo its CPU time: one thread that never waits for another
+    rank, so on a quiet core CPU time is its wall time, and on a busy machine other programs cannot make the
+    reference look slow (which would inflate every speed-up). On GPUs its wall time."""
+    return single["median_cpu_s"] if single.get("backend") == "gloo" else single["median_step_s"]
+
+
+def speedups(rows: list[dict]) -> dict:
+    """{row: {"speedup": single's step time / the row's median step time, "ranks": n}} for the timed rows of
+    single's precision (a 16-bit row changes the arithmetic, not only how it is shared out).
+
+    Bounded by n whenever the row does at least single's work: the row's wall time is at least its CPU
+    seconds summed over the ranks / n, with one thread per rank (`work`)."""
+    ran = {r["name"]: r for r in measured(rows)}
+    if "single" not in ran or not ran["single"]["timed"]:
+        return {}
+    base = single_seconds(ran["single"])
+    return {name: {"speedup": 1.0 if name == "single" else round(base / r["median_step_s"], 3), "ranks": r["nproc"]}
+            for name, r in ran.items() if r["timed"] and r["precision"] == ran["single"]["precision"]}
+
+
+def work(rows: list[dict]) -> dict:
+    """{row: CPU seconds per step summed over its ranks / single's}: >= 1 when no row skips work single does
+    (a row below 1 would be measured unfairly, e.g. a meter only some engines pay)."""
+    ran = {r["name"]: r for r in measured(rows)}
+    if "single" not in ran:
+        return {}
+    return {name: round(r["median_cpu_s"] / ran["single"]["median_cpu_s"], 3) for name, r in ran.items()
+            if r["timed"] and r["precision"] == ran["single"]["precision"]}
+
+
+def layouts_matching_reference(rows: list[dict], tol: float = EXACT) -> list[str]:
+    """Layouts ('dp2xpp2xtp2') of the rows that ran with the check and matched one process to `tol`."""
+    return [r["layout"] for r in measured(rows) if r.get("max_param_diff", float("inf")) <= tol]
+
+
+def format_table(rows: list[dict]) -> str:
+    speed, cpu = speedups(rows), work(rows)
+    head = (f"{'configuration':<26} {'ranks':>5} {'samples/s (min-max)':>21} {'speed-up':>8} {'work':>5} {'mem avg':>10} "
+            f"{'mem peak':>10} {'pred mem':>10} {'bytes/step':>10} {'pred bytes':>10} {'largest fits':>12}  model")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if "error" in r or "skipped" in r:
+            lines.append(f"{r['name']:<26} {r['nproc']:>5} {'error' if 'error' in r else 'skipped'}: "
+                         f"{r.get('error', r.get('skipped'))[:110]}")
+            continue
+        lo, hi = r["samples_per_s_range"]
+        rate = f"{r['samples_per_s']:.1f} ({lo:.0f}-{hi:.0f})" if r["timed"] else "not timed"
+        sp = f"{speed[r['name']]['speedup']:.2f}" if r["name"] in speed else "-"
+        wk = f"{cpu[r['name']]:.2f}" if r["name"] in cpu else "-"
+        lines.append(f"{r['strategy'][:26]:<26} {r['nproc']:>5} {rate:>21} {sp:>8} {wk:>5} {format_bytes(r['mem_avg']):>10} "
+                     f"{format_bytes(r['mem_peak']):>10} {format_bytes(r['pred_mem']):>10} "
+                     f"{format_bytes(r['bytes_per_step']):>10} {format_bytes(r['pred_bytes_per_step']):>10} "
+                     f"{r['largest_params'] / 1e9:>10.2f} B  {model_label(r['config']['model'])}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m par bench suite", description=__doc__.splitlines()[0])
+    ap.add_argument("--nproc", type=int, default=None, help="ranks of the timed rows (default: min(4, cores))")
+    ap.add_argument("--preset", default="tiny", help="tiny is timed widened (see timing_model)")
+    ap.add_argument("--micro-batch", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6, help="steps per row; the first is a warm-up, not timed")
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--configs", default=None, help=f"comma-separated subset of {', '.join(NAMES)} (default: all; "
+                                                    f"on CPUs all but fp16 and bf16, whose CPU kernels are slow)")
+    ap.add_argument("--memory", type=float, default=80e9, help="bytes per device for the largest-model search")
+    ap.add_argument("--world", type=int, default=None, help="devices for the largest-model search (default nproc)")
+    ap.add_argument("--hardware", default="a100-80gb", choices=sorted(planner.HARDWARE))
+    ap.add_argument("--out", default="runs/bench_suite.json")
+    args = ap.parse_args(argv)
+    if args.steps < 4:
+        ap.error(f"--steps {args.steps}: use at least 4 (a warm-up and 3 timed steps for a median and a spread)")
+    import par.runtime.dist
+    if args.nproc is None:
+        args.nproc = par.runtime.dist.default_world_size()
+    if args.configs is None:
+        gpu = par.runtime.dist.choose_backend(args.nproc, args.backend) == "nccl"
+        names = [n for n in NAMES if gpu or n not in ("fp16", "bf16")]
+    else:
+        names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    rows = run_suite(names, args.nproc, args.preset, args.micro_batch, args.steps, args.backend, args.memory,
+                     args.world, args.hardware)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(rows, indent=1))
+    print(format_table(rows))
+    ok = measured(rows)
+    print(f"\n(timed rows: median of {len(ok[0]['step_s']) if ok else 0} steps after a warm-up; "
+          f"memory: {ok[0]['mem_source'] if ok else '?'}; speed-up over single: "
+          f"{json.dumps(speedups(rows))}; matched one process: {layouts_matching_reference(rows)}; wrote {args.out})")
+    return 0

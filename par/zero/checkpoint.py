@@ -1,0 +1,151 @@
+"""Sharded checkpoints of ZeRO training: every rank writes only what it owns.
+
+Under ZeRO no rank holds the whole model state, so no rank can write it alone.
+Each rank saves its own partition of every unit, the fp32 master values and
+the optimizer state of that partition, with the metadata that says where the
+partition sits (unit, parameter names and shapes, Ψ of the unit, padding, N_d):
+
+    directory/meta.pt                 world size, stage, step, units (names, shapes, numel), loss scaler, extra
+    directory/shard_00000_of_00004.pt rank 0's partitions: master values + optimizer state, per unit
+    ...
+
+Loading with the same N_d reads one file per rank and gives training that is
+bit-for-bit the run that never stopped. Loading with a different N_d
+*re-shards*: the saved partitions of a unit are concatenated back into the
+unit's flat vector (padding dropped), padded again for the new N_d, and cut
+into the new partitions. Element-wise optimizer state (Adam's m and v) is
+re-sharded the same way; scalars (Adam's step) are copied. Files hold only
+tensors, numbers, strings and lists, so they load with `torch.load(...,
+weights_only=True)` and never run pickled code.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from par.zero.flat import padded_numel
+
+FORMAT = 1
+
+
+def shard_path(directory: str, rank: int, world: int) -> str:
+    return os.path.join(directory, f"shard_{rank:05d}_of_{world:05d}.pt")
+
+
+def meta_path(directory: str) -> str:
+    return os.path.join(directory, "meta.pt")
+
+
+def _barrier(group=None) -> None:
+    if dist.is_initialized():
+        dist.barrier(group=group)
+
+
+def _load(path: str) -> dict:
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"checkpoint file {path} is missing: was the checkpoint saved completely?")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def metadata(zero, step: int = 0, extra: dict | None = None) -> dict:
+    """What every loader needs to know: how the flat units are laid out, and the world they were cut for."""
+    names = zero._names
+    return {"format": FORMAT, "world": zero.n, "stage": zero.stage, "step": int(step), "extra": extra or {},
+            "precision": zero.precision, "skipped": zero.skipped,
+            "scaler": zero.scaler.state_dict() if zero.scaler is not None else None,
+            "units": [{"name": u.name, "params": [names[id(p)] for p in u.params],
+                       "shapes": [list(s) for s in u.flat.shapes], "numel": u.flat.numel}
+                      for u in zero.units]}
+
+
+def save(zero, directory: str, step: int = 0, extra: dict | None = None) -> None:
+    """Every rank writes its shard; rank 0 writes the metadata. Returns after all files exist."""
+    os.makedirs(directory, exist_ok=True)
+    masters, states = zero.updater.masters(), zero.updater.opt.state
+    units = []
+    for m in masters:
+        st = {k: (v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v) for k, v in states.get(m, {}).items()}
+        units.append({"master": m.detach().to("cpu", torch.float32).clone(), "state": st})
+    torch.save({"format": FORMAT, "rank": zero.rank, "world": zero.n, "units": units},
+               shard_path(directory, zero.rank, zero.n))
+    if zero.rank == 0:
+        torch.save(metadata(zero, step, extra), meta_path(directory))
+    _barrier(zero.group)
+
+
+def _check_layout(meta: dict, zero) -> None:
+    mine = metadata(zero)["units"]
+    if [u["params"] for u in meta["units"]] != [u["params"] for u in mine] or \
+            [u["shapes"] for u in meta["units"]] != [u["shapes"] for u in mine]:
+        raise ValueError("the checkpoint's units (parameter names and shapes) differ from this model's: "
+                         "build the same model (same config) before loading")
+
+
+def reshard(parts: list[torch.Tensor], numel: int, world: int, rank: int) -> torch.Tensor:
+    """Concatenate a unit's saved partitions, drop the old padding, pad for `world` ranks, cut `rank`'s part."""
+    flat = torch.cat([p.reshape(-1) for p in parts])[:numel]
+    padded = torch.zeros(padded_numel(numel, world), dtype=flat.dtype)
+    padded[:numel] = flat
+    size = padded.numel() // world
+    return padded[rank * size:(rank + 1) * size].clone()
+
+
+def _partitions_for(meta: dict, directory: str, world: int, rank: int, stage: int) -> list[dict]:
+    """Per unit: {"master": my partition, "state": {...}} for a (world, rank, stage) layout."""
+    old = meta["world"]
+    if old == world and (stage == 0) == (meta["stage"] == 0):
+        return _load(shard_path(directory, rank, world))["units"]
+    shards = [_load(shard_path(directory, r, old))["units"] for r in range(old)]
+    if meta["stage"] == 0:   # stage 0 saved the whole (padded) unit on every rank: rank 0's copy is it
+        shards = shards[:1]
+    out = []
+    for i, u in enumerate(meta["units"]):
+        pieces = [s[i] for s in shards]
+
+        def cut(parts, numel=u["numel"]):
+            if stage != 0:
+                return reshard(parts, numel, world, rank)
+            full = torch.zeros(padded_numel(numel, world), dtype=parts[0].dtype)   # stage 0 keeps it all
+            full[:numel] = reshard(parts, numel, 1, 0)
+            return full
+        state = {}
+        for k, v in pieces[0]["state"].items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                state[k] = cut([p["state"][k] for p in pieces])
+            else:
+                state[k] = v
+        out.append({"master": cut([p["master"] for p in pieces]), "state": state})
+    return out
+
+
+def load(zero, directory: str) -> dict:
+    """Fill a freshly built `Zero` engine from a checkpoint (any N_d, any stage); returns the metadata
+    (with "step" and "extra")."""
+    meta = _load(meta_path(directory))
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{directory} holds checkpoint format {meta.get('format')}, this code reads {FORMAT}")
+    _check_layout(meta, zero)
+    parts = _partitions_for(meta, directory, zero.n, zero.rank, zero.stage)
+    zero.load_partitions([p["master"] for p in parts], [p["state"] for p in parts])
+    if zero.scaler is not None and meta.get("scaler"):
+        zero.scaler.load_state_dict(meta["scaler"])
+    zero.skipped = meta.get("skipped", 0)
+    return meta
+
+
+def load_full(directory: str) -> dict[str, torch.Tensor]:
+    """The whole model (fp32, by parameter name) from a sharded checkpoint, in one process."""
+    meta = _load(meta_path(directory))
+    parts = _partitions_for(meta, directory, 1, 0, stage=1)
+    out = {}
+    for u, p in zip(meta["units"], parts):
+        flat, start = p["master"], 0
+        for name, shape in zip(u["params"], u["shapes"]):
+            k = 1
+            for s in shape:
+                k *= s
+            out[name] = flat[start:start + k].view(shape).clone()
+            start += k
+    return out

@@ -1,0 +1,241 @@
+"""Train GPT-lite under ZeRO stages (and offload, and torch FSDP2); report memory, bytes, time, timeline.
+
+    python -m par.zero.job --runs 0,1,2,3,3+offload --preset tiny --steps 20
+
+One launch trains the same model from the same seed once per run in `--runs`
+(`S` = stage S, `S+offload` = stage S with the optimizer on the CPU, `3+prefetch` = stage 3
+gathering the next unit while this one computes, `fsdp2` = torch's `fully_shard` on the same
+units, `par.zero.torch_api.fsdp2`). Each run starts from a clean slate: the previous engine's hooks
+are removed and its memory released before the next is built, so a CUDA peak is that run's own.
+
+Result (the job contract of `par.measure`): {"world_size", "backend", "device", "preset", "precision",
+"numel", "runs": [...]}, each run with
+    label, stage, offload, prefetch
+    losses      the global batch's loss per step (the mean of the ranks' equal shards)
+    step_s      per step, the slowest rank's wall-clock seconds
+    per_rank    per rank: memory (model-state bytes after backward of step 1, `Zero.memory()`),
+                bytes (sent in the last step, by collective), cuda_peak, offload_bytes_per_step
+    memory      the rank with the most model-state bytes; formula: `par.memory.accounting.model_state_bytes`
+    bytes, bytes_total, bytes_formula   rank 0's last step beside 2(N-1)/N·Ψ·itemsize (3(N-1)/N: stage 3)
+    timeline    (`--timeline-runs`) every rank's spans of the last step
+    offload: offload_bytes_per_step, placement, transfer_s_formula (the same bytes over PCIe)
+    fsdp2: max_diff_vs_stage3 (max |parameter difference| from the "3" run of the same launch)
+`--checkpoint DIR --checkpoint-step K` saves the last run's sharded checkpoint after K steps (and
+goes on); `--resume DIR` loads it into every run first and trains the steps after it.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+import par.runtime.dist
+from par.zero import checkpoint, offload, torch_api as torch_zero
+from par.comm import commlog
+from par.memory import accounting as memory
+from par.data import CharDataset, global_batches
+from par.model import build, lm_loss, preset
+from par.timeline import Recorder
+from par.zero.engine import Zero, zero_bytes_per_step
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str
+    stage: int
+    offload: bool = False
+    prefetch: bool = False
+    resume: bool = False
+    precision: str | None = None     # None: the job's --precision
+    torch: bool = False              # fsdp2: torch's ZeRO-3
+
+
+def parse_run(label: str) -> Run:
+    """'2' -> stage 2; '3+offload', '3+prefetch', '2+bf16' (this run in bf16; or fp16), '3+resume' (load
+    --resume first, train the steps after it); 'fsdp2' -> torch's fully_shard (ZeRO-3)."""
+    if label == "fsdp2":
+        return Run(label, 3, torch=True)
+    stage, *extras = label.split("+")
+    known = {"offload", "prefetch", "resume", "bf16", "fp16"}
+    if not stage.isdigit() or int(stage) > 3 or not set(extras) <= known:
+        raise ValueError(f"run {label!r}: use a stage 0-3, optionally with +offload, +prefetch, +resume, +bf16 or "
+                         f"+fp16 (e.g. 3+offload, 2+bf16), or 'fsdp2'")
+    precision = next((e for e in extras if e in ("bf16", "fp16")), None)
+    return Run(label, int(stage), "offload" in extras, "prefetch" in extras, "resume" in extras, precision)
+
+
+class FSDP2Engine:
+    """torch FSDP2 behind the same three calls as `Zero` (backward, step, zero_grad)."""
+
+    def __init__(self, model, args):
+        self.model = torch_zero.fsdp2(model)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=args.lr)
+        self.skipped = 0
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self):
+        self.opt.step()
+
+    def zero_grad(self):
+        self.opt.zero_grad(set_to_none=True)
+
+    def memory(self):
+        return torch_zero.model_state_bytes(self.model, self.opt)
+
+    def close(self):
+        pass
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def release(device) -> None:
+    """Free what the previous run left (its engine must be closed and dropped) and restart the CUDA peak."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    memory.reset_cuda_peak(device)
+
+
+def train_run(label: str, args, env, batches, finals: dict) -> dict:
+    """One run on this rank; returns this rank's numbers (rank 0 merges them)."""
+    run = parse_run(label)
+    release(env.device)
+    model = build(preset(args.preset), seed=args.seed).to(env.device)
+    rec = Recorder() if label in args.timeline_runs.split(",") else None
+    if run.torch:
+        engine = FSDP2Engine(model, args)
+    else:
+        engine = Zero(model, stage=run.stage, optimizer=args.optimizer, lr=args.lr, offload=run.offload,
+                      impl=args.impl, recorder=rec, precision=run.precision or args.precision, prefetch=run.prefetch)
+    start = checkpoint.load(engine, args.resume)["step"] if run.resume else 0
+    n, r = env.world_size, env.rank
+    losses, times, mem, step_bytes = [], [], {}, {}
+    for s in range(start, len(batches)):
+        x, y = batches[s]
+        x, y = x[r::n].to(env.device), y[r::n].to(env.device)
+        if rec is not None and s == len(batches) - 1:
+            rec.reset()
+        if dist.is_initialized():
+            dist.barrier()
+        t0 = time.perf_counter()
+        with commlog.capture() as log:
+            loss = lm_loss(engine.model(x).float(), y)
+            engine.backward(loss)
+            if s == start + min(1, len(batches) - start - 1):
+                mem = engine.memory()    # model states at their peak: grads reduced, optimizer state allocated
+            engine.step()
+            engine.zero_grad()
+        sync(env.device)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+        step_bytes = {}
+        for e in log.events:   # the model's traffic; the 4-byte overflow flag of mixed precision is apart
+            key = "overflow flag" if "overflow flag" in e.tag else e.kind
+            step_bytes[key] = step_bytes.get(key, 0) + e.bytes_sent
+        if args.checkpoint and label == (args.checkpoint_run or args.runs.split(",")[-1]) and \
+                s + 1 == (args.checkpoint_step or len(batches)):
+            checkpoint.save(engine, args.checkpoint, step=s + 1)
+    out = {"losses": losses, "times": times, "memory": mem, "cuda_peak": memory.cuda_peak_bytes(env.device),
+           "bytes": step_bytes, "start_step": start}
+    if label == "3" and "fsdp2" in args.runs.split(","):
+        finals["3"] = engine.full_state_dict()
+    if run.torch:
+        full = torch_zero.full_parameters(engine.model)
+        if "3" in finals:
+            out["max_diff_vs_stage3"] = max((full[k] - v).abs().max().item() for k, v in finals["3"].items())
+    else:
+        out["skipped"] = engine.skipped
+        if run.offload:
+            steps = len(losses)
+            out["offload_bytes_per_step"] = {"to_host": engine.updater.to_host_bytes / steps,
+                                             "to_device": engine.updater.to_device_bytes / steps}
+            out["placement"] = engine.updater.placement()
+    if rec is not None:
+        out["timeline"] = rec.gather()
+    engine.close()          # the hooks point back at the engine: without this the next run's peak includes it
+    del engine, model
+    return out
+
+
+def merge(label: str, ranks: list[dict], args, n: int, numel: int) -> dict:
+    """Rank 0: one run's result from every rank's numbers."""
+    run = parse_run(label)
+    mine = ranks[0]
+    precision = run.precision or args.precision
+    itemsize = 4 if precision == "fp32" else 2
+    worst = max(ranks, key=lambda r: r["memory"].get("model_states", 0))
+    flag_bytes = mine["bytes"].pop("overflow flag", 0)
+    out = {"label": label, "stage": run.stage, "offload": run.offload, "prefetch": run.prefetch,
+           "precision": precision, "start_step": mine["start_step"],
+           "losses": [sum(r["losses"][s] for r in ranks) / n for s in range(len(mine["losses"]))],
+           "step_s": [max(r["times"][s] for r in ranks) for s in range(len(mine["times"]))],
+           "per_rank": [{k: r.get(k) for k in ("memory", "bytes", "cuda_peak", "offload_bytes_per_step")}
+                        for r in ranks],
+           "memory": worst["memory"], "cuda_peak": max((r["cuda_peak"] or 0) for r in ranks) or None,
+           "formula": memory.model_state_bytes(numel, n, run.stage, "fp32" if precision == "fp32" else "mixed",
+                                               args.optimizer).to_dict(),
+           "bytes": mine["bytes"], "bytes_total": sum(mine["bytes"].values()), "overflow_flag_bytes": flag_bytes,
+           "bytes_formula": zero_bytes_per_step(numel, n, run.stage, 1, itemsize)}
+    for k in ("skipped", "offload_bytes_per_step", "placement", "timeline", "max_diff_vs_stage3"):
+        if k in mine:
+            out[k] = mine[k]
+    if run.offload:
+        out["transfer_s_formula"] = offload.transfer_seconds(numel, n, itemsize, itemsize)
+        out["pcie_bytes_per_s"] = offload.PCIE_BYTES_PER_S
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", default="0,1,2,3,3+offload", help="comma-separated: stage, stage+offload, fsdp2")
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=8, help="global batch size (a multiple of the world size)")
+    ap.add_argument("--optimizer", default="adam")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--impl", default="ring", choices=("ring", "torch"))
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeline-runs", default="3,3+offload", help="runs whose last step is recorded as a timeline")
+    ap.add_argument("--checkpoint", default="", help="directory for a sharded checkpoint of the last run")
+    ap.add_argument("--checkpoint-step", type=int, default=0, help="save after this many steps (default: the end)")
+    ap.add_argument("--checkpoint-run", default="", help="the run whose state is saved (default: the last)")
+    ap.add_argument("--resume", default="", help="the checkpoint the '+resume' runs load (any N_d, any stage)")
+    args = ap.parse_args(argv)
+    env = par.runtime.dist.init()
+    if args.batch % env.world_size:
+        raise SystemExit(f"--batch {args.batch} is not a multiple of the world size {env.world_size}: "
+                         f"use e.g. --batch {env.world_size * max(1, args.batch // env.world_size)}")
+    labels = [label for label in args.runs.split(",") if label]
+    for label in labels:
+        run = parse_run(label)
+        if run.resume and not args.resume:
+            raise SystemExit(f"run {label!r} resumes: pass --resume DIR (a checkpoint saved with --checkpoint)")
+        if run.torch and args.precision != "fp32":
+            raise SystemExit("the fsdp2 run compares fp32 training: use --precision fp32 or drop fsdp2 from --runs")
+    cfg = preset(args.preset)
+    data = CharDataset(block_size=cfg.block_size)
+    batches = list(global_batches(data, args.batch, args.steps, seed=args.seed))
+    numel = memory.param_count(cfg)
+    finals: dict = {}
+    runs = []
+    for label in labels:
+        ranks = par.runtime.dist.gather_object(train_run(label, args, env, batches, finals))
+        if env.is_rank0:
+            runs.append(merge(label, ranks, args, env.world_size, numel))
+    par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "device": str(env.device),
+                          "preset": args.preset, "precision": args.precision, "numel": numel, "runs": runs})
+    par.runtime.dist.teardown()
+
+
+if __name__ == "__main__":
+    main()
