@@ -1,12 +1,13 @@
 """`python -m par <command> ...`: the course's command line.
 
-Each command lives in its own module; this file maps names to them, and turns a user's
-mistake into one line: an exception of a type in `USER_ERRORS` (a config that cannot run,
-a backend this machine lacks, a bad argument, a missing file) prints `error: <message>` on
-stderr and exits 2, without a traceback. `--debug` anywhere on the line (or PAR_DEBUG=1)
-shows the traceback instead. A launched job that failed (`par.runtime.launch.LaunchError`) prints its
-root cause and the failing rank's details, and exits 1. Any other exception is a bug in par:
-its traceback is shown.
+Each command lives in its own module; this file maps names to them, and is the one place that
+decides how an error ends the command (a command only raises): an exception of a type in
+`USER_ERRORS` (a config that cannot run, a backend this machine lacks, a bad argument, a missing
+file) prints `error: <message>` on stderr and exits 2, without a traceback. `--debug` anywhere on
+the line (or PAR_DEBUG=1) shows the traceback instead, and is exported as PAR_DEBUG=1 while the
+command runs, so that what it starts (ranks, notebooks, another `python -m par`) inherits it. A
+launched job that failed (`par.runtime.launch.LaunchError`) prints its root cause and the failing
+rank's details, and exits 1. Any other exception is a bug in par: its traceback is shown.
 
 A command module opts in by raising one of these types; nothing else is needed. New kinds of
 user error are added to `USER_ERRORS` by name.
@@ -43,9 +44,14 @@ USER_ERRORS = (
     "par.runtime.grid:GridError",
     "par.precision.mixed_precision:UnsupportedPrecision",
     "par.course.launches:CourseError",
+    "par.course.exercises:ExerciseError",
+    "par.course.release:ReleaseError",
+    "par.course.grade:SubmissionError",
+    "argparse:ArgumentError",       # a bad argument a command finds after parsing: ArgumentError(None, message)
     "builtins:FileNotFoundError",
     "builtins:IsADirectoryError",
     "builtins:NotADirectoryError",
+    "builtins:PermissionError",
 )
 
 
@@ -80,6 +86,22 @@ def argparse_errors_raise():
         yield
     finally:
         argparse.ArgumentParser.error = original
+
+
+@contextmanager
+def debug_exported(debug: bool):
+    """Inside the block, PAR_DEBUG=1 in the environment when `debug` (what the command starts inherits it);
+    the environment as it was afterwards."""
+    before = os.environ.get("PAR_DEBUG")
+    if debug:
+        os.environ["PAR_DEBUG"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PAR_DEBUG", None)
+        else:
+            os.environ["PAR_DEBUG"] = before
 
 
 def preflight(name: str, argv: list[str]) -> None:
@@ -118,7 +140,7 @@ def main(argv=None) -> int:
               f"(python -m par --help)", file=sys.stderr)
         return 2
     try:
-        with argparse_errors_raise():
+        with argparse_errors_raise(), debug_exported(debug):
             preflight(name, rest)
             module = importlib.import_module(COMMANDS[name][0])
             return int(module.main(rest) or 0)

@@ -38,6 +38,8 @@ def p2p_env(request) -> dict:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (run them with `pytest -m gpu`; skipped without one)")
+    config.addinivalue_line("markers", "slow: only in the full suite; `pytest -m \"not slow\"` is the fast tier "
+                                       "(tests/tiers.py)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -16,6 +16,7 @@ import torch
 
 from par.course import run_notebooks as batch, launches as course
 from par.runtime.preflight import BackendError, default_world_size
+from par.tp import job as tp_job
 
 FIXTURES = Path(__file__).parent / "fixtures" / "batch"
 
@@ -83,9 +84,7 @@ def test_a_notebook_that_cannot_work_on_the_gpu_server_is_not_run(tmp_path, monk
     shutil.copy(FIXTURES / "10_records.ipynb", tmp_path / "10_records.ipynb")
 
     def fixture(W, backend, preset, steps):
-        cfg = __import__("par.model", fromlist=["preset"]).preset("tiny")
-        return [course.launch("10_records", "TP", "par.tp.job", W, [], backend,
-                              [course.Training(cfg, 8, tp=W)])]
+        return [course.launch("10_records", "TP", W, tp_job.Args(), backend)]
     monkeypatch.setitem(course.REGISTRY, "10_records", fixture)
     monkeypatch.setattr("par.runtime.preflight.choose_backend", lambda *a, **k: "nccl")   # as if on a GPU server
     monkeypatch.setattr(batch, "run_one", lambda *a: pytest.fail("the notebook was run"))

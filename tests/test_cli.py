@@ -5,6 +5,7 @@ the dispatcher in-process with stand-in command modules for the error kinds.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -62,6 +63,31 @@ def test_debug_shows_the_traceback():
     for env, args in (({}, ["--debug"]), ({"PAR_DEBUG": "1"}, [])):
         code, _, err, _ = par_cli(*args, "batch", "--backend", "mpi", env=env)
         assert code == 1 and "Traceback (most recent call last)" in err and "BackendError" in err
+
+
+def test_debug_reaches_train(tmp_path):
+    """`train` follows the one policy: a bad config is one line and exit 2; --debug (before or after the
+    command) or PAR_DEBUG=1 shows its traceback."""
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"train_batch_size": 20, "train_micro_batch_size_per_gpu": 2,
+                               "gradient_accumulation_steps": 4}))
+    train = ["train", "--config", str(bad), "--nproc", "2"]
+    code, out, err, _ = par_cli(*train, env={"PAR_DEBUG": ""})
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err + out, err
+    assert err.startswith("error: batch sizes: train_batch_size 20 != micro_batch 2")
+    for env, args in (({"PAR_DEBUG": ""}, ["--debug", *train]), ({"PAR_DEBUG": ""}, [*train, "--debug"]),
+                      ({"PAR_DEBUG": "1"}, train)):
+        code, _, err, _ = par_cli(*args, env=env)
+        assert code == 1 and "Traceback (most recent call last)" in err and "ConfigError" in err, err
+
+
+def test_debug_is_exported_while_the_command_runs(command, monkeypatch):
+    """What a command starts (ranks, notebooks, another `python -m par`) inherits PAR_DEBUG=1 from --debug;
+    afterwards the environment is as it was."""
+    monkeypatch.delenv("PAR_DEBUG", raising=False)
+    with pytest.raises(RuntimeError, match="PAR_DEBUG=1"):
+        command("RuntimeError('PAR_DEBUG=' + os.environ.get('PAR_DEBUG', ''))", "--debug")
+    assert "PAR_DEBUG" not in os.environ
 
 
 @pytest.fixture

@@ -15,10 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+from tiers import slow
 
 from par.runtime.launch import MultiNode, MultiNodeError
 
 ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = slow   # the whole module is in the full suite only
 
 
 # ---------------------------------------------------------------- per-node commands (no root)

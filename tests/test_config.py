@@ -83,16 +83,17 @@ def test_compatibility_keys_are_listed_as_ignored():
     parse(cfg, 2)
 
 
-def test_cli_reports_a_bad_config_before_launching(tmp_path, capsys):
-    from par.train.cli import main
+def test_cli_reports_a_bad_config_before_launching(tmp_path, capsys, monkeypatch):
+    from par.__main__ import main
+    monkeypatch.delenv("PAR_DEBUG", raising=False)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**BASE, "train_batch_size": 20}))
-    assert main(["--config", str(bad), "--nproc", "2"]) == 2
+    assert main(["train", "--config", str(bad), "--nproc", "2"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: batch sizes: train_batch_size 20 != micro_batch 2 × grad_accum 4 × world_size 2")
     assert len(err.strip().splitlines()) == 1
     with pytest.raises(ConfigError, match="train_batch_size 20"):       # --debug: the traceback instead
-        main(["--config", str(bad), "--nproc", "2", "--debug"])
+        main(["train", "--config", str(bad), "--nproc", "2", "--debug"])
 
 
 @pytest.mark.parametrize("argv,says", [

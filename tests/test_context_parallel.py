@@ -8,6 +8,7 @@ bytes against `ring_attention_bytes`; the 3-rank launch runs with gloo and with 
 from __future__ import annotations
 
 import pytest
+from tiers import slow, tiered
 import torch
 
 from par.cp import ring_attention as cp
@@ -105,11 +106,12 @@ def _check_ranks(ranks, n):
         assert "at least" in res["errors"]["short"]
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", tiered([2, 4]))
 def test_ring_attention_equals_dense(n):
     _check_ranks(run_worker(n), n)
 
 
+@slow
 def test_ring_attention_equals_dense_three_ranks(p2p_env):
     _check_ranks(run_worker(3, p2p_env), 3)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from par.course import launches as course
+from par.zero import job as zero_job
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 LECTURES = sorted(NOTEBOOKS.glob("0*.ipynb"))
@@ -101,14 +102,18 @@ def test_lecture_07_launches_are_the_suites(monkeypatch):
     for cell, names in (("3D", ["3D"]), ("benchmark table", [n for n in course.LECTURE_07_ROWS if n != "bf16"])):
         made.clear()
         suite.run_suite(names, nproc=world_size, preset=preset, steps=course.bench_steps(steps), backend="gloo")
-        expected = [(l.module, l.nproc, l.args, l.backend)
+        expected = [(l.module, l.nproc, tuple(l.args.to_argv()), l.backend)
                     for l in course.find("07_putting_it_together", cell, world_size, "gloo", preset, steps)]
         assert sorted(made) == sorted(expected) and made, cell
 
 
 def test_launch_reads_like_a_command():
-    (job,) = course.find("04_tensor_parallel", "TP training", 2, "gloo", "tiny", 20)
-    assert job.command().startswith("torchrun --nproc-per-node=2 -m par.tp.job --preset tiny")
-    assert job.arg("--preset") == "tiny" and job.with_arg("--steps", 3).arg("--steps") == "3"
+    """A launch carries its job's typed arguments; its command line is what they parse back from."""
+    (job,) = course.find("04_tensor_parallel", "TP training", 2, "gloo", "small", 20)
+    assert job.command().startswith("torchrun --nproc-per-node=2 -m par.tp.job --preset small")
+    assert job.args.preset == "small" and job.with_args(steps=3).args.steps == 3
+    assert job.with_args(steps=3).command().endswith("--steps 3 --eps 1e-06")
     zero = course.find("06_zero", "stages", 4, "gloo", "tiny", 20)
-    assert "{checkpoint}" in zero[0].args and "/tmp/x" in zero[0].fill(checkpoint="/tmp/x").args
+    filled = zero[0].fill(checkpoint="/tmp/x").args
+    assert zero[0].args.checkpoint == "{checkpoint}" and (filled.checkpoint, filled.resume) == ("/tmp/x", "")
+    assert zero[0].args.runs[-1] == zero_job.Run(3, fsdp2=True) and "3+offload" in zero[0].command()

@@ -7,6 +7,7 @@ import functools
 from pathlib import Path
 
 import pytest
+from tiers import tiered
 import torch
 import torch.nn.functional as F
 
@@ -47,7 +48,7 @@ def results(n: int, nccl: bool = False) -> dict:
 
 
 # ---------------------------------------------------------------- multi-process (one launch per world size)
-@pytest.mark.parametrize("n,nccl", LAUNCHES, ids=map(launch_id, LAUNCHES))
+@pytest.mark.parametrize("n,nccl", tiered(LAUNCHES, launch_id))
 def test_dp_equals_single_process(n, nccl):
     r = results(n, nccl)
     for name in EXACT:
@@ -56,14 +57,14 @@ def test_dp_equals_single_process(n, nccl):
     assert r["bucketed-ring-several"]["n_buckets"] >= 3
 
 
-@pytest.mark.parametrize("n,nccl", LAUNCHES, ids=map(launch_id, LAUNCHES))
+@pytest.mark.parametrize("n,nccl", tiered(LAUNCHES, launch_id))
 def test_replicas_identical(n, nccl):
     for name, case in results(n, nccl).items():
         if isinstance(case, dict):
             assert len(set(case["hashes"])) == 1 and len(case["hashes"]) == n, f"{name}: replicas differ {case}"
 
 
-@pytest.mark.parametrize("n,nccl", LAUNCHES, ids=map(launch_id, LAUNCHES))
+@pytest.mark.parametrize("n,nccl", tiered(LAUNCHES, launch_id))
 def test_bytes_per_step_match_ring_formula(n, nccl):
     for name, case in results(n, nccl).items():
         if not isinstance(case, dict):
@@ -74,7 +75,7 @@ def test_bytes_per_step_match_ring_formula(n, nccl):
             assert abs(case["exact"] - case["formula"]) <= 8 * ops, name
 
 
-@pytest.mark.parametrize("n,nccl", LAUNCHES, ids=map(launch_id, LAUNCHES))
+@pytest.mark.parametrize("n,nccl", tiered(LAUNCHES, launch_id))
 def test_lossy_compression_sends_less_and_differs(n, nccl):
     r = results(n, nccl)
     for name in LOSSY:
@@ -82,7 +83,7 @@ def test_lossy_compression_sends_less_and_differs(n, nccl):
         assert r[name]["diff"] > 1e-4, f"{name} trained exactly like the reference: was anything compressed?"
 
 
-@pytest.mark.parametrize("n,nccl", LAUNCHES, ids=map(launch_id, LAUNCHES))
+@pytest.mark.parametrize("n,nccl", tiered(LAUNCHES, launch_id))
 def test_bucket_launched_during_backward_and_unused_params_covered(n, nccl):
     r = results(n, nccl)
     for name in ("bucketed-ring-2", "bucketed-ring-several", "bucketed-torch-several", "gpt-tied-bucketed"):
@@ -319,11 +320,11 @@ def test_train_dp_job_reports_consistent_runs():
 
 def test_train_dp_derives_accumulation_from_the_micro_batch():
     """`--micro-batch` alone: the single process takes the global batch in micro-batches (as a GPU must)."""
-    from par.dp.job import parse
-    args = parse(["--batch", "32", "--micro-batch", "8"])
+    from par.dp.job import Args
+    args = Args.parse(["--batch", "32", "--micro-batch", "8"])
     sizes = resolve_batch(1, args.batch, args.micro_batch, args.accum)
     assert (sizes.micro_batch, sizes.grad_accum) == (8, 4)
-    assert parse([]).accum is None and resolve_batch(2, 32, None, parse([]).accum).grad_accum == 1
+    assert Args().accum is None and resolve_batch(2, 32, None, Args().accum).grad_accum == 1
 
 
 def test_ddp_beside_par_bucketed_dp():

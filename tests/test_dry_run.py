@@ -12,13 +12,16 @@
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import replace
 
 import pytest
 import torch
 
 from par.course import run_notebooks as batch, launches as course
+from par.dp import job as dp_job
 from par.model import preset as model_preset
+from par.pp import job as pp_job
+from par.tp import job as tp_job
+from par.tp.layers import tp_degree
 
 GPT3 = "gpt3-small"
 
@@ -55,7 +58,7 @@ def test_registry_is_pure_and_names_real_jobs():
             assert first == again and first, nb
             for l in first:
                 assert importlib.util.find_spec(l.module) is not None, l.module
-                assert all(isinstance(a, str) for a in l.args)
+                assert type(l.args).parse(l.args.to_argv()) == l.args
                 assert l.timeout >= course.MIN_TIMEOUT_S
 
 
@@ -73,16 +76,16 @@ def test_timeouts_scale_with_the_work():
 def test_gpu_sensible_choices():
     """TP degree = the largest divisor of the heads <= world size; sweeps stay within the GPUs; no CPU ranks."""
     cfg = model_preset(GPT3)
-    assert course.tp_degree(cfg, 8) == 6 and course.tp_degree(cfg, 4) == 4 and course.tp_degree(cfg, 5) == 4
+    assert tp_degree(cfg, 8) == 6 and tp_degree(cfg, 4) == 4 and tp_degree(cfg, 5) == 4
     (tp,) = course.launches("04_tensor_parallel", 8, "nccl", GPT3, 200)
-    assert tp.nproc == 6 and "--no-reference" in tp.args
+    assert tp.nproc == 6 and tp.args.no_reference
     sweep = course.find("02_data_parallel", "loss curves", 2, "nccl", GPT3, 200)
     assert [l.nproc for l in sweep] == [1] and sweep[0].backend == "nccl"
     gantt = course.find("03_pipelines", "gantt", 8, "nccl", GPT3, 200)
-    assert "--check" not in gantt[0].args, "no single-process reference of gpt3-small's whole batch"
+    assert not gantt[0].args.check, "no single-process reference of gpt3-small's whole batch"
     # on CPU ranks the course keeps its tiny-preset demos as they are (4 cheap pipeline ranks, the reference)
     (cpu_gantt,) = course.find("03_pipelines", "gantt", 2, "gloo", "tiny", 20)
-    assert "--check" in cpu_gantt.args and cpu_gantt.nproc == 4
+    assert cpu_gantt.args.check and cpu_gantt.nproc == 4
 
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="here 'auto' means NCCL")
@@ -99,21 +102,29 @@ def test_unknown_notebook_is_a_clear_error():
 # ---------------------------------------------------------------- the checker catches what issue 18 found
 def legacy_registry() -> dict:
     """The launches as the notebooks made them before issue 18, written as data."""
-    cfg = model_preset(GPT3)
-
     def nb04(W, backend, preset, steps):   # TP degree = world size, whatever the heads
-        return [course.launch("04_tensor_parallel", "TP training", "par.tp.job", W, [], backend,
-                              [course.Training(cfg, 8, tp=W, steps=steps, reference_batch=8)], timeout=600)]
+        return [course.launch("04_tensor_parallel", "TP training", W, tp_job.Args(
+            preset=GPT3, batch_size=8, steps=steps), backend, timeout=600)]
 
     def nb03(W, backend, preset, steps):   # --check: the single-process reference of the whole batch
-        return [course.launch("03_pipelines", "gantt", "par.pp.job", W, ["--check"], backend,
-                              [course.Training(replace(cfg, n_layer=12), 32, pp=W, microbatches=16, steps=4,
-                                               reference_batch=32)], timeout=300)]
+        return [course.launch("03_pipelines", "gantt", W, pp_job.Args(
+            preset=GPT3, microbatches=(16,), micro_batch_size=2, steps=3, check=True), backend, timeout=300)]
 
     def nb02(W, backend, preset, steps):   # the 1-rank baseline on the CPU, a fixed 300 s timeout
-        return [course.launch("02_data_parallel", "loss curves", "par.dp.job", 1, [], "gloo",
-                              [course.Training(cfg, 32, steps=steps)], timeout=300)]
+        return [course.launch("02_data_parallel", "loss curves", 1, dp_job.Args(
+            dp=("none",), preset=GPT3, batch=32, steps=steps), "gloo", timeout=300)]
     return {"02_data_parallel": nb02, "03_pipelines": nb03, "04_tensor_parallel": nb04}
+
+
+def test_the_work_is_what_the_arguments_say():
+    """A launch's work comes from its job's arguments: here dp 2 x pp 2 on 4 ranks, the reference beside."""
+    (job,) = course.find("03_pipelines", "dp x pp", 4, "gloo", "tiny", 20)
+    (w,) = job.work
+    assert (w.dp, w.pp, w.microbatches, w.global_batch, w.reference_batch) == (2, 2, 3, 12, 12)
+    assert w.steps == job.args.steps + job.args.warmup and w.model == model_preset("tiny")
+    zero = course.find("06_zero", "stages", 4, "gloo", "tiny", 20)[0]
+    assert [(w.zero_stage, w.offload, w.precision) for w in zero.work] == [
+        (r.stage, r.offload, r.precision or "fp32") for r in zero.args.runs]
 
 
 def test_the_checker_finds_issue_18s_problems():
@@ -131,8 +142,7 @@ def test_the_checker_finds_issue_18s_problems():
 
 def test_a_launch_needing_more_gpus_than_the_server_has():
     def nb(W, backend, preset, steps):
-        return [course.launch("03_pipelines", "gantt", "par.pp.job", max(W, 4), [], backend,
-                              [course.Training(model_preset("tiny"), 8, pp=max(W, 4), microbatches=8)])]
+        return [course.launch("03_pipelines", "gantt", max(W, 4), pp_job.Args(), backend)]
     _, problems = course.dry_run(2, "nccl", "tiny", 20, 80e9, registry={"03_pipelines": nb})
     assert [str(p) for p in problems] == [
         "03_pipelines [gantt] par.pp.job on 4 ranks: needs 4 GPUs, the server has 2"]

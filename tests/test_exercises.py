@@ -25,7 +25,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from tiers import slow
 
+from par.__main__ import main as python_m_par
 from par.course import exercises, exercises_cli, grade
 from par.course.exercises import ExerciseError, stub_source, visible_source
 
@@ -56,6 +58,7 @@ def warm_caches():
     import matplotlib.font_manager  # noqa: F401
 
 
+@slow
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
 def test_solution_passes_and_reproduces_its_outputs(path, warm_caches):
     run = exercises.strict_nbval(path, ROOT)
@@ -163,14 +166,15 @@ def test_generate_is_deterministic_and_check_names_every_problem(tmp_path, capsy
     assert exercises.out_of_sync(course) == []
 
 
-def test_generate_refuses_an_unbalanced_solution_and_writes_nothing(tmp_path, capsys):
+def test_generate_refuses_an_unbalanced_solution_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("PAR_DEBUG", raising=False)
     course = tmp_path / "course"
     shutil.copytree(FIXTURE, course)
     shutil.rmtree(course / "exercises")
     nb = nbformat.read(course / "solutions" / "99_example.ipynb", as_version=4)
     nb.cells[3].source = nb.cells[3].source.replace("    ### END SOLUTION\n", "", 1)
     nbformat.write(nb, course / "solutions" / "50_broken.ipynb")
-    assert exercises_cli.main(["generate", "--root", str(course)]) == 2
+    assert python_m_par(["exercises", "generate", "--root", str(course)]) == 2
     err = capsys.readouterr().err
     assert "solutions/50_broken.ipynb, cell 4, line 11" in err and "inside the region opened at line 3" in err
     assert not list((course / "exercises").glob("*.ipynb"))
@@ -235,6 +239,7 @@ def test_hidden_checks_count_in_the_official_grade_only(tmp_path):
     assert (practice.status, practice.points, practice.max_points, practice.official) == ("ok", 3, 3, False)
 
 
+@slow
 def test_record_stores_outputs_that_strict_nbval_then_compares(tmp_path, warm_caches):
     course = tmp_path / "course"
     shutil.copytree(FIXTURE, course)

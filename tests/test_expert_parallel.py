@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiers import tiered
 
 from par.moe import experts as ep
 from par.runtime import launch, nccl_emulation
@@ -20,8 +21,8 @@ WORKER = Path(__file__).parent / "workers" / "ep_check.py"
 TOL = 1e-5
 _CACHE: dict = {}
 # one launch per world size; the 3-rank one also under NCCL's point-to-point rules (each launch costs ~30 s)
-LAUNCHES = pytest.mark.parametrize("n, env", [(2, {}), (3, {}), (3, {nccl_emulation.ENV: "1"}), (4, {})],
-                                   ids=["gloo-2", "gloo-3", "nccl-emulation-3", "gloo-4"])
+LAUNCHES = pytest.mark.parametrize("n, env", tiered([(2, {}), (3, {}), (3, {nccl_emulation.ENV: "1"}), (4, {})],
+                                                   lambda c: ("nccl-emulation-" if c[1] else "gloo-") + str(c[0])))
 
 
 def run_worker(n: int, env: dict) -> dict:

@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from tiers import slow
 
 from par.runtime.launch import free_port
 
@@ -33,6 +34,8 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 MISSING = "Chromium not installed: `apt-get install chromium` to run the JupyterLab browser test"
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None and not IN_CI, reason=MISSING)
+
+pytestmark = slow   # the whole module is in the full suite only
 
 
 @pytest.fixture(scope="module")

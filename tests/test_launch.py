@@ -18,6 +18,7 @@ import signal
 import threading
 
 import pytest
+from tiers import slow
 
 from par.runtime import launch
 from par.runtime.preflight import BackendError
@@ -119,6 +120,7 @@ def assert_all_gone(pids: list[int], token: str) -> None:
         assert with_token(token) == [], "torchrun or a rank outlived the launcher"
 
 
+@slow
 def test_hang_is_killed_at_the_timeout_naming_who_did_not_finish():
     """Rank 2 computes forever; ranks 0 and 1 wait for it in a collective (teardown's barrier), forever."""
     token = f"hang-token-{uuid.uuid4().hex}"
@@ -246,7 +248,7 @@ def test_exception_line_skips_the_source_line_and_markers():
 
 
 def test_where_a_rank_was():
-    waiting = [("/v/torch/distributed/c10d.py", 10, "wait"), ("/w/par/collectives.py", 112, "all_reduce"),
+    waiting = [("/v/torch/distributed/c10d.py", 10, "wait"), ("/w/par/comm/collectives.py", 112, "all_reduce"),
                ("/w/job.py", 46, "main"), ("/w/job.py", 60, "<module>")]
     assert launch.where(waiting) == (True, "waiting in all_reduce at job.py:46")
     assert launch.where([("/w/job.py", 44, "compute"), ("/w/job.py", 60, "<module>")]) == \

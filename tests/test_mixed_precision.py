@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 
 import pytest
+from tiers import tiered_one
 import torch
 
 import par.runtime.launch
@@ -250,7 +251,7 @@ def test_bad_input_is_one_clear_error():
 _RESULTS: dict = {}
 
 
-@pytest.fixture(params=((2, False), (3, False), (3, True)), ids=lambda r: f"n{r[0]}" + ("-nccl-emulation" if r[1] else ""))
+@pytest.fixture(params=tiered_one(((2, False), (3, False), (3, True)), lambda r: f"n{r[0]}" + ("-nccl-emulation" if r[1] else "")))
 def ranks(request):
     n, emulated = request.param
     if request.param not in _RESULTS:   # emulated: batch_isend_irecv as under NCCL (one Work, data valid after wait)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from tiers import slow
 
 from par.course.run_notebooks import run_one
 
@@ -26,6 +27,7 @@ def name(path: Path) -> str:
     return f"{path.parent.name}/{path.name}"
 
 
+@slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", LECTURES, ids=name)
 def test_lecture_executes_with_papermill(path, tmp_path):

@@ -4,6 +4,7 @@ received data valid only after it is waited)."""
 from pathlib import Path
 
 import pytest
+from tiers import slow, tiered
 
 import par.runtime.launch
 from par.runtime.grid import Layout, coords
@@ -35,7 +36,7 @@ def check(results, spec, world):
         assert set(r["n_local"]) == {full}
 
 
-NCCL = pytest.mark.parametrize("env", [None, {"PAR_NCCL_EMULATION": "1"}], ids=["gloo", "nccl-semantics"])
+NCCL = pytest.mark.parametrize("env", tiered([None, {"PAR_NCCL_EMULATION": "1"}], lambda e: "nccl-semantics" if e else "gloo"))
 
 
 @pytest.mark.timeout(240)
@@ -47,6 +48,7 @@ def test_four_ranks_three_layouts_and_zero1(env):
         check(results, spec, 4)
 
 
+@slow
 @pytest.mark.timeout(300)
 @NCCL
 def test_eight_ranks_2x2x2_dp_and_zero1(env):

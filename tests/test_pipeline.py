@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiers import tiered, tiered_one
 import torch
 
 import par.runtime.launch
@@ -24,8 +25,8 @@ WORKER = Path(__file__).parent / "workers" / "pp_equivalence.py"
 _RESULTS: dict = {}
 
 
-@pytest.fixture(params=[(p, emulate) for p in (2, 3, 4) for emulate in (False, True)],
-                ids=lambda x: f"p{x[0]}" + ("-nccl-emulation" if x[1] else ""))
+@pytest.fixture(params=tiered_one([(p, emulate) for p in (2, 3, 4) for emulate in (False, True)],
+                                   lambda x: f"p{x[0]}" + ("-nccl-emulation" if x[1] else "")))
 def run(request):
     if request.param not in _RESULTS:
         p, emulate = request.param
@@ -162,12 +163,19 @@ def test_naive_model_parallel_on_cpu_equals_one_device():
     assert all(a["end"] <= b["start"] for a, b in zip(spans, spans[1:]))
 
 
-def test_torch_pipelining_trains_the_same_model():
-    """par.pp.vs_torch_job: par's GPipe and torch's ScheduleGPipe on the same stages, 3 micro-batches
-    (1/3 is not exact in binary, so the two orders of scaling differ in rounding only), 3 Adam steps."""
+@pytest.mark.parametrize("m", tiered([4, 3]))
+def test_torch_pipelining_trains_the_same_model(m):
+    """par.pp.vs_torch_job: par's GPipe and torch's ScheduleGPipe on the same stages, 3 Adam steps.
+    m = 4: par divides each micro-batch's loss by m, torch its summed gradients; by 4 both are exact, so the
+    runs are bit-identical. m = 3: 1/3 is not exact in binary, so the gradients differ in rounding (≤ 1e-6);
+    Adam's first steps move a parameter by about lr·sign(g) where |g| is near its eps, which turns that rounding
+    into parameter differences of order 1e-5, so for m = 3 the parameters are not compared."""
     res = par.runtime.launch.run("par.pp.vs_torch_job", nproc=2, timeout=300, quiet=True,
-                         args=["--schedule", "gpipe", "--microbatches", 3, "--steps", 3])
+                                 args=["--schedule", "gpipe", "--microbatches", m, "--steps", 3])
     assert res["world_size"] == 2 and len(res["losses"]) == len(res["losses_torch"]) == 3
     assert 2.0 < res["losses"][0] < 6.0 and res["losses"][-1] < res["losses"][0]
-    assert res["max_grad_diff"] <= 1e-6 and res["max_loss_diff"] <= 1e-6 and res["max_param_diff"] <= 1e-5
+    if m == 4:
+        assert res["max_grad_diff"] == res["max_loss_diff"] == res["max_param_diff"] == 0.0
+    else:
+        assert res["max_grad_diff"] <= 1e-6 and res["max_loss_diff"] <= 1e-6
     assert [tuple(r["bounds"]) for r in res["per_rank"]] == [(0, 3), (3, 6)]

@@ -2,6 +2,7 @@
 from dataclasses import replace
 
 import pytest
+from tiers import slow
 import torch
 
 from par.memory import accounting as memory
@@ -127,6 +128,7 @@ def test_180b_on_800_gpus_needs_all_three_dimensions():
     assert not any(p.fits for p in ranked if p.pp == 1 and p.tp == 1)      # data parallelism alone cannot
 
 
+@slow
 @pytest.mark.timeout(200)
 def test_predictions_beside_a_measured_benchmark_run():
     """Smoke run of the benchmark suite (one 8-rank launch, checked against one process): bytes per step are

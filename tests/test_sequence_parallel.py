@@ -8,10 +8,11 @@ emulation) return one block and a whole GPT-lite (three Adam steps) compared wit
 from __future__ import annotations
 
 import pytest
+from tiers import slow, tiered
 import torch
 
 from par.memory import accounting as memory
-from par.tp import sequence as sp
+from par.tp import ops, sequence as sp
 from par.comm.collectives import all_reduce_formula_bytes
 from par.model import Block, build, preset
 from seqctx_runs import ranks as run_worker
@@ -23,15 +24,15 @@ def test_one_rank_is_the_dense_model():
     model = build("tiny", seed=1)
     x = torch.randint(65, (2, 16))
     assert torch.equal(sp.SequenceParallelGPT.from_dense(model)(x), model(x))
-    for op in (sp.gather_from_sequence_region, sp.reduce_scatter_to_sequence_region, sp.scatter_to_sequence,
-               sp.gather_to_full):
+    for op in (ops.gather_from_sequence_region, ops.reduce_scatter_to_sequence_region, ops.scatter_to_sequence,
+               ops.gather_to_full):
         t = torch.randn(2, 4, 3)
         assert op(t) is t
 
 
 def test_indivisible_sequence_fails_in_one_line():
     with pytest.raises(ValueError, match="sequence length 10 is not divisible by the sequence-parallel degree 4"):
-        sp.check_sequence(10, 4)
+        ops.check_sequence(10, 4)
 
 
 def test_formulas():
@@ -81,10 +82,11 @@ def _check(ranks, n):
         assert "not divisible by the sequence-parallel degree" in g["error"]
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", tiered([2, 4]))
 def test_sequence_parallel_equals_dense(n):
     _check(run_worker(n), n)
 
 
+@slow
 def test_sequence_parallel_equals_dense_three_ranks(p2p_env):
     _check(run_worker(3, p2p_env), 3)

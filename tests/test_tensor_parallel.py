@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiers import tiered
 import torch
 
 from par.runtime import launch
@@ -125,7 +126,7 @@ CASES = ["column gather=False", "column gather=True", "row input_parallel=True",
          "mlp", "attention", "block", "model", "model impl=torch"]
 
 
-@pytest.mark.parametrize("n,nccl", LAUNCHES, ids=map(launch_id, LAUNCHES))
+@pytest.mark.parametrize("n,nccl", tiered(LAUNCHES, launch_id))
 def test_tp_equals_dense(n, nccl):
     ranks = run_worker(n, nccl)
     assert len(ranks) == n
@@ -143,7 +144,7 @@ def test_tp_equals_dense(n, nccl):
         assert res["model impl=torch"]["impls"] == ["torch"] and res["model"]["events_fwd"] > 0
 
 
-@pytest.mark.parametrize("n,nccl", LAUNCHES, ids=map(launch_id, LAUNCHES))
+@pytest.mark.parametrize("n,nccl", tiered(LAUNCHES, launch_id))
 def test_four_all_reduces_per_layer_and_bytes_match_the_formula(n, nccl):
     ranks = run_worker(n, nccl)
     for res in ranks:
@@ -166,7 +167,7 @@ def test_four_all_reduces_per_layer_and_bytes_match_the_formula(n, nccl):
     assert m0["replicated_grads_spread"] == 0.0 and m0["replicated_numel"] > 0   # identical without communication
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", tiered([2, 3, 4]))
 def test_indivisible_model_fails_with_one_line(n):
     errors = run_worker(n)[0]["errors"]
     assert errors["n_head"].startswith("n_head ") and f"degree {n}" in errors["n_head"], errors

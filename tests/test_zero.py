@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from tiers import slow, tiered, tiered_one
 import torch
 import torch.nn as nn
 
@@ -27,7 +28,7 @@ EMULATION = {"PAR_NCCL_EMULATION": "1"}   # batch_isend_irecv as under NCCL: one
 RUNS = [(2, False), (3, False), (4, False), (3, True)]
 
 
-@pytest.fixture(params=RUNS, ids=lambda r: f"world{r[0]}" + ("-nccl-emulation" if r[1] else ""))
+@pytest.fixture(params=tiered_one(RUNS, lambda r: f"world{r[0]}" + ("-nccl-emulation" if r[1] else "")))
 def run(request, tmp_path_factory):
     n, emulated = request.param
     if request.param not in _RESULTS:
@@ -265,7 +266,7 @@ def test_engine_refuses_what_it_cannot_do():
 TREE_RUNS = [(50, False), (20, True)]   # (random module trees, NCCL emulation)
 
 
-@pytest.fixture(scope="module", params=TREE_RUNS, ids=lambda r: f"{r[0]}trees" + ("-nccl-emulation" if r[1] else ""))
+@pytest.fixture(scope="module", params=tiered_one(TREE_RUNS, lambda r: f"{r[0]}trees" + ("-nccl-emulation" if r[1] else ""), fast=0))
 def trees(request):
     count, emulated = request.param
     result = par.runtime.launch.run(str(TREES), nproc=2, args=[count, 0], timeout=900, quiet=True,
@@ -425,7 +426,7 @@ def test_full_recomputation_gives_the_same_gradients():
         zero_r.run_layers([], x, "some")
 
 
-@pytest.mark.parametrize("n,emulated", [(2, False), (4, False), (2, True)])
+@pytest.mark.parametrize("n,emulated", tiered([(2, False), (4, False), (2, True)], lambda c: f"{c[0]}-{c[1]}"))
 def test_partitioned_activation_checkpoints_keep_one_tth_per_tp_rank(n, emulated):
     r = par.runtime.launch.run("par.zero.activations_job", nproc=n, args=["--batch", 4], timeout=300, quiet=True,
                        env=EMULATION if emulated else None)
@@ -442,6 +443,7 @@ def test_partitioned_activation_checkpoints_keep_one_tth_per_tp_rank(n, emulated
     assert "checkpoint all-gather" not in m["full"]["bytes"]
 
 
+@slow
 def test_train_zero_job_contract_fsdp2_and_resharding_4_to_2(tmp_path):
     """The lecture's job: contract keys; FSDP2 beside stage 3 equal to 1e-5; saved on 4 ranks after 2 steps,
     loaded on 2, the next loss equals the 4-rank run's; memory equals the formula at N_d = 4 and 2."""

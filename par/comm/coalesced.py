@@ -18,13 +18,7 @@ import torch
 import torch.distributed as dist
 
 from par.comm import collectives, commlog
-from par.comm.collectives import all_gather_chunks, chunk_bounds, reduce_scatter_chunks
-
-
-def _ring(group):
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
-    me = ranks.index(dist.get_rank())
-    return me, len(ranks), ranks[(me + 1) % len(ranks)], ranks[(me - 1) % len(ranks)]
+from par.comm.collectives import all_gather_chunks, chunk_bounds, reduce_scatter_chunks, ring_neighbours
 
 
 def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group) -> None:
@@ -57,7 +51,7 @@ def _buffers(flats, steps):
 def _ring_steps(flats, group, chunk_at, land) -> None:
     """The N-1 ring steps: send every buffer's chunk `chunk_at(k)[0]` to the right in one message, receive
     the left neighbour's, and `land(view of my buffer's chunk, received piece)` for each buffer."""
-    me, n, right, left = _ring(group)
+    me, n, right, left = ring_neighbours(group)
     steps, _ = _steps(flats, n, lambda k: chunk_at(me, n, k))
     send, recv = _buffers(flats, steps)
     for step in steps:
@@ -79,7 +73,7 @@ def _ring_reduce_scatter(flats, group, op: str) -> None:
         torch.maximum(acc, incoming, out=acc) if op == "max" else acc.add_(incoming)
     _ring_steps(flats, group, reduce_scatter_chunks, land)
     if op == "avg":
-        me, n = _ring(group)[:2]
+        me, n = ring_neighbours(group)[:2]
         for f in flats:
             s, e = chunk_bounds(f.numel(), n)[me]
             f.view(-1)[s:e].div_(n)
@@ -92,7 +86,7 @@ def _ring_all_gather(flats, group) -> None:
 
 def _log(kind: str, flats, group, sent_by) -> None:
     n = dist.get_world_size(group)
-    me = _ring(group)[0]
+    me = ring_neighbours(group)[0]
     for f in flats:
         commlog.record(kind, f.numel(), sent_by(f.numel(), n, me, f.element_size()), n)
 
@@ -103,7 +97,7 @@ def reduce_scatter(flats: list[torch.Tensor], op: str = "sum", group=None, impl:
         return [collectives.reduce_scatter(f, op=op, group=group, impl=impl) for f in flats]
     _ring_reduce_scatter(flats, group, op)
     _log("reduce_scatter", flats, group, collectives.ring_reduce_scatter_bytes)
-    me, n = _ring(group)[:2]
+    me, n = ring_neighbours(group)[:2]
     return [f.view(-1)[slice(*chunk_bounds(f.numel(), n)[me])] for f in flats]
 
 

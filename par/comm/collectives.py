@@ -27,7 +27,8 @@ Every call is written to the communication log (`par.comm.commlog`) with the byt
 this rank sent. The `all_reduce` / `reduce_scatter` / `all_gather` /
 `broadcast` / `send` / `recv` front doors choose the ring (`impl="ring"`) or
 torch.distributed (`impl="torch"`) and log either way. `group_size` and
-`group_rank` are the one home of "how many of us, and which one am I".
+`group_rank` are the one home of "how many of us, and which one am I";
+`ring_neighbours` of "whom do I send to, and receive from, in the ring".
 The asynchronous communication thread lives in `par.comm.thread`.
 """
 from __future__ import annotations
@@ -135,10 +136,12 @@ def fit_alpha_beta(samples) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------- the ring
-def _ring(group):
-    """(my index in the ring, ring size, global rank of every member)."""
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
-    return ranks.index(dist.get_rank()), len(ranks), ranks
+def ring_neighbours(group=None) -> tuple[int, int, int, int]:
+    """(i, N, right, left): my index i in the ring of `group`, its size N, and the global ranks of my
+    neighbours, right = member (i + 1) mod N (I send to it) and left = member (i - 1) mod N (I receive from it)."""
+    n, me = group_size(group), group_rank(group)
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
+    return me, n, ranks[(me + 1) % n], ranks[(me - 1) % n]
 
 
 def reduce_scatter_chunks(rank: int, n: int, step: int) -> tuple[int, int]:
@@ -199,9 +202,8 @@ def _reduce_(acc: torch.Tensor, incoming: torch.Tensor, op: str) -> None:
 
 def _ring_reduce_scatter(flat: torch.Tensor, ring, group, op: str, on_step=None) -> int:
     """The N-1 reduce steps on a flat tensor, in place; returns the bytes this rank sent."""
-    me, n, ranks = ring
+    me, n, right, left = ring
     bounds = chunk_bounds(flat.numel(), n)
-    right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
     buf = _scratch(max(e - s for s, e in bounds), flat)
     sent = 0
     for k in range(n - 1):
@@ -220,9 +222,8 @@ def _ring_reduce_scatter(flat: torch.Tensor, ring, group, op: str, on_step=None)
 
 def _ring_all_gather(flat: torch.Tensor, ring, group, on_step=None) -> int:
     """The N-1 pass-it-on steps on a flat tensor, in place; returns the bytes this rank sent."""
-    me, n, ranks = ring
+    me, n, right, left = ring
     bounds = chunk_bounds(flat.numel(), n)
-    right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
     sent = 0
     for k in range(n - 1):
         out, into = all_gather_chunks(me, n, k)
@@ -250,8 +251,8 @@ def ring_reduce_scatter(tensor: torch.Tensor, group=None, op: str = "sum") -> to
     Only that chunk is meaningful afterwards; the others hold partial sums.
     """
     flat = _flat(tensor, op)
-    ring = _ring(group)
-    me, n, _ = ring
+    ring = ring_neighbours(group)
+    me, n = ring[:2]
     sent = _ring_reduce_scatter(flat, ring, group, op) if n > 1 else 0
     commlog.record("reduce_scatter", flat.numel(), sent, n)
     a, b = chunk_bounds(flat.numel(), n)[me]
@@ -261,7 +262,7 @@ def ring_reduce_scatter(tensor: torch.Tensor, group=None, op: str = "sum") -> to
 def ring_all_gather(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Fill every chunk of `tensor` in place, given that chunk `rank` is already correct on each rank."""
     flat = _flat(tensor)
-    ring = _ring(group)
+    ring = ring_neighbours(group)
     sent = _ring_all_gather(flat, ring, group) if ring[1] > 1 else 0
     commlog.record("all_gather", flat.numel(), sent, ring[1])
     return tensor
@@ -274,7 +275,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, op: str = "sum", on_step=N
     after every step (lecture 00 draws the ring from it).
     """
     flat = _flat(tensor, op)
-    ring = _ring(group)
+    ring = ring_neighbours(group)
     n = ring[1]
     sent = 0
     if n > 1:

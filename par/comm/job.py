@@ -19,19 +19,21 @@ Each part returns plain data (lists, dicts) that rank 0 saves as JSON:
 """
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 import par.runtime.dist
+from par.runtime.job_args import JobArgs, arg
 from par.comm import collectives as C
 from par.comm import commlog
+from par.measure import sync
 
 PARTS = ("env", "show", "trace", "bytes", "timing")
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -173,8 +175,7 @@ def time_all_reduce(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> li
                 dist.barrier()
                 start = time.perf_counter()
                 C.all_reduce(t, impl=impl)
-                if env.device.type == "cuda":
-                    torch.cuda.synchronize()
+                sync(env.device)
                 seconds = _elapsed(start, time.perf_counter(), env, same_clock)
                 if i >= warmup:
                     times[impl].append(seconds)
@@ -189,26 +190,24 @@ def time_all_reduce(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> li
     return rows
 
 
-def parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {PARTS}")
-    p.add_argument("--show-numel", type=int, default=4)
-    p.add_argument("--trace-numel", type=int, default=0, help="default: 2 elements per rank")
-    p.add_argument("--bytes-sizes", default="1,5,7,1001,4096,65536")
-    p.add_argument("--sizes", default="1024,65536,1048576", help="element counts timed")
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
-    return p.parse_args(argv)
+@dataclass(frozen=True)
+class Args(JobArgs):
+    parts: tuple[str, ...] = arg(PARTS, f"comma-separated subset of {PARTS}")
+    show_numel: int = arg(4)
+    trace_numel: int = arg(0, "default: 2 elements per rank")
+    bytes_sizes: tuple[int, ...] = arg((1, 5, 7, 1001, 4096, 65536), "element counts whose bytes are counted")
+    sizes: tuple[int, ...] = arg((1024, 65536, 1048576), "element counts timed")
+    reps: int = arg(5)
+    warmup: int = arg(2)
 
 
 def main(argv=None) -> None:
-    args = parse(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
-    parts = args.parts.split(",")
+    parts = args.parts
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise SystemExit(f"unknown part(s) {sorted(unknown)}: choose from {PARTS}")
-    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     result = {"world_size": env.world_size, "backend": env.backend}
     if "env" in parts:
         result["env"] = environment(env)
@@ -217,9 +216,9 @@ def main(argv=None) -> None:
     if "trace" in parts:
         result["trace"] = trace_ring(env, args.trace_numel or 2 * env.world_size)
     if "bytes" in parts:
-        result["bytes"] = count_bytes(env, ints(args.bytes_sizes))
+        result["bytes"] = count_bytes(env, list(args.bytes_sizes))
     if "timing" in parts:
-        result["timing"] = time_all_reduce(env, ints(args.sizes), args.reps, args.warmup)
+        result["timing"] = time_all_reduce(env, list(args.sizes), args.reps, args.warmup)
     par.runtime.dist.save_result(result)
     par.runtime.dist.teardown()
 

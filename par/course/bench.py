@@ -8,6 +8,7 @@ prints the ratio. Each lives in the folder of its lecture, beside the strategy i
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 
@@ -39,8 +40,8 @@ def main(argv=None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in BENCHMARKS:
-        print(f"unknown benchmark {name!r}\n\n{usage()}", file=sys.stderr)
-        return 2
+        raise argparse.ArgumentError(None, f"unknown benchmark {name!r}: use one of {', '.join(available())} "
+                                           f"(python -m par bench --help)")
     return int(importlib.import_module(BENCHMARKS[name][0]).main(rest) or 0)
 
 

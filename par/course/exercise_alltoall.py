@@ -16,13 +16,14 @@ Result (rank 0 saves it): world_size, backend, nccl_emulation, and
 """
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 import par.runtime.dist
 from par.course import answers
+from par.runtime.job_args import JobArgs, arg
 from par.runtime import nccl_emulation
 from par.comm.collectives import chunk_bounds
 
@@ -56,10 +57,13 @@ def one_case(module, name: str, n: int, r: int, device) -> tuple[float, bool]:
     return (float("inf") if err != err else err), bool(torch.equal(recvs[r], own))
 
 
+@dataclass(frozen=True)
+class Args(JobArgs):
+    answer: str = arg("my_alltoall.py", "the student's module file")
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--answer", default="my_alltoall.py", help="the student's module file")
-    args = ap.parse_args(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     n, r = env.world_size, env.rank
     with answers.forbidden(answers.COLLECTIVES, WHY):

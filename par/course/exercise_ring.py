@@ -17,13 +17,14 @@ Result (rank 0 saves it): world_size, backend, nccl_emulation, and
 """
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 import par.runtime.dist
 from par.course import answers
+from par.runtime.job_args import JobArgs, arg
 from par.runtime import nccl_emulation
 
 SIZES = (1, 2, 5, 7, 64, 1000, 1001)
@@ -43,15 +44,18 @@ def one_case(module, numel: int, rank: int, device) -> tuple[float, bool]:
     return (float("inf") if err != err else err), bool(torch.allclose(mine, expected, atol=1e-5, equal_nan=False))
 
 
+@dataclass(frozen=True)
+class Args(JobArgs):
+    answer: str = arg("my_ring.py", "the student's module file")
+    sizes: tuple[int, ...] = arg(SIZES, "comma-separated tensor sizes checked")
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--answer", default="my_ring.py", help="the student's module file")
-    ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
-    args = ap.parse_args(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     with answers.forbidden(answers.COLLECTIVES, "the exercise asks for a ring of sends and receives"):
         module = answers.load(args.answer)
-    cases = [(n, *one_case(module, n, env.rank, env.device)) for n in map(int, args.sizes.split(","))]
+    cases = [(n, *one_case(module, n, env.rank, env.device)) for n in args.sizes]
     everyone = par.runtime.dist.gather_object(cases)
     if env.rank == 0:
         par.runtime.dist.save_result({

@@ -18,7 +18,7 @@ Result (rank 0 saves it): world_size, backend, and
 """
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 import par.runtime.dist
 from par.course import answers
+from par.runtime.job_args import JobArgs, arg
 from par.tp.layers import column_shard, row_shard
 
 OFF_LIMITS = [("par.tp.ops", "_all_reduce"), ("par.comm.collectives", "all_reduce"), ("par.comm.collectives", "ring_all_reduce")]
@@ -45,12 +46,15 @@ def dense(d: int, ffn: int, shape, device, seed: int = 0):
     return (x, fc_w, fc_b, proj_w, proj_b), upstream, y.detach(), [t.grad for t in leaves]
 
 
+@dataclass(frozen=True)
+class Args(JobArgs):
+    answer: str = arg("my_tp.py", "the student's module file")
+    d: int = arg(12, "the model width")
+    ffn: int = arg(24, "the MLP's hidden width")
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--answer", default="my_tp.py", help="the student's module file")
-    ap.add_argument("--d", type=int, default=12)
-    ap.add_argument("--ffn", type=int, default=24)
-    args = ap.parse_args(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     n, r = env.world_size, env.rank
     with answers.forbidden(OFF_LIMITS, WHY):

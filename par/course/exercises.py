@@ -254,8 +254,7 @@ def record(root: Path = ROOT, names=()) -> int:
     root = Path(root)
     paths = [p for p in solutions(root) if not names or p.name in names or p.stem in names]
     if not paths:
-        print(f"error: no solution matches {list(names) or '*'} in {root / 'solutions'}", file=sys.stderr)
-        return 2
+        raise ExerciseError(f"no solution matches {list(names) or '*'} in {root / 'solutions'}")
     failing, unstable = [], []
     for path in paths:
         print(f"recording solutions/{path.name} ...", flush=True)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from par.course import release
-from par.course.exercises import ROOT, ExerciseError, generate, out_of_sync, record, solutions
+from par.course.exercises import ROOT, generate, out_of_sync, record, solutions
 
 
 def main(argv=None) -> int:
@@ -22,30 +22,25 @@ def main(argv=None) -> int:
     parser.add_argument("--root", type=Path, default=ROOT, help="course repository (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="release: replace an existing bundle folder")
     args = parser.parse_args(argv)
-    try:
-        if args.action == "generate":
-            changed = generate(args.root)
-            print(f"{len(solutions(args.root))} exercise(s); written or removed: "
-                  + (", ".join(p.name for p in changed) or "none"))
-            return 0
-        if args.action == "check":
-            problems = out_of_sync(args.root)
-            for line in problems:
-                print(line, file=sys.stderr)
-            if problems:
-                print("fix: python -m par exercises generate", file=sys.stderr)
-                return 1
-            print("in sync")
-            return 0
-        if args.action == "release":
-            if len(args.names) != 1:
-                print("error: name one folder: python -m par exercises release DIR", file=sys.stderr)
-                return 2
-            return release.main(Path(args.names[0]), root=args.root, force=args.force)
-        return record(args.root, args.names)
-    except ExerciseError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.action == "generate":
+        changed = generate(args.root)
+        print(f"{len(solutions(args.root))} exercise(s); written or removed: "
+              + (", ".join(p.name for p in changed) or "none"))
+        return 0
+    if args.action == "check":
+        problems = out_of_sync(args.root)
+        for line in problems:
+            print(line, file=sys.stderr)
+        if problems:
+            print("fix: python -m par exercises generate", file=sys.stderr)
+            return 1
+        print("in sync")
+        return 0
+    if args.action == "release":
+        if len(args.names) != 1:
+            parser.error("name one folder: python -m par exercises release DIR")
+        return release.main(Path(args.names[0]), root=args.root, force=args.force)
+    return record(args.root, args.names)
 
 
 if __name__ == "__main__":

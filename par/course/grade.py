@@ -45,7 +45,6 @@ import csv
 import json
 import os
 import re
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -450,20 +449,14 @@ def main(argv=None) -> int:
     ap.add_argument("--practice", action="store_true", help="grade with the visible checks of exercises/ only")
     args = ap.parse_args(argv)
     if args.timeout <= 0 or args.cell_timeout <= 0 or args.jobs < 1:
-        print("error: --timeout and --cell-timeout must be positive and --jobs at least 1", file=sys.stderr)
-        return 2
-    try:
-        course = load_course(args.solutions, args.practice)
-        paths, skipped = find_submissions(args.submissions)
-    except SubmissionError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        ap.error("--timeout and --cell-timeout must be positive and --jobs at least 1")
+    course = load_course(args.solutions, args.practice)
+    paths, skipped = find_submissions(args.submissions)
     if skipped:
         print(f"note: {len(skipped)} file(s) that are not notebooks skipped: "
               + ", ".join(str(p) for p in skipped[:10]) + (" ..." if len(skipped) > 10 else ""))
     if not paths:
-        print(f"error: no notebook (*.ipynb) in {' '.join(args.submissions)}", file=sys.stderr)
-        return 2
+        raise SubmissionError(f"no notebook (*.ipynb) in {' '.join(args.submissions)}")
     if args.report is None and len(paths) == 1:
         print(f"grading {paths[0]} ({describe(course)}) ...", flush=True)
         grades = grade_many(paths, course, args.timeout, args.cell_timeout, 1, progress=None)
@@ -477,10 +470,6 @@ def main(argv=None) -> int:
         print(f"wrote {len(grades)} feedback file(s) to {args.feedback}")
     if args.report is None:
         return 0 if all(g.status == "ok" for g in grades) else 1
-    try:
-        write_report(grades, args.report)
-    except OSError as e:
-        print(f"error: cannot write {args.report}: {e}", file=sys.stderr)
-        return 2
+    write_report(grades, args.report)
     print(f"wrote {args.report} ({len(grades)} rows)")
     return 0

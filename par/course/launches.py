@@ -1,8 +1,9 @@
 """The course's launches as data, and the dry run that checks a GPU batch before any GPU is rented.
 
-Every job a lecture notebook starts is one `Launch`: the module, the number of ranks, the
-arguments, the backend, the timeout, and what it computes (`Training` runs in the planner's
-terms, or `Collectives`). `launches(notebook, world_size, backend, preset, steps)` gives a
+Every job a lecture notebook starts is one `Launch`: the module, the number of ranks, the job's
+typed arguments (its `Args`, e.g. `par.dp.job.Args`: a notebook reads `job.args.batch`), the
+backend, the timeout, and what it computes (`Training` runs in the planner's terms, or `Collectives`),
+derived from those arguments (`work`). `launches(notebook, world_size, backend, preset, steps)` gives a
 notebook's launches as a pure function of the batch's four parameters, so the notebook can run
 exactly those (`launch.run()`), and the dry run checks exactly what will run.
 
@@ -29,11 +30,24 @@ check, not a benchmark (the planner ignores latency and overlaps nothing).
 """
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field, replace
+import shlex
+from dataclasses import dataclass, field, fields, replace
 
-from par.train import planner
+from par.comm import job as comm_job
+from par.cp import job as cp_job
+from par.dp import job as dp_job
+from par.memory import job as memory_job
+from par.moe import job as moe_job
+from par.pp import job as pp_job, vs_torch_job
+from par.precision import job as precision_job
+from par.runtime.job_args import JobArgs
+from par.tp import job as tp_job
+from par.train import planner, job as train_job
+from par.zero import job as zero_job, activations_job
 from par.memory.accounting import format_bytes
+from par.model import preset as model_preset
 from par.tp.layers import tp_degree   # noqa: F401  (the one home of the rule; re-exported)
 
 CELL_TIMEOUT_S = 600.0      # the batch's cell timeout for a notebook that launches little
@@ -148,12 +162,13 @@ class Collectives:
 
 @dataclass(frozen=True)
 class Launch:
-    """One `par.runtime.launch.run` a notebook makes: everything it needs, and what it computes (`work`, in order)."""
+    """One `par.runtime.launch.run` a notebook makes: the job's module and its typed arguments (`args`, the
+    job's `Args`: `job.args.batch`), the ranks, backend and timeout, and what it computes (`work`, in order)."""
     notebook: str
     cell: str                        # which part of the notebook (the launches of one cell share it)
     module: str
     nproc: int
-    args: tuple
+    args: JobArgs
     backend: str
     timeout: float
     work: tuple = field(default_factory=tuple)
@@ -164,26 +179,21 @@ class Launch:
         from par.runtime.launch import run
         if show:
             print(f"$ {self.command()}")
-        return run(self.module, nproc=self.nproc, args=list(self.args), backend=self.backend,
+        return run(self.module, nproc=self.nproc, args=self.args.to_argv(), backend=self.backend,
                    timeout=self.timeout, **kwargs)
 
     def command(self) -> str:
-        """The launch as a shell command: `torchrun --nproc-per-node N -m module args...`."""
-        return " ".join(["torchrun", f"--nproc-per-node={self.nproc}", "-m", self.module, *self.args])
+        """The launch as a shell command: `torchrun --nproc-per-node=N -m module args...`."""
+        return shlex.join(["torchrun", f"--nproc-per-node={self.nproc}", "-m", self.module, *self.args.to_argv()])
 
-    def arg(self, flag: str) -> str:
-        """The value given to `flag` (e.g. "--preset"): notebooks read their parameters from the launch."""
-        i = self.args.index(flag)
-        return self.args[i + 1]
+    def with_args(self, **changes) -> Launch:
+        """The launch with some arguments changed (e.g. `with_args(dtype=("fp32", "fp16"))` on a GPU without bf16)."""
+        return replace(self, args=replace(self.args, **changes))
 
-    def with_arg(self, flag: str, value) -> "Launch":
-        """The launch with `flag`'s value replaced (e.g. fewer dtypes on a GPU without bf16)."""
-        i = self.args.index(flag)
-        return replace(self, args=(*self.args[:i + 1], str(value), *self.args[i + 2:]))
-
-    def fill(self, **values) -> "Launch":
-        """The launch with `{name}` placeholders in its arguments filled in (e.g. a temporary directory)."""
-        return replace(self, args=tuple(a.format(**values) if "{" in a else a for a in self.args))
+    def fill(self, **values) -> Launch:
+        """The launch with `{name}` placeholders in its text arguments filled in (e.g. a temporary directory)."""
+        text = {f.name: getattr(self.args, f.name) for f in fields(self.args)}
+        return self.with_args(**{k: v.format(**values) for k, v in text.items() if isinstance(v, str) and "{" in v})
 
     def name(self) -> str:
         return f"{self.notebook} [{self.cell}] {self.module} on {self.nproc} rank{'s' if self.nproc > 1 else ''}"
@@ -204,19 +214,135 @@ def scaled_timeout(work, backend: str, nproc: int = 1) -> float:
     return float(max(MIN_TIMEOUT_S, 60 * math.ceil((SAFETY * predicted + STARTUP_S) / 60)))
 
 
-def launch(notebook, cell, module, nproc, args, backend, work, timeout=None) -> Launch:
-    """A Launch whose timeout scales with its work (unless given)."""
-    work = tuple(work)
-    return Launch(notebook, cell, module, nproc, tuple(str(a) for a in args), backend,
-                  timeout if timeout is not None else scaled_timeout(work, backend, nproc), work)
+def launch(notebook, cell, nproc, args: JobArgs, backend, timeout=None) -> Launch:
+    """A Launch of the job whose `Args` `args` are: its work derived from them (`work`), its timeout scaled
+    with that work (unless given)."""
+    done = tuple(work(args, nproc))
+    return Launch(notebook, cell, type(args).__module__, nproc, args, backend,
+                  timeout if timeout is not None else scaled_timeout(done, backend, nproc), done)
+
+
+# ---------------------------------------------------------------- what a job's arguments compute
+@functools.singledispatch
+def work(args: JobArgs, nproc: int) -> list:
+    """What a launch of `args` on `nproc` ranks computes, in the planner's terms: one entry per run of the job."""
+    raise CourseError(f"no work known for the arguments of {type(args).__module__}")
+
+
+@work.register
+def collectives_work(args: comm_job.Args, nproc: int) -> list:
+    """The counted sizes and the timed ones, `warmup + reps` times each (ring and torch)."""
+    counted = args.bytes_sizes if "bytes" in args.parts else ()
+    return [Collectives((*counted, *(args.sizes if "timing" in args.parts else ())), args.reps + args.warmup)]
+
+
+@work.register
+def memory_work(args: memory_job.Args, nproc: int) -> list:
+    """One data-parallel run per precision × optimizer, `batch` sequences per rank."""
+    cfg = model_preset(args.preset)
+    return [Training(cfg, args.batch * nproc, dp=nproc, precision=p, optimizer=o, steps=args.steps, label=f"{p} {o}")
+            for p in args.precisions for o in args.optimizers]
+
+
+@work.register
+def dp_work(args: dp_job.Args, nproc: int) -> list:
+    """One run per --dp × --compression: the global batch, in micro-batches of --micro-batch where given."""
+    cfg = model_preset(args.preset, tie_embeddings=args.tie_embeddings)
+    accum = args.accum or (args.batch // (args.micro_batch * nproc) if args.micro_batch else 1)
+    return [Training(cfg, args.batch, dp=nproc, microbatches=accum, optimizer=args.optimizer, steps=args.steps,
+                     label=f"{v}, {c}") for v in args.dp for c in args.compression]
+
+
+@work.register
+def pipeline_work(args: pp_job.Args, nproc: int) -> list:
+    """One run per schedule × m on dp replicas of a pipeline of nproc / dp stages, after `warmup` steps; the
+    single-process reference of the same batch beside (--check)."""
+    cfg = pp_job.config(args)
+    out = []
+    for schedule in args.schedules:
+        for m in args.microbatches:
+            batch = args.batch or args.dp * m * args.micro_batch_size
+            out.append(Training(cfg, batch, dp=args.dp, pp=nproc // args.dp, microbatches=m,
+                                steps=args.steps + args.warmup, reference_batch=batch if args.check else 0,
+                                label=f"{schedule} m={m}"))
+    return out
+
+
+@work.register
+def torch_pipeline_work(args: vs_torch_job.Args, nproc: int) -> list:
+    """The same pipeline under par's runtime and torch's."""
+    cfg = model_preset(args.preset, **({"n_layer": args.n_layer} if args.n_layer else {}))
+    one = Training(cfg, args.microbatches * args.micro_batch_size, pp=nproc, microbatches=args.microbatches,
+                   steps=args.steps, label=f"{args.schedule} m={args.microbatches}")
+    return [one, replace(one, label=f"torch {one.label}")]
+
+
+@work.register
+def tp_work(args: tp_job.Args, nproc: int) -> list:
+    """TP training on nproc ranks, the dense model trained beside (unless --no-reference)."""
+    sizes = {k: v for k, v in (("n_head", args.n_head), ("d_model", args.d_model)) if v is not None}
+    return [Training(model_preset(args.preset, **sizes), args.batch_size, tp=nproc, optimizer=args.optimizer,
+                     steps=args.steps, reference_batch=0 if args.no_reference else args.batch_size,
+                     label=f"TP {nproc}")]
+
+
+@work.register
+def precision_work(args: precision_job.Args, nproc: int) -> list:
+    """One data-parallel run per dtype."""
+    cfg = model_preset(args.preset)
+    return [Training(cfg, args.batch, dp=nproc, precision=d, optimizer=args.optimizer, steps=args.steps, label=d)
+            for d in args.dtype]
+
+
+@work.register
+def zero_work(args: zero_job.Args, nproc: int) -> list:
+    """One run per `Run`: its stage, offload and precision."""
+    cfg = model_preset(args.preset)
+    return [Training(cfg, args.batch, dp=nproc, zero_stage=r.stage, offload=r.offload,
+                     precision=r.precision or args.precision, optimizer=args.optimizer, steps=args.steps,
+                     label=f"ZeRO {r}") for r in args.runs]
+
+
+@work.register
+def zero_r_work(args: activations_job.Args, nproc: int) -> list:
+    """One TP step whose activations are measured."""
+    return [Training(model_preset(args.preset), args.batch, tp=nproc, steps=1, label="ZeRO-R activations")]
+
+
+@work.register
+def config_work(args: train_job.Args, nproc: int) -> list:
+    """One run per config, as `par.train.config` parses it for nproc ranks."""
+    from par.train.config import model_config, parse, read
+    out = []
+    for source in args.config:
+        tc = parse(read(source), nproc)
+        out.append(Training(model_config(tc), tc.train_batch_size, dp=tc.dp, pp=tc.pp, tp=tc.tp,
+                            zero_stage=tc.zero_stage, offload=tc.offload, microbatches=tc.grad_accum,
+                            precision=tc.precision, optimizer=tc.optimizer,
+                            steps=tc.steps if args.steps is None else args.steps, label=tc.strategy))
+    return out
+
+
+@work.register
+def context_parallel_work(args: cp_job.Args, nproc: int) -> list:
+    """TP+SP and CP training (and a timeline) beside the dense model: costed as three TP trainings with the dense
+    reference (the planner's TP activations bound TP+SP's and CP's)."""
+    return [Training(model_preset(args.preset), args.batch_size, tp=nproc, steps=3 * args.steps,
+                     reference_batch=args.batch_size, label=f"TP+SP and CP on {nproc}")]
+
+
+@work.register
+def moe_work(args: moe_job.Args, nproc: int) -> list:
+    """One run per alpha. The planner has no MoE: a dense model whose FFN holds the experts a rank keeps (a
+    go/no-go estimate), the single-process reference beside (--check)."""
+    cfg = model_preset(args.preset)
+    held = replace(cfg, d_ff=cfg.ffn * max(args.k, math.ceil(args.experts / (args.ep or nproc))))
+    batch = args.batch * nproc
+    return [Training(held, batch, dp=nproc, steps=args.steps, reference_batch=batch if args.check else 0,
+                     label=f"alpha {a}") for a in args.alphas]
 
 
 # ---------------------------------------------------------------- the registry: one function per notebook
-def _model(preset: str):
-    from par.model import preset as model_preset
-    return model_preset(preset)
-
-
 def per_rank_batch(cfg, small: int) -> int:
     """Sequences per rank: `small` for a short context (tiny, small); 1 for a long one (gpt3-small's 2048)."""
     return small if cfg.block_size <= 256 else 1
@@ -232,10 +358,6 @@ def cores() -> int:
     return physical_cores()
 
 
-def csv(values) -> str:
-    return ",".join(map(str, values))
-
-
 # Lecture 00: the ring all-reduce on `world_size` ranks, then the same job on 2, 3 and 4 ranks.
 COLLECTIVE_SIZES = (64, 1024, 16384, 1 << 18, 1 << 20, 1 << 22)   # float32 elements timed: 256 B to 16 MB
 COUNTED_SIZES = (1, 5, 7, 1001, 4096, 65536)                      # bytes counted, uneven chunks included
@@ -244,27 +366,24 @@ SWEEP_NUMEL = 4096                                                # bytes counte
 
 def launches_00(W, backend, preset, steps):
     nb = "00_distributed_basics"
-    out = [launch(nb, "collectives", "par.comm.job", W, [
-        "--parts", "env,show,trace,bytes,timing", "--sizes", csv(COLLECTIVE_SIZES), "--bytes-sizes",
-        csv(COUNTED_SIZES), "--reps", 9, "--warmup", 2], backend, [Collectives(COLLECTIVE_SIZES, 11)])]
+    out = [launch(nb, "collectives", W, comm_job.Args(
+        parts=("env", "show", "trace", "bytes", "timing"), sizes=COLLECTIVE_SIZES, bytes_sizes=COUNTED_SIZES,
+        reps=9, warmup=2), backend)]
     gpus = on_gpus(backend, W)
     for n in world_sizes({2, 3, 4}, W, backend):
         if n != W:          # timings only where each rank has a core (or GPU) of its own, else the latency point
             timed = COLLECTIVE_SIZES if gpus or n <= cores() else (64,)
-            out.append(launch(nb, "world-size sweep", "par.comm.job", n, [
-                "--parts", "trace,bytes,timing" if n == 4 else "bytes,timing", "--bytes-sizes", SWEEP_NUMEL,
-                "--reps", 9, "--warmup", 2, "--sizes", csv(timed)], backend, [Collectives((SWEEP_NUMEL, *timed), 11)]))
+            out.append(launch(nb, "world-size sweep", n, comm_job.Args(
+                parts=("trace", "bytes", "timing") if n == 4 else ("bytes", "timing"), bytes_sizes=(SWEEP_NUMEL,),
+                reps=9, warmup=2, sizes=timed), backend))
     return out
 
 
 def launches_01(W, backend, preset, steps):
-    cfg = _model(preset)
-    b = per_rank_batch(cfg, 8)
-    runs = [Training(cfg, b * W, dp=W, precision=p, optimizer=o, steps=steps, label=f"{p} {o}")
-            for p in ("fp32", "bf16") for o in ("adam", "momentum", "sgd")]
-    return [launch("01_memory", "measured model states", "par.memory.job", W, [
-        "--preset", preset, "--steps", steps, "--optimizers", "adam,momentum,sgd", "--precisions", "fp32,bf16",
-        "--batch", b], backend, runs)]
+    b = per_rank_batch(model_preset(preset), 8)
+    return [launch("01_memory", "measured model states", W, memory_job.Args(
+        preset=preset, steps=steps, optimizers=("adam", "momentum", "sgd"), precisions=("fp32", "bf16"), batch=b),
+        backend)]
 
 
 def bucket_kb(cfg) -> float:
@@ -274,41 +393,30 @@ def bucket_kb(cfg) -> float:
 
 
 def launches_02(W, backend, preset, steps):
-    nb, cfg = "02_data_parallel", _model(preset)
+    nb, cfg = "02_data_parallel", model_preset(preset)
     from par.memory.accounting import param_count
     gpus = on_gpus(backend, W)
     long = cfg.block_size > 256
     batch = 2 * W if long else 32                    # the global batch of every run
+    micro = 1 if long else None                      # a long context trains micro-batches of one sequence
     # the timeline: a model large enough that backward outlasts the all-reduces, one core (or GPU) per rank
-    timed_preset = preset if param_count(cfg) >= param_count(_model("small")) else "small"
-    timed_cfg, timed_ranks = _model(timed_preset), W if gpus else min(W, cores())
-
-    def train(n, c, label, micro=None, runs=1, n_steps=steps):
-        """Work and arguments of a launch on n ranks; a long context trains micro-batches of one sequence."""
-        micro = 1 if long else micro
-        accum = batch // (micro * n) if micro else 1
-        work = [Training(c, batch, dp=n, microbatches=accum, steps=n_steps, label=label)] * runs
-        return work, (["--micro-batch", micro] if micro else [])
+    timed_preset = preset if param_count(cfg) >= param_count(model_preset("small")) else "small"
+    timed_ranks = W if gpus else min(W, cores())
     timeline_steps = max(4, steps // 5)              # the third step is drawn; the median of all is printed
-    work, micro = train(timed_ranks, timed_cfg, "naive, bucketed", runs=2, n_steps=timeline_steps)
-    out = [launch(nb, "bucketed timeline", "par.dp.job", timed_ranks, [
-        "--dp", "naive,bucketed", "--impl", "ring", "--bucket-kb", bucket_kb(timed_cfg), "--preset", timed_preset,
-        "--steps", timeline_steps, "--batch", batch, *micro], backend, work)]
-    work, micro = train(W, cfg, "bucketed, ddp", runs=2)
-    out.append(launch(nb, "torch DDP", "par.dp.job", W, [
-        "--dp", "bucketed,ddp", "--impl", "ring", "--bucket-kb", bucket_kb(cfg), "--preset", preset,
-        "--steps", steps, "--batch", batch, *micro, "--compare"], backend, work))
+    out = [launch(nb, "bucketed timeline", timed_ranks, dp_job.Args(
+        dp=("naive", "bucketed"), impl="ring", bucket_kb=bucket_kb(model_preset(timed_preset)), preset=timed_preset,
+        steps=timeline_steps, batch=batch, micro_batch=micro), backend)]
+    out.append(launch(nb, "torch DDP", W, dp_job.Args(
+        dp=("bucketed", "ddp"), impl="ring", bucket_kb=bucket_kb(cfg), preset=preset, steps=steps, batch=batch,
+        micro_batch=micro, compare=True), backend))
     for n in world_sizes({1, 2, 4}, W, backend):
         if n != W and batch % n == 0:    # the same micro-batches on every world size: the same losses
-            work, micro = train(n, cfg, f"{n} rank(s)", micro=batch // max(n, W))
-            out.append(launch(nb, "loss curves", "par.dp.job", n, [
-                "--dp", "none" if n == 1 else "bucketed", "--impl", "torch", "--preset", preset, "--steps", steps,
-                "--batch", batch, *micro], backend, work))
-    work, micro = train(W, cfg, "none, topk, randomk, int8", runs=4)
-    out.append(launch(nb, "compression", "par.dp.job", W, [
-        "--dp", "bucketed", "--impl", "torch", "--bucket-kb", bucket_kb(cfg), "--preset", preset,
-        "--steps", steps, "--batch", batch, *micro, "--compression", "none,topk,randomk,int8", "--ratio", 0.05],
-        backend, work))
+            out.append(launch(nb, "loss curves", n, dp_job.Args(
+                dp=("none",) if n == 1 else ("bucketed",), impl="torch", preset=preset, steps=steps, batch=batch,
+                micro_batch=micro or batch // max(n, W)), backend))
+    out.append(launch(nb, "compression", W, dp_job.Args(
+        dp=("bucketed",), impl="torch", bucket_kb=bucket_kb(cfg), preset=preset, steps=steps, batch=batch,
+        micro_batch=micro, compression=("none", "topk", "randomk", "int8"), ratio=0.05), backend))
     return out
 
 
@@ -339,7 +447,6 @@ def pipeline_setup(W, backend, preset, steps) -> PipelineSetup:
     message each way): identical blocks, a 65-symbol vocabulary (embedding and head cost next to nothing),
     2 or 4 blocks per stage. GPUs: GPT-3 Small's width, one stage per GPU. CPU: one thread per rank,
     width 256 on 12 sequences of 64 tokens (tens of ms per action), the chart on 4 cheap ranks."""
-    from par.model import preset as model_preset
     gpus = on_gpus(backend, W)
     processors = W if gpus else cores()
     p_time = W if gpus else max(2, min(W, processors))
@@ -356,76 +463,57 @@ def pipeline_setup(W, backend, preset, steps) -> PipelineSetup:
                          max(2, min(3, steps // 6)), time_cfg, chart_cfg, trade_cfg, *sizes)
 
 
-def model_args(c) -> list:
-    """The command-line arguments that give `par.pp.job` the GPT-lite configuration `c`."""
-    return ["--preset", "tiny", "--vocab-size", c.vocab_size, "--d-model", c.d_model, "--n-head", c.n_head,
-            "--block-size", c.block_size, "--n-layer", c.n_layer]
+def model_args(c) -> dict:
+    """The arguments that give `par.pp.job` the GPT-lite configuration `c` (every size of 'tiny' overridden)."""
+    return dict(preset="tiny", vocab_size=c.vocab_size, d_model=c.d_model, n_head=c.n_head, block_size=c.block_size,
+                n_layer=c.n_layer)
 
 
 def launches_03(W, backend, preset, steps):
-    nb, cfg, s = "03_pipelines", _model(preset), pipeline_setup(W, backend, preset, steps)
-    out = []
-
-    def pipe(cell, n, model, schedules, ms, size, timed, extra=(), batch=None, reference=False,
-             module="par.pp.job", run_backend=s.backend):
-        work = [Training(model, batch or m * size, pp=n, microbatches=m, steps=timed + 1,
-                         reference_batch=(batch or m * size) if reference else 0, label=f"{sc} m={m}")
-                for sc in schedules for m in ms]
-        out.append(launch(nb, cell, module, n, [*extra, "--steps", timed], run_backend, work))
-
-    m_chart = 2 * s.p_chart
+    nb, cfg, s = "03_pipelines", model_preset(preset), pipeline_setup(W, backend, preset, steps)
+    m_chart, ms = 2 * s.p_chart, (1, 2, 4, 8, 16)
     check = s.chart_cfg.block_size <= 256     # a single-process reference of a long-context model would not fit
-    pipe("gantt", s.p_chart, s.chart_cfg, ("gpipe", "1f1b"), (m_chart,), s.chart_mbs, 1,
-         ["--schedules", "gpipe,1f1b", "--microbatches", m_chart, *model_args(s.chart_cfg),
-          "--micro-batch-size", s.chart_mbs, *(["--check"] if check else [])], reference=check)
-    ms = (1, 2, 4, 8, 16)
-    pipe("bubble vs m", s.p_time, s.time_cfg, ("1f1b",), ms, s.time_mbs, s.timed_steps,
-         ["--schedules", "1f1b", "--microbatches", csv(ms), *model_args(s.time_cfg), "--micro-batch-size",
-          s.time_mbs, "--warmup-once", "--record-comm"])
-    ms_c = tuple(m for m in ms if s.trade_batch % m == 0)
-    pipe("fixed batch", s.p_time, s.trade_cfg, ("1f1b",), ms_c, 0, max(3, s.timed_steps),
-         ["--schedules", "1f1b", "--microbatches", csv(ms_c), *model_args(s.trade_cfg), "--batch", s.trade_batch],
-         batch=s.trade_batch)
-    layers = max(cfg.n_layer, s.p_time - 2)
-    pipe("torch pipelining", s.p_time, replace(cfg, n_layer=layers), ("1f1b",), (2 * s.p_time,), 2, 3,
-         ["--schedule", "1f1b", "--microbatches", 2 * s.p_time, "--preset", preset, "--n-layer", layers,
-          "--micro-batch-size", 2], module="par.pp.vs_torch_job")
+    out = [launch(nb, "gantt", s.p_chart, pp_job.Args(
+        schedules=("gpipe", "1f1b"), microbatches=(m_chart,), **model_args(s.chart_cfg),
+        micro_batch_size=s.chart_mbs, check=check, steps=1), s.backend)]
+    out.append(launch(nb, "bubble vs m", s.p_time, pp_job.Args(
+        schedules=("1f1b",), microbatches=ms, **model_args(s.time_cfg), micro_batch_size=s.time_mbs,
+        warmup_once=True, record_comm=True, steps=s.timed_steps), s.backend))
+    out.append(launch(nb, "fixed batch", s.p_time, pp_job.Args(
+        schedules=("1f1b",), microbatches=tuple(m for m in ms if s.trade_batch % m == 0), **model_args(s.trade_cfg),
+        batch=s.trade_batch, steps=max(3, s.timed_steps)), s.backend))
+    out.append(launch(nb, "torch pipelining", s.p_time, vs_torch_job.Args(
+        schedule="1f1b", microbatches=2 * s.p_time, preset=preset, n_layer=max(cfg.n_layer, s.p_time - 2),
+        micro_batch_size=2, steps=3), s.backend))
     if not s.on_gpu or W >= 4:      # dp 2 × pp 2: four ranks (on a smaller GPU server: skipped)
-        pipe("dp x pp", 4, cfg, ("1f1b",), (3,), 2, 2,
-             ["--dp", 2, "--schedules", "1f1b", "--microbatches", 3, "--preset", preset, "--micro-batch-size", 2,
-              *(["--check"] if cfg.block_size <= 256 else [])], reference=cfg.block_size <= 256)
+        out.append(launch(nb, "dp x pp", 4, pp_job.Args(
+            dp=2, schedules=("1f1b",), microbatches=(3,), preset=preset, micro_batch_size=2,
+            check=cfg.block_size <= 256, steps=2), s.backend))
     return out
 
 
 def launches_04(W, backend, preset, steps):
-    cfg = _model(preset)
-    n = tp_degree(cfg, W)
-    b = per_rank_batch(cfg, 8)
+    cfg = model_preset(preset)
     dense = cfg.block_size <= 256        # the dense model beside the TP one: only where it is small
-    work = [Training(cfg, b, tp=n, steps=steps, reference_batch=b if dense else 0, label=f"TP {n}")]
-    return [launch("04_tensor_parallel", "TP training", "par.tp.job", n, [
-        "--preset", preset, "--steps", steps, "--batch-size", b, "--eps", 1e-6,
-        *([] if dense else ["--no-reference"])], backend, work)]
+    return [launch("04_tensor_parallel", "TP training", tp_degree(cfg, W), tp_job.Args(
+        preset=preset, steps=steps, batch_size=per_rank_batch(cfg, 8), eps=1e-6, no_reference=not dense), backend)]
 
 
 def launches_05(W, backend, preset, steps):
-    nb, cfg = "05_mixed_precision", _model(preset)
-    batch = per_rank_batch(cfg, 8) * W
+    nb = "05_mixed_precision"
+    batch = per_rank_batch(model_preset(preset), 8) * W
     inject = sorted({s for s in (2, 3, steps // 2, steps // 2 + 1) if s < steps})
     dtypes = ("fp32", "fp16", "bf16")       # bf16 is dropped by the notebook on a GPU without it
     return [
-        launch(nb, "loss scaling", "par.precision.job", W, [
-            "--dtype", "fp16", "--preset", preset, "--steps", steps, "--batch", batch, "--window", 5,
-            "--inject", csv(inject), "--inject-rank", 0, "--warmup", 4, "--max-grad-norm", 1.0],
-            backend, [Training(cfg, batch, dp=W, precision="fp16", steps=steps, label="fp16")]),
-        launch(nb, "fp32 / fp16 / bf16", "par.precision.job", W, [
-            "--dtype", csv(dtypes), "--preset", preset, "--steps", steps, "--batch", batch,
-            "--init-scale", 2 ** 13], backend,
-            [Training(cfg, batch, dp=W, precision=d, steps=steps, label=d) for d in dtypes]),
+        launch(nb, "loss scaling", W, precision_job.Args(
+            dtype=("fp16",), preset=preset, steps=steps, batch=batch, window=5, inject=tuple(inject), inject_rank=0,
+            warmup=4, max_grad_norm=1.0), backend),
+        launch(nb, "fp32 / fp16 / bf16", W, precision_job.Args(
+            dtype=dtypes, preset=preset, steps=steps, batch=batch, init_scale=2.0 ** 13), backend),
     ]
 
 
-ZERO_STAGES = ("0", "1", "2", "3")
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 def launches_06(W, backend, preset, steps):
@@ -433,31 +521,25 @@ def launches_06(W, backend, preset, steps):
     data-parallel degrees 2-4: one global batch they all divide, so every degree trains the same thing.
     The 4-rank job saves a sharded checkpoint (`{checkpoint}`: the notebook fills in a directory) that
     the 2-rank job resumes."""
-    nb, cfg = "06_zero", _model(preset)
+    nb, cfg = "06_zero", model_preset(preset)
     long = cfg.block_size > 256
     half = "bf16"        # the CPU, and the GPUs of a course server (Ampere or newer), compute in bf16
     degrees = [n for n in world_sizes({2, 3, 4, W}, W, backend) if n == W or not long or W % n == 0]
     batch = W if long else math.lcm(2, 3, 4, W)          # gpt3-small's 2048 tokens: one sequence per rank
-    out = []
+    Run, out = zero_job.Run, []
     for n in sorted(degrees, reverse=True):              # 4 first: it saves the checkpoint 2 loads
         main = n == W
-        runs = [*ZERO_STAGES, *(f"{st}+{half}" for st in ZERO_STAGES), *(["3+prefetch", "3+offload", "fsdp2"]
-                                                                         if main else [])]
+        runs = (*(Run(st) for st in ZERO_STAGES), *(Run(st, precision=half) for st in ZERO_STAGES),
+                *((Run(3, prefetch=True), Run(3, offload=True), Run(3, fsdp2=True)) if main else ()))
         n_steps = steps if main else 3
-        args = ["--preset", preset, "--steps", n_steps, "--batch", batch,
-                "--timeline-runs", "3,3+prefetch,3+offload" if main else ""]
+        args = zero_job.Args(runs=runs, preset=preset, steps=n_steps, batch=batch,
+                             timeline_runs=(Run(3), Run(3, prefetch=True), Run(3, offload=True)) if main else ())
         if n == 4:
-            args += ["--checkpoint", "{checkpoint}", "--checkpoint-run", "3", "--checkpoint-step", 2]
+            args = replace(args, checkpoint="{checkpoint}", checkpoint_run=Run(3), checkpoint_step=2)
         if n == 2 and 4 in degrees:
-            runs.append("3+resume")
-            args += ["--resume", "{checkpoint}"]
-        work = [Training(cfg, batch, dp=n, zero_stage=int(r[0]) if r[0].isdigit() else 3,
-                         offload="offload" in r, precision=half if half in r else "fp32", steps=n_steps,
-                         label=f"ZeRO {r}") for r in runs]
-        out.append(launch(nb, "stages", "par.zero.job", n, ["--runs", csv(runs), *args], backend, work))
-    t = tp_degree(cfg, W)
-    out.append(launch(nb, "ZeRO-R", "par.zero.activations_job", t, ["--preset", preset, "--batch", 4], backend,
-                      [Training(cfg, 4, tp=t, steps=1, label="ZeRO-R activations")]))
+            args = replace(args, runs=(*runs, Run(3, resume=True)), resume="{checkpoint}")
+        out.append(launch(nb, "stages", n, args, backend))
+    out.append(launch(nb, "ZeRO-R", tp_degree(cfg, W), activations_job.Args(preset=preset, batch=4), backend))
     return out
 
 
@@ -470,7 +552,6 @@ def launches_07(W, backend, preset, steps):
     """Lecture 07's benchmark table: the launches `par.train.suite.run_suite` makes, from its own functions
     (`plan_rows`, `launches`, `launch_args`): first the 3D row, then the others (bf16 only on GPUs)."""
     from par.train import suite
-    from par.train.config import model_config, parse
     n_steps, gpus = bench_steps(steps), on_gpus(backend, W)
     out = []
     for cell, names in (("3D", ["3D"]), ("benchmark table", [n for n in LECTURE_07_ROWS if n != "bf16" or gpus])):
@@ -478,13 +559,7 @@ def launches_07(W, backend, preset, steps):
         for (n, _), group in sorted(suite.launches(rows).items()):
             if gpus and n > W:     # a row needing more GPUs than the server has (the 3D row's 8) is skipped
                 continue
-            work = []
-            for name in group:
-                tc = parse(rows[name]["config"], n)
-                work.append(Training(model_config(tc), tc.train_batch_size, tc.dp, tc.pp, tc.tp, tc.zero_stage,
-                                     tc.offload, tc.grad_accum, tc.precision, tc.optimizer, n_steps, label=name))
-            out.append(launch("07_putting_it_together", cell, "par.train.job", n, suite.launch_args(rows, group),
-                              backend, work))
+            out.append(launch("07_putting_it_together", cell, n, suite.launch_args(rows, group), backend))
     return out
 
 
@@ -492,40 +567,24 @@ LECTURE_07_ROWS = ("single", "pipeline", "TP", "DDP", "ZeRO-1", "ZeRO-3", "ZeRO-
 
 def launches_08(W, backend, preset, steps):
     """Lecture 08: one launch on the TP degree's ranks measures activation memory (DP, TP, TP+SP, CP),
-    trains TP+SP and CP beside the dense model and records the ring-attention timeline
-    (`par.cp.job`). Its work is costed as TP training with the dense reference beside it
-    (the planner's TP activations bound TP+SP's and CP's)."""
-    cfg = _model(preset)
-    n = tp_degree(cfg, W)
-    b = per_rank_batch(cfg, 4)
-    train_steps = max(2, min(steps, 5))
-    work = [Training(cfg, b, tp=n, steps=3 * train_steps, reference_batch=b, label=f"TP+SP and CP on {n}")]
-    return [launch("08_sequence_context_parallel", "memory, training, timeline", "par.cp.job", n, [
-        "--preset", preset, "--steps", train_steps, "--batch-size", b], backend, work)]
+    trains TP+SP and CP beside the dense model and records the ring-attention timeline (`par.cp.job`)."""
+    cfg = model_preset(preset)
+    return [launch("08_sequence_context_parallel", "memory, training, timeline", tp_degree(cfg, W), cp_job.Args(
+        preset=preset, steps=max(2, min(steps, 5)), batch_size=per_rank_batch(cfg, 4)), backend)]
 
 
 def launches_09(W, backend, preset, steps):
     """Lecture 09: a MoE GPT-lite with expert parallelism (ep = W), with and without the balancing loss;
-    then EP inside DP (4 ranks, ep = 2) on CPU ranks or a server with 4 GPUs. The planner has no MoE: the
-    work is a dense model whose FFN holds the experts a rank keeps (a go/no-go estimate)."""
-    nb, cfg = "09_mixture_of_experts", _model(preset)
-    experts, k, b = max(4, W), 2, per_rank_batch(cfg, 4)   # ep = W: at least one expert per rank
+    then EP inside DP (4 ranks, ep = 2) on CPU ranks or a server with 4 GPUs (`moe_work` costs them)."""
+    nb, cfg = "09_mixture_of_experts", model_preset(preset)
+    b = per_rank_batch(cfg, 4)
     check = cfg.block_size <= 256        # the single-process reference beside: only where it is small
-
-    def work(n, ep, label, runs):
-        held = replace(cfg, d_ff=cfg.ffn * max(k, math.ceil(experts / ep)))
-        return [Training(held, b * n, dp=n, steps=steps, reference_batch=b * n if check else 0,
-                         label=f"{label} {r}") for r in runs]
-    args = ["--preset", preset, "--steps", steps, "--batch", b, "--experts", experts, "--k", k,
-            *(["--check"] if check else [])]
-    out = [launch(nb, "EP training", "par.moe.job", W, [*args, "--alphas", "0,0.1"], backend,
-                  work(W, W, "EP alpha", ("0", "0.1")))]
+    out = [launch(nb, "EP training", W, moe_job.Args(     # ep = W: at least one expert per rank
+        preset=preset, steps=steps, batch=b, experts=max(4, W), k=2, check=check, alphas=(0.0, 0.1)), backend)]
     if 4 in world_sizes({4}, W, backend):
-        short = max(1, min(steps, 3))
-        out.append(launch(nb, "EP inside DP", "par.moe.job", 4, [
-            "--preset", preset, "--steps", short, "--batch", b, "--experts", 4, "--k", k, "--ep", 2,
-            "--alphas", "0.1", *(["--check"] if check else [])], backend,
-            [replace(w, steps=short) for w in work(4, 2, "EP2 x DP2 alpha", ("0.1",))]))
+        out.append(launch(nb, "EP inside DP", 4, moe_job.Args(
+            preset=preset, steps=max(1, min(steps, 3)), batch=b, experts=4, k=2, ep=2, alphas=(0.1,), check=check),
+            backend))
     return out
 
 

@@ -27,7 +27,6 @@ import datetime
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from par.course import exercises
@@ -112,11 +111,7 @@ def write_bundle(dest: Path, root: Path = exercises.ROOT, force: bool = False) -
 
 
 def main(dest: Path, root: Path = exercises.ROOT, force: bool = False) -> int:
-    try:
-        info = write_bundle(dest, root, force)
-    except (ReleaseError, exercises.ExerciseError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    info = write_bundle(dest, root, force)
     print(f"wrote the student bundle to {dest}: {len(info['exercises'])} exercises, the lectures, par/, "
           f"README.md and requirements.txt; no solutions/ (commit {info['commit'] or 'unknown'})")
     print(f"students: pip install -r requirements.txt, then python -m par grade exercises/NN_topic.ipynb "

@@ -18,40 +18,41 @@ the slowest rank's seconds per TP+SP step, per_rank):
 """
 from __future__ import annotations
 
-import argparse
-import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 import par.runtime.dist
+from par.runtime.job_args import JobArgs, arg
 from par.cp import ring_attention as cp
 from par.memory import accounting as memory
 from par.tp import sequence as sp, layers as tp
+from par.tp.ops import my_sequence_slice
 from par.data import CharDataset, global_batches
+from par.measure import slowest, timed_step
 from par.model import build, lm_loss, preset
 from par.runtime.preflight import physical_cores
 from par.reference import make_optimizer
 from par.timeline import Recorder
 
 
-def parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seqs", default="", help="sequence lengths of the memory sweep (default: the context × 1, 2, 4, 8)")
-    p.add_argument("--timeline-seq", type=int, default=2048, help="tokens of the ring-attention timeline")
-    p.add_argument("--timeline-heads", type=int, default=4)
-    p.add_argument("--timeline-head-dim", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+@dataclass(frozen=True)
+class Args(JobArgs):
+    preset: str = arg("tiny")
+    steps: int = arg(5)
+    batch_size: int = arg(4)
+    lr: float = arg(1e-3)
+    seqs: tuple[int, ...] = arg((), "sequence lengths of the memory sweep (default: the context × 1, 2, 4, 8)")
+    timeline_seq: int = arg(2048, "tokens of the ring-attention timeline")
+    timeline_heads: int = arg(4)
+    timeline_head_dim: int = arg(64)
+    seed: int = arg(0)
 
 
-def sweep(cfg, n: int, text: str) -> list[int]:
+def sweep(cfg, n: int, seqs: tuple[int, ...]) -> list[int]:
     """Sequence lengths for the memory figure, rounded up to a multiple of 2n (SP and CP both split them)."""
-    seqs = [int(s) for s in text.split(",")] if text else (
+    seqs = list(seqs) or (
         [cfg.block_size * k for k in (1, 2, 4, 8)] if cfg.block_size <= 256 else
         [cfg.block_size // 4, cfg.block_size // 2, cfg.block_size])
     return [-(-s // (2 * n)) * 2 * n for s in seqs]
@@ -68,7 +69,7 @@ def block_memory(cfg, n: int, r: int, seq: int, batch: int, device) -> dict:
     runs = {
         "DP": (dense, lambda t: dense(t), x),
         "TP": (tp.TensorParallelBlock.from_dense(dense), None, x),
-        "TP+SP": (sp.SequenceParallelBlock.from_dense(dense), None, sp.my_sequence_slice(x)),
+        "TP+SP": (sp.SequenceParallelBlock.from_dense(dense), None, my_sequence_slice(x)),
         "CP": (dense, lambda t: cp.block_forward(dense, t, positions), cp.shard_sequence(x, positions[r])),
     }
     out = {}
@@ -100,11 +101,11 @@ def train(cfg, n: int, r: int, args, device) -> dict:
         loss = lm_loss(dense(x), y)
         loss.backward()
         losses["dense"].append(loss.item())
-        t0 = time.perf_counter()
-        loss = lm_loss(spm(x), y)
-        loss.backward()
-        sp.sync_grads(spm)
-        step_s.append(time.perf_counter() - t0)
+        with timed_step(device) as clock:
+            loss = lm_loss(spm(x), y)
+            loss.backward()
+            sp.sync_grads(spm)
+        step_s.append(clock.seconds)
         losses["sp"].append(loss.item())
         logits = cp.gpt_forward(cpm, cp.shard_sequence(x, positions[r]), positions)
         mine = F.cross_entropy(logits.reshape(-1, logits.size(-1)), cp.shard_sequence(y, positions[r]).reshape(-1),
@@ -142,7 +143,7 @@ def timeline(n: int, r: int, args, device) -> dict:
 
 
 def main(argv=None) -> None:
-    args = parse(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     n, r = env.world_size, env.rank
     cfg = preset(args.preset)
@@ -153,14 +154,14 @@ def main(argv=None) -> None:
         for i, row in enumerate(mem):
             row["measured"] = {k: max(w[i]["measured"][k] for w in worst) for k in row["measured"]}
     trained = train(cfg, n, r, args, env.device)
-    slowest = par.runtime.dist.gather_object(trained["step_s"])
+    every_step_s = par.runtime.dist.gather_object(trained["step_s"])
     spans = timeline(n, r, args, env.device)
     per_rank = par.runtime.dist.gather_object({"rank": r, "memory": [m["measured"] for m in mem]})
     par.runtime.dist.save_result({
         "world_size": n, "backend": env.backend, "preset": args.preset, "batch_size": args.batch_size,
         "losses": trained["losses"]["dense"], "sp_losses": trained["losses"]["sp"],
         "cp_losses": trained["losses"]["cp"], "max_param_diff": trained["max_param_diff"],
-        "step_s": [max(s) for s in zip(*slowest)] if slowest else [], "per_rank": per_rank,
+        "step_s": slowest(every_step_s) if every_step_s else [], "per_rank": per_rank,
         "memory": mem, "timeline": spans, "oversubscribed": n > physical_cores(),
         "timeline_shape": [1, args.timeline_heads, args.timeline_seq, args.timeline_head_dim]})
     par.runtime.dist.teardown()

@@ -36,10 +36,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 
 from par.comm import collectives, commlog
-from par.comm.collectives import chunk_bounds, group_rank, group_size
+from par.comm.collectives import chunk_bounds, group_rank, group_size, ring_neighbours
 
 LAYOUTS = ("balanced", "naive")
 
@@ -123,15 +122,9 @@ def finish(m, l, o):
 
 
 # ---------------------------------------------------------------- the ring
-def _ring(group):
-    n, me = group_size(group), group_rank(group)
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
-    return me, n, ranks[(me + 1) % n], ranks[(me - 1) % n]
-
-
 def _pass_on(tensors, shapes, group, like):
     """Post: send `tensors` to the right neighbour, receive `shapes` from the left; return (works, buffers)."""
-    me, n, right, left = _ring(group)
+    me, n, right, left = ring_neighbours(group)
     bufs = [torch.empty(s, dtype=like.dtype, device=like.device) for s in shapes]
     works = collectives.send_recv(sends=[(t, right) for t in tensors], recvs=[(b, left) for b in bufs], group=group)
     return works, bufs
@@ -168,7 +161,7 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def _forward(ctx, q, k, v, positions, group, recorder):
-        me, n, _, _ = _ring(group)
+        me, n, _, _ = ring_neighbours(group)
         scale = 1.0 / math.sqrt(q.size(-1))
         shape = lambda j: (*k.shape[:-2], len(positions[j]), k.size(-1))
         pos_q = positions[me]
@@ -204,7 +197,7 @@ class _RingAttention(torch.autograd.Function):
     def _backward(ctx, d_out):
         q, k, v, out, lse = ctx.saved_tensors
         positions, group, scale = ctx.positions, ctx.group, ctx.scale
-        me, n, _, _ = _ring(group)
+        me, n, _, _ = ring_neighbours(group)
         shape = lambda j: (*k.shape[:-2], len(positions[j]), k.size(-1))
         pos_q, d_out = positions[me], d_out.contiguous()
         delta = (d_out * out).sum(dim=-1, keepdim=True)          # Σ_j P_ij dP_ij, the softmax backward's shift

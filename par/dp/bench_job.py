@@ -9,15 +9,15 @@ Rank 0 saves {"variants": {name: {...}}, "ratios": {"<name>/ddp": ...}}.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
+from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 import par.runtime.dist
+from par.runtime.job_args import JobArgs, arg
 from par.dp.wrap import train_step, wrap
+from par.measure import slowest, timed_step
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer
 
@@ -26,32 +26,24 @@ VARIANTS = {"ddp": ("ddp", "torch"), "bucketed": ("bucketed", "torch"), "naive":
             "bucketed-ring": ("bucketed", "ring"), "naive-ring": ("naive", "ring")}
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of: {', '.join(VARIANTS)}")
-    ap.add_argument("--preset", default="small")
-    ap.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
-    ap.add_argument("--bucket-kb", type=float, default=1024, help="bucket cap for par and DDP alike (KiB)")
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    return ap.parse_args(argv)
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+@dataclass(frozen=True)
+class Args(JobArgs):
+    variants: tuple[str, ...] = arg(tuple(VARIANTS), f"comma-separated, of: {', '.join(VARIANTS)}",
+                                    choices=tuple(VARIANTS))
+    preset: str = arg("small")
+    batch: int = arg(8, "sequences per rank per step")
+    bucket_kb: float = arg(1024.0, "bucket cap for par and DDP alike (KiB)")
+    steps: int = arg(5, "timed steps per variant per round")
+    rounds: int = arg(3)
+    warmup: int = arg(2)
+    seed: int = arg(0)
 
 
 def main(argv=None):
-    args = parse(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     cfg = preset(args.preset)
-    names = args.variants.split(",")
-    unknown = set(names) - set(VARIANTS)
-    if unknown:
-        raise ValueError(f"unknown variants {sorted(unknown)}: use {', '.join(VARIANTS)}")
+    names = list(args.variants)
     models, opts = {}, {}
     for name in names:
         variant, impl = VARIANTS[name]
@@ -65,11 +57,9 @@ def main(argv=None):
     def timed_steps(name, steps):
         out = []
         for _ in range(steps):
-            dist.barrier()
-            t0 = time.perf_counter()
-            train_step(models[name], opts[name], [(x, y)], lm_loss)
-            _sync(env.device)
-            out.append(time.perf_counter() - t0)
+            with timed_step(env.device, barrier=True) as clock:
+                train_step(models[name], opts[name], [(x, y)], lm_loss)
+            out.append(clock.seconds)
         return out
 
     for name in names:
@@ -80,11 +70,11 @@ def main(argv=None):
             times[name] += timed_steps(name, args.steps)
     per_rank = par.runtime.dist.gather_object(times)
     if per_rank is not None:
-        slowest = {n: [max(t[n][i] for t in per_rank) for i in range(len(times[n]))] for n in names}
+        step_s = {n: slowest(t[n] for t in per_rank) for n in names}
         result = {"world_size": env.world_size, "backend": env.backend, "preset": args.preset,
                   "numel": sum(p.numel() for p in next(iter(models.values())).parameters()),
                   "batch_per_rank": args.batch, "bucket_kb": args.bucket_kb,
-                  "variants": {n: {"median_s": statistics.median(ts), "times_s": ts} for n, ts in slowest.items()}}
+                  "variants": {n: {"median_s": statistics.median(ts), "times_s": ts} for n, ts in step_s.items()}}
         if "ddp" in names:
             ddp = result["variants"]["ddp"]["median_s"]
             result["ratios"] = {f"{n}/ddp": result["variants"][n]["median_s"] / ddp for n in names if n != "ddp"}

@@ -19,14 +19,13 @@ for comparison). Rank 0 saves {"world_size", "backend", "runs": [...]} (the job 
 """
 from __future__ import annotations
 
-import argparse
 import itertools
-import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 
 import par.runtime.dist
+from par.runtime.job_args import JobArgs, arg
 from par.comm import collectives, commlog
 from par.dp import compression
 from par.memory import accounting as memory
@@ -36,32 +35,31 @@ from par.data import CharDataset
 from par.dp.wrap import (VARIANTS, overlap_fraction, shard_loader, split_micro, train_step, wrap,
                                wrapper_buffer_bytes)
 from par.dp.bucketed import bucket_all_reduce_bytes
+from par.measure import merge_ranks, timed_step
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer, param_hash
 from par.timeline import Recorder
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dp", default="bucketed", help=f"comma-separated, of: {', '.join(VARIANTS)}")
-    ap.add_argument("--impl", default="ring", choices=["ring", "torch"], help="all-reduce: par's ring or torch's")
-    ap.add_argument("--bucket-kb", type=float, default=25 * 1024, help="bucket size cap in KiB (DDP: 25 MiB)")
-    ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--tie-embeddings", action="store_true")
-    ap.add_argument("--batch", type=int, default=16, help="train_batch_size: the global batch per step")
-    ap.add_argument("--micro-batch", type=int, default=None, help="default: batch / (accum × world size)")
-    ap.add_argument("--accum", type=int, default=None,
-                    help="gradient accumulation steps (default: batch / (micro-batch × world size), else 1)")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--optimizer", default="adam")
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--compression", default="none", help=f"comma-separated, of: {', '.join(compression.NAMES)}")
-    ap.add_argument("--ratio", type=float, default=0.01, help="fraction kept by topk / randomk")
-    ap.add_argument("--timeline-step", type=int, default=None, help="step whose timeline is kept (default: 3rd)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--compare", action="store_true",
-                    help="report each run's largest parameter difference from the first run (e.g. --dp bucketed,ddp)")
-    return ap.parse_args(argv)
+@dataclass(frozen=True)
+class Args(JobArgs):
+    dp: tuple[str, ...] = arg(("bucketed",), f"comma-separated, of: {', '.join(VARIANTS)}")
+    impl: str = arg("ring", "all-reduce: par's ring or torch's", choices=("ring", "torch"))
+    bucket_kb: float = arg(25 * 1024.0, "bucket size cap in KiB (DDP: 25 MiB)")
+    preset: str = arg("tiny")
+    tie_embeddings: bool = arg(False)
+    batch: int = arg(16, "train_batch_size: the global batch per step")
+    micro_batch: int | None = arg(None, "default: batch / (accum × world size)")
+    accum: int | None = arg(None, "gradient accumulation steps (default: batch / (micro-batch × world size), else 1)")
+    steps: int = arg(20)
+    optimizer: str = arg("adam")
+    lr: float = arg(3e-3)
+    compression: tuple[str, ...] = arg(("none",), f"comma-separated, of: {', '.join(compression.NAMES)}")
+    ratio: float = arg(0.01, "fraction kept by topk / randomk")
+    timeline_step: int | None = arg(None, "step whose timeline is kept (default: 3rd)")
+    seed: int = arg(0)
+    compare: bool = arg(False, "report each run's largest parameter difference from the first run "
+                               "(e.g. --dp bucketed,ddp)")
 
 
 def expected_bytes(dp, comp, n: int, rank: int) -> dict:
@@ -107,12 +105,9 @@ def train_one(args, variant: str, comp_name: str, env) -> dict:
         if hasattr(dp, "recorder"):
             dp.recorder = rec if recording else None
         micro = split_micro(x.to(env.device), y.to(env.device), sizes.grad_accum)
-        t0 = time.perf_counter()
-        with commlog.capture() as log:
+        with timed_step(env.device) as clock, commlog.capture() as log:
             losses.append(train_step(dp, opt, micro, lm_loss, rec if recording else None))
-        if env.device.type == "cuda":
-            torch.cuda.synchronize(env.device)
-        times.append(time.perf_counter() - t0)
+        times.append(clock.seconds)
         sent.append(log.total_bytes())
         if recording:
             timeline = rec.gather()
@@ -131,8 +126,7 @@ def train_one(args, variant: str, comp_name: str, env) -> dict:
         "timeline": timeline, "timeline_step": tl_step,
     }
     if per_rank is not None:
-        result["losses"] = [sum(r["losses"][s] for r in per_rank) / n for s in range(len(losses))]
-        result["step_s"] = [max(r["step_s"][s] for r in per_rank) for s in range(len(times))]
+        result.update(merge_ranks(per_rank))
         result["per_rank"] = per_rank
         result["replicas_identical"] = len({r["param_hash"] for r in per_rank}) == 1
         result["overlap"] = [overlap_fraction(timeline, r) for r in range(n)]
@@ -148,10 +142,10 @@ def largest_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def main(argv=None):
-    args = parse(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     runs, first = [], None
-    for v, c in itertools.product(args.dp.split(","), args.compression.split(",")):
+    for v, c in itertools.product(args.dp, args.compression):
         result, final = train_one(args, v, c, env)
         if args.compare:
             first = final if first is None else first

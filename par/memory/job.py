@@ -22,35 +22,29 @@ and the job contract's `losses` (mean over the ranks' own batches), `step_s` (sl
 """
 from __future__ import annotations
 
-import argparse
-import time
+from dataclasses import dataclass
 
 import torch
 
 import par.runtime.dist
+from par.runtime.job_args import JobArgs, arg
 from par.memory import accounting as memory
 from par.data import CharDataset
+from par.measure import merge_ranks, timed_step
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--optimizers", default="adam,momentum,sgd", help="comma-separated: sgd, momentum, adam")
-    ap.add_argument("--precisions", default="fp32", help="comma-separated: fp32, bf16")
-    ap.add_argument("--batch", type=int, default=8, help="sequences per rank")
-    ap.add_argument("--steps", type=int, default=1, help="optimizer steps (model states stay constant)")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    args.optimizers = [o.strip() for o in args.optimizers.split(",") if o.strip()]
-    args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
-    for p in args.precisions:
-        if p not in DTYPES:
-            ap.error(f"unknown precision {p!r}: use fp32 or bf16")
-    return args
+@dataclass(frozen=True)
+class Args(JobArgs):
+    preset: str = arg("tiny")
+    optimizers: tuple[str, ...] = arg(("adam", "momentum", "sgd"), "comma-separated: sgd, momentum, adam")
+    precisions: tuple[str, ...] = arg(("fp32",), "comma-separated: fp32, bf16", choices=tuple(DTYPES))
+    batch: int = arg(8, "sequences per rank")
+    steps: int = arg(1, "optimizer steps (model states stay constant)")
+    seed: int = arg(0)
 
 
 def measure_one(cfg, precision: str, optimizer: str, batch: int, steps: int, seed: int, env) -> dict:
@@ -66,24 +60,24 @@ def measure_one(cfg, precision: str, optimizer: str, batch: int, steps: int, see
     phases = {"built": memory.live_model_state_bytes(model, opt).to_dict()}
     totals, losses, times = [], [], []
     for step in range(max(1, steps)):
-        t0 = time.perf_counter()
-        rows = torch.randint(len(data), (batch,), generator=g).tolist()
-        x, y = (torch.stack(t).to(env.device) for t in zip(*(data[i] for i in rows)))
-        opt.zero_grad(set_to_none=True)
-        loss = lm_loss(model(x).float(), y)
-        loss.backward()
-        if step == 0:
-            phases["backward"] = memory.live_model_state_bytes(model, opt).to_dict()
-        if masters is not params:                     # mixed precision: update the fp32 masters
-            for m, p in zip(masters, params):
-                m.grad = p.grad.float()
-        opt.step()
-        if masters is not params:                     # copy back; the fp32 grads were transient
-            with torch.no_grad():
+        with timed_step(env.device) as clock:
+            rows = torch.randint(len(data), (batch,), generator=g).tolist()
+            x, y = (torch.stack(t).to(env.device) for t in zip(*(data[i] for i in rows)))
+            opt.zero_grad(set_to_none=True)
+            loss = lm_loss(model(x).float(), y)
+            loss.backward()
+            if step == 0:
+                phases["backward"] = memory.live_model_state_bytes(model, opt).to_dict()
+            if masters is not params:                     # mixed precision: update the fp32 masters
                 for m, p in zip(masters, params):
-                    p.copy_(m)
-                    m.grad = None
-        times.append(time.perf_counter() - t0)
+                    m.grad = p.grad.float()
+            opt.step()
+            if masters is not params:                     # copy back; the fp32 grads were transient
+                with torch.no_grad():
+                    for m, p in zip(masters, params):
+                        p.copy_(m)
+                        m.grad = None
+        times.append(clock.seconds)
         losses.append(loss.item())
         totals.append(memory.live_model_state_bytes(model, opt).total)
     measured = memory.live_model_state_bytes(model, opt)
@@ -104,7 +98,7 @@ def measure_one(cfg, precision: str, optimizer: str, batch: int, steps: int, see
 
 
 def main(argv=None):
-    args = parse(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     cfg = preset(args.preset)
     keys = [(p, o) for p in args.precisions for o in args.optimizers]
@@ -121,8 +115,7 @@ def main(argv=None):
             "preset": args.preset, "steps": args.steps, "batch": args.batch, "world_size": env.world_size,
             "backend": env.backend, "device": str(env.device), "numel": memory.param_count(cfg),
             "runs": {k: {"predicted": mine[k]["predicted"], **{f: [r[k][f] for r in ranks] for f in per_rank},
-                         "losses": [sum(r[k]["losses"][s] for r in ranks) / len(ranks) for s in range(len(mine[k]["losses"]))],
-                         "step_s": [max(r[k]["times"][s] for r in ranks) for s in range(len(mine[k]["times"]))],
+                         **merge_ranks([r[k] for r in ranks], step_s="times"),
                          "per_rank": [{f: r[k][f] for f in ("losses", "times", "cuda_peak")} for r in ranks]}
                      for k in mine},
         })

@@ -71,9 +71,8 @@ def main(argv=None) -> int:
     for note in notes:
         print(note)
     if not sizes:
-        print("error: no world size left to time: pass --world-sizes with at most "
-              f"{physical_cores()} ranks", file=sys.stderr)
-        return 2
+        raise argparse.ArgumentError(None, "no world size left to time: pass --world-sizes with at most "
+                                           f"{physical_cores()} ranks")
     results = []
     for n in sizes:
         load = os.getloadavg()[0]

@@ -11,15 +11,15 @@ each round]}, "torch": {...}, "round_ratios": [par / torch per round], "grad_dif
 """
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
+from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 import par.runtime.dist
+from par.runtime.job_args import JobArgs, arg
 from par.pp import sim as pipeline_sim, schedules
+from par.measure import slowest, timed_step
 from par.model import build, lm_loss, preset
 from par.pp.pipeline import Pipeline
 from par.reference import make_optimizer
@@ -27,21 +27,20 @@ from par.timeline import Recorder
 from par.pp.torch_api import TorchPipeline
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="small")
-    ap.add_argument("--microbatches", type=int, default=8)
-    ap.add_argument("--micro-batch-size", type=int, default=4)
-    ap.add_argument("--partition", default="parameters", choices=["parameters", "uniform"])
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per runtime per round")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    return ap.parse_args(argv)
+@dataclass(frozen=True)
+class Args(JobArgs):
+    preset: str = arg("small")
+    microbatches: int = arg(8)
+    micro_batch_size: int = arg(4)
+    partition: str = arg("parameters", choices=("parameters", "uniform"))
+    steps: int = arg(5, "timed steps per runtime per round")
+    rounds: int = arg(4)
+    warmup: int = arg(2)
+    seed: int = arg(0)
 
 
 def main(argv=None):
-    args = parse(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     p, m = env.world_size, args.microbatches
     cfg = preset(args.preset)
@@ -61,13 +60,10 @@ def main(argv=None):
         out = []
         for _ in range(n):
             opts[name].zero_grad(set_to_none=True)
-            dist.barrier()
-            t0 = time.perf_counter()
-            steps[name]()
-            opts[name].step()
-            if env.device.type == "cuda":
-                torch.cuda.synchronize(env.device)
-            out.append(time.perf_counter() - t0)
+            with timed_step(env.device, barrier=True) as clock:
+                steps[name]()
+                opts[name].step()
+            out.append(clock.seconds)
         return out
 
     # same gradients from both runtimes on the first step (before any optimizer step)
@@ -92,7 +88,7 @@ def main(argv=None):
                "numel": sum(x.numel() for x in build(cfg).parameters()),
                "grad_diff": max(q["grad_diff"] for q in parts)}
         for name in ("par", "torch"):   # a step lasts as long as its slowest rank
-            rounds = [[max(ts) for ts in zip(*(q["times"][name][r] for q in parts))] for r in range(args.rounds)]
+            rounds = [slowest(q["times"][name][r] for q in parts) for r in range(args.rounds)]
             out[name] = {"steps": [t for r in rounds for t in r], "rounds": [statistics.median(r) for r in rounds]}
             out[name]["median_s"] = statistics.median(out[name]["steps"])
         out["round_ratios"] = [a / b for a, b in zip(out["par"]["rounds"], out["torch"]["rounds"])]

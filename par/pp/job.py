@@ -27,18 +27,19 @@ pipeline sends, data-parallel gradients) and the max_*diff of --check.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 import par.runtime.dist
+from par.runtime.job_args import JobArgs, arg
 from par.comm import commlog
 from par.pp import sim as pipeline_sim, schedules
 from par.data import CharDataset, global_batches
 from par.runtime.grid import Grid
+from par.measure import slowest, timed_step
 from par.model import build, lm_loss, preset
 from par.pp.replicated import ReplicatedPipeline
 from par.pp.pipeline import Pipeline, split_microbatches
@@ -46,30 +47,29 @@ from par.reference import make_optimizer
 from par.timeline import Recorder
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--schedules", default="1f1b", help="comma-separated: naive, gpipe, 1f1b, interleaved")
-    ap.add_argument("--microbatches", default="4", help="comma-separated numbers of micro-batches m")
-    ap.add_argument("--virtual", type=int, default=2, help="chunks per rank for 'interleaved'")
-    ap.add_argument("--micro-batch-size", type=int, default=4, help="sequences per micro-batch")
-    ap.add_argument("--batch", type=int, default=None, help="fixed batch (overrides --micro-batch-size)")
-    ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (1F1B only)")
-    ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--n-layer", type=int, default=None, help="override the preset's number of blocks")
-    ap.add_argument("--d-model", type=int, default=None, help="override the preset's width")
-    ap.add_argument("--n-head", type=int, default=None, help="override the preset's number of heads")
-    ap.add_argument("--block-size", type=int, default=None, help="override the preset's context length")
-    ap.add_argument("--vocab-size", type=int, default=None, help="override the preset's vocabulary")
-    ap.add_argument("--partition", default="parameters", choices=["parameters", "uniform"])
-    ap.add_argument("--steps", type=int, default=2, help="timed steps per combination")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed steps before each combination's timed ones")
-    ap.add_argument("--warmup-once", action="store_true",
-                    help="warm up before the first combination only (when all have the same micro-batch shapes)")
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--check", action="store_true", help="compare with single-process training")
-    ap.add_argument("--record-comm", action="store_true", help="also record blocking waits (lane 'comm')")
-    return ap.parse_args(argv)
+@dataclass(frozen=True)
+class Args(JobArgs):
+    schedules: tuple[str, ...] = arg(("1f1b",), "comma-separated: naive, gpipe, 1f1b, interleaved")
+    microbatches: tuple[int, ...] = arg((4,), "comma-separated numbers of micro-batches m")
+    virtual: int = arg(2, "chunks per rank for 'interleaved'")
+    micro_batch_size: int = arg(4, "sequences per micro-batch")
+    batch: int | None = arg(None, "fixed batch (overrides --micro-batch-size)")
+    dp: int = arg(1, "data-parallel replicas of the pipeline (1F1B only)")
+    preset: str = arg("tiny")
+    n_layer: int | None = arg(None, "override the preset's number of blocks")
+    d_model: int | None = arg(None, "override the preset's width")
+    n_head: int | None = arg(None, "override the preset's number of heads")
+    block_size: int | None = arg(None, "override the preset's context length")
+    vocab_size: int | None = arg(None, "override the preset's vocabulary")
+    partition: str = arg("parameters", choices=("parameters", "uniform"))
+    steps: int = arg(2, "timed steps per combination")
+    warmup: int = arg(1, "untimed steps before each combination's timed ones")
+    warmup_once: bool = arg(False, "warm up before the first combination only (when all have the same "
+                                   "micro-batch shapes)")
+    lr: float = arg(1e-3)
+    seed: int = arg(0)
+    check: bool = arg(False, "compare with single-process training")
+    record_comm: bool = arg(False, "also record blocking waits (lane 'comm')")
 
 
 def config(args):
@@ -125,17 +125,13 @@ def run_one(args, cfg, kind, m, env, ds, warmup):
         x, y = x.to(env.device), y.to(env.device)
         timed = step >= warmup
         rec.reset()                                   # a barrier: every rank starts the step together
-        with commlog.capture() as log:
-            t0 = time.perf_counter()
+        with commlog.capture() as log, timed_step(env.device) as clock:
             if engine is not None:
                 loss = engine.step(x, y)
             else:
                 opt.zero_grad(set_to_none=True)
                 loss = pipe.step(x, y, recorder=rec, record_comm=args.record_comm)
                 opt.step()
-            if env.device.type == "cuda":
-                torch.cuda.synchronize(env.device)
-            elapsed = time.perf_counter() - t0
         if loss is not None:
             losses.append(loss)
         if ref is not None:
@@ -145,7 +141,7 @@ def run_one(args, cfg, kind, m, env, ds, warmup):
                 grad_diff = ref.max_diff(pipe.named_parameters(), grads=True)
             ref.opt.step()
         if timed:
-            times.append(elapsed)
+            times.append(clock.seconds)
             steps_bytes.append({k: e["bytes_sent"] for k, e in _bytes_by_tag(log).items()})
             if engine is None:
                 spans = _with_cpu(rec, pipe)
@@ -158,7 +154,7 @@ def run_one(args, cfg, kind, m, env, ds, warmup):
     parts = par.runtime.dist.gather_object(mine)
     if parts is None:
         return None
-    step_s = [max(ts) for ts in zip(*(p["times"] for p in parts))]   # a step lasts as long as its slowest rank
+    step_s = slowest(p["times"] for p in parts)
     record = {"schedule": kind, "m": m, "v": v, "dp": args.dp, "pp": pp, "batch": batch,
               "micro_batch_size": batch // (args.dp * m), "text": sched.text(), "bounds": parts[0]["bounds"],
               "losses": next((p["losses"] for p in parts if p["losses"]), []),   # from a last stage
@@ -200,19 +196,19 @@ def _with_cpu(rec: Recorder, pipe: Pipeline):
 
 
 def main(argv=None):
-    args = parse(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     torch.manual_seed(args.seed)
     if env.world_size % args.dp:
         raise SystemExit(f"error: --dp {args.dp} does not divide the {env.world_size} ranks: "
                          f"launch a multiple of {args.dp} ranks")
-    if args.dp > 1 and args.schedules != "1f1b":
+    if args.dp > 1 and args.schedules != ("1f1b",):
         raise SystemExit("error: --dp > 1 runs 1F1B only: pass --schedules 1f1b")
     cfg = config(args)
     ds = CharDataset(block_size=cfg.block_size)
     runs = []
-    for kind in args.schedules.split(","):
-        for m in map(int, args.microbatches.split(",")):
+    for kind in args.schedules:
+        for m in args.microbatches:
             r = run_one(args, cfg, kind, m, env, ds, 0 if args.warmup_once and runs else args.warmup)
             runs.append(r)
             if r is not None:

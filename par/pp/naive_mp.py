@@ -21,6 +21,7 @@ import time
 import torch
 import torch.nn as nn
 
+from par.measure import sync
 from par.pp import partition
 
 
@@ -47,7 +48,7 @@ class NaiveModelParallel(nn.Module):
         t0, spans = time.perf_counter(), []
 
         def note(stage, name, start):
-            _sync(self.devices[stage])
+            sync(self.devices[stage])       # the span ends when the device's work does
             spans.append({"rank": stage, "name": name, "lane": "compute",
                           "start": start - t0, "end": time.perf_counter() - t0})
 
@@ -72,9 +73,3 @@ class NaiveModelParallel(nn.Module):
                 grad = inputs[i].grad.to(self.devices[i - 1])
             note(i, "B", start)
         return outputs[-1].item(), spans
-
-
-def _sync(device: torch.device) -> None:
-    """Wait for the device to finish (GPU work is asynchronous), so the span measures the work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -12,44 +12,41 @@ max_param_diff (the largest absolute difference on any rank).
 """
 from __future__ import annotations
 
-import argparse
-import time
-
-import torch
+from dataclasses import dataclass
 
 import par.runtime.dist
+from par.runtime.job_args import JobArgs, arg
 from par.pp import schedules
 from par.data import CharDataset, global_batches
+from par.measure import slowest, timed_step
 from par.model import build, lm_loss, preset
 from par.pp.pipeline import Pipeline
 from par.reference import make_optimizer
 from par.pp.torch_api import SCHEDULES, TorchPipeline
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--schedule", default="1f1b", choices=sorted(SCHEDULES))
-    ap.add_argument("--microbatches", type=int, default=4)
-    ap.add_argument("--micro-batch-size", type=int, default=2, help="sequences per micro-batch")
-    ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--n-layer", type=int, default=None, help="override the preset's number of blocks")
-    ap.add_argument("--steps", type=int, default=3, help="Adam steps with each runtime")
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    return ap.parse_args(argv)
+@dataclass(frozen=True)
+class Args(JobArgs):
+    schedule: str = arg("1f1b", choices=tuple(sorted(SCHEDULES)))
+    microbatches: int = arg(4)
+    micro_batch_size: int = arg(2, "sequences per micro-batch")
+    preset: str = arg("tiny")
+    n_layer: int | None = arg(None, "override the preset's number of blocks")
+    steps: int = arg(3, "Adam steps with each runtime")
+    lr: float = arg(1e-3)
+    seed: int = arg(0)
 
 
-def timed_step(runtime, opt, x, y, device):
+def run_step(runtime, opt, x, y, device):
+    """(loss, seconds) of one forward and backward of `runtime` (the optimizer steps later)."""
     opt.zero_grad(set_to_none=True)
-    t0 = time.perf_counter()
-    loss = runtime.step(x, y)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return loss, time.perf_counter() - t0
+    with timed_step(device) as clock:
+        loss = runtime.step(x, y)
+    return loss, clock.seconds
 
 
 def main(argv=None):
-    args = parse(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     p, m = env.world_size, args.microbatches
     cfg = preset(args.preset, **({"n_layer": args.n_layer} if args.n_layer else {}))
@@ -63,8 +60,8 @@ def main(argv=None):
     ds = CharDataset(block_size=cfg.block_size)
     for step, (x, y) in enumerate(global_batches(ds, m * args.micro_batch_size, args.steps, seed=args.seed)):
         x, y = x.to(env.device), y.to(env.device)
-        loss, t = timed_step(ours, opt["par"], x, y, env.device)
-        loss_t, t_t = timed_step(theirs, opt["torch"], x, y, env.device)
+        loss, t = run_step(ours, opt["par"], x, y, env.device)
+        loss_t, t_t = run_step(theirs, opt["torch"], x, y, env.device)
         if step == 0:
             grad_diff = max((a.grad - b.grad).abs().max().item()
                             for a, b in zip(ours.parameters(), theirs.parameters()))
@@ -85,8 +82,8 @@ def main(argv=None):
         par.runtime.dist.save_result({
             "world_size": p, "backend": env.backend, "schedule": args.schedule, "m": m, "config": cfg.to_dict(),
             "losses": last["losses"], "losses_torch": last["losses_torch"],
-            "step_s": [max(ts) for ts in zip(*(q["step_s"] for q in parts))],
-            "step_s_torch": [max(ts) for ts in zip(*(q["step_s_torch"] for q in parts))],
+            "step_s": slowest(q["step_s"] for q in parts),
+            "step_s_torch": slowest(q["step_s_torch"] for q in parts),
             "per_rank": [{k: q[k] for k in ("grad_diff", "param_diff", "bounds")} for q in parts],
             "max_grad_diff": max(q["grad_diff"] for q in parts),
             "max_loss_diff": max(q["loss_diff"] for q in parts),

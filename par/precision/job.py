@@ -17,12 +17,12 @@ all-reduce sent; whether the replicas ended identical.
 """
 from __future__ import annotations
 
-import argparse
-import time
+from dataclasses import dataclass
 
 import torch
 
 import par.runtime.dist
+from par.runtime.job_args import JobArgs, arg
 from par.comm import commlog
 from par.memory import accounting as memory
 from par.data import CharDataset, global_batches
@@ -30,31 +30,31 @@ from par.dp.naive import average_gradients
 from par.precision.loss_scaler import DynamicLossScaler, StaticLossScaler
 from par.memory.accounting import saved_activation_bytes
 from par.precision.mixed_precision import MixedPrecision, set_lr, warmup_cosine_lr
+from par.measure import merge_ranks, timed_step
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer, param_hash
 
 DTYPES = ("fp32", "fp16", "bf16")
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtype", default="fp16", help=f"comma-separated, of: {', '.join(DTYPES)}")
-    ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--batch", type=int, default=16, help="global batch (sequences per step, all ranks)")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--optimizer", default="adam")
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=0, help="linear warm-up steps, then cosine decay (0: constant lr)")
-    ap.add_argument("--max-grad-norm", type=float, default=0.0, help="clip the gradient norm (0: off)")
-    ap.add_argument("--loss-scale", default="dynamic", help="'dynamic', or a number for a static scale (1: none)")
-    ap.add_argument("--init-scale", type=float, default=2.0 ** 16)
-    ap.add_argument("--window", type=int, default=1000)
-    ap.add_argument("--hysteresis", type=int, default=2)
-    ap.add_argument("--min-scale", type=float, default=1.0)
-    ap.add_argument("--inject", default="", help="comma-separated steps whose gradient gets an inf (16-bit runs only)")
-    ap.add_argument("--inject-rank", type=int, default=0, help="the rank that injects (-1: every rank)")
-    ap.add_argument("--seed", type=int, default=0)
-    return ap.parse_args(argv)
+@dataclass(frozen=True)
+class Args(JobArgs):
+    dtype: tuple[str, ...] = arg(("fp16",), f"comma-separated, of: {', '.join(DTYPES)}", choices=DTYPES)
+    preset: str = arg("tiny")
+    batch: int = arg(16, "global batch (sequences per step, all ranks)")
+    steps: int = arg(20)
+    optimizer: str = arg("adam")
+    lr: float = arg(3e-3)
+    warmup: int = arg(0, "linear warm-up steps, then cosine decay (0: constant lr)")
+    max_grad_norm: float = arg(0.0, "clip the gradient norm (0: off)")
+    loss_scale: str = arg("dynamic", "'dynamic', or a number for a static scale (1: none)")
+    init_scale: float = arg(2.0 ** 16)
+    window: int = arg(1000)
+    hysteresis: int = arg(2)
+    min_scale: float = arg(1.0)
+    inject: tuple[int, ...] = arg((), "comma-separated steps whose gradient gets an inf (16-bit runs only)")
+    inject_rank: int = arg(0, "the rank that injects (-1: every rank)")
+    seed: int = arg(0)
 
 
 def make_scaler(args, dtype: str):
@@ -89,7 +89,7 @@ def train_one(args, dtype: str, env) -> dict:
         mp = MixedPrecision(model, lambda ps: make_optimizer(ps, args.optimizer, args.lr), dtype,
                             make_scaler(args, dtype), reduce_grads=reduce, max_grad_norm=args.max_grad_norm or None)
         opt, params = mp.optimizer, mp.params
-    inject = {int(s) for s in args.inject.split(",") if s.strip()}
+    inject = set(args.inject)
     data = CharDataset(block_size=cfg.block_size)
     log = {k: [] for k in ("loss", "scale", "skipped", "grad_norm", "lr", "time", "grad_bytes")}
     mem = None
@@ -97,32 +97,30 @@ def train_one(args, dtype: str, env) -> dict:
         x, y = x[rank::n].to(env.device), y[rank::n].to(env.device)
         lr = warmup_cosine_lr(step, args.lr, args.warmup, args.steps) if args.warmup else args.lr
         set_lr(opt, lr)
-        t0 = time.perf_counter()
-        loss = lm_loss(model(x).float(), y)                      # steps 1-2: 16-bit forward, fp32 loss
-        if mp is None:
-            loss.backward()
-        else:
-            mp.backward(loss)                                    # steps 3-4
-        if mp is not None and step in inject and args.inject_rank in (-1, rank):
-            poison(params)
-        if mem is None and opt.state:                            # after a backward, once the optimizer has state
-            mem = {"measured": memory.live_model_state_bytes(model, opt).to_dict(),
-                   "by_kind": mp.model_state_bytes() if mp else None}
-        with commlog.capture() as comm:
+        with timed_step(env.device) as clock:
+            loss = lm_loss(model(x).float(), y)                      # steps 1-2: 16-bit forward, fp32 loss
             if mp is None:
-                if reduce:
-                    reduce(params)
-                norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm or float("inf")).item()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                scale, skipped = 1.0, False
+                loss.backward()
             else:
-                mp.step()                                        # steps 5-8
-                scale, skipped = mp.last.scale, mp.last.overflow
-                norm = None if skipped else mp.last.grad_norm
-        if env.device.type == "cuda":
-            torch.cuda.synchronize(env.device)
-        log["time"].append(time.perf_counter() - t0)
+                mp.backward(loss)                                    # steps 3-4
+            if mp is not None and step in inject and args.inject_rank in (-1, rank):
+                poison(params)
+            if mem is None and opt.state:                            # after a backward, once the optimizer has state
+                mem = {"measured": memory.live_model_state_bytes(model, opt).to_dict(),
+                       "by_kind": mp.model_state_bytes() if mp else None}
+            with commlog.capture() as comm:
+                if mp is None:
+                    if reduce:
+                        reduce(params)
+                    norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm or float("inf")).item()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    scale, skipped = 1.0, False
+                else:
+                    mp.step()                                        # steps 5-8
+                    scale, skipped = mp.last.scale, mp.last.overflow
+                    norm = None if skipped else mp.last.grad_norm
+        log["time"].append(clock.seconds)
         log["grad_bytes"].append(sum(e.bytes_sent for e in comm.events if "overflow flag" not in e.tag))
         for k, v in (("loss", loss.item()), ("scale", scale), ("skipped", skipped), ("grad_norm", norm), ("lr", lr)):
             log[k].append(v)
@@ -139,8 +137,7 @@ def train_one(args, dtype: str, env) -> dict:
               "activation_bytes": activations,
               "scaler": repr(mp.scaler) if mp else None}
     if per_rank is not None:
-        result["losses"] = [sum(r["loss"][s] for r in per_rank) / n for s in range(len(log["loss"]))]
-        result["step_s"] = [max(r["time"][s] for r in per_rank) for s in range(len(log["time"]))]
+        result.update(merge_ranks(per_rank, losses="loss", step_s="time"))
         result["per_rank"] = per_rank
         result["replicas_identical"] = len({r["hash"] for r in per_rank}) == 1
         result["same_skips_on_all_ranks"] = len({tuple(r["skipped"]) for r in per_rank}) == 1
@@ -148,12 +145,9 @@ def train_one(args, dtype: str, env) -> dict:
 
 
 def main(argv=None):
-    args = parse(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
-    unknown = [d for d in args.dtype.split(",") if d not in DTYPES]
-    if unknown:
-        raise SystemExit(f"unknown --dtype {unknown}: use {', '.join(DTYPES)}")
-    runs = [train_one(args, d, env) for d in args.dtype.split(",")]
+    runs = [train_one(args, d, env) for d in args.dtype]
     par.runtime.dist.save_result({"runs": runs, "world_size": env.world_size, "backend": env.backend})
     par.runtime.dist.teardown()
 

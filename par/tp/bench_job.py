@@ -10,24 +10,25 @@ turns. Rank 0 saves {"world_size", "backend", "preset", "batch_size", "rows": [{
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import statistics
-import time
+from dataclasses import dataclass
 
 import torch
+
+from par.runtime.job_args import JobArgs, arg
+from par.measure import timed_step
 
 KINDS = ("mlp", "block")
 
 
-def parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="small")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--steps", type=int, default=10, help="timed steps per turn")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=3)
-    return p.parse_args(argv)
+@dataclass(frozen=True)
+class Args(JobArgs):
+    preset: str = arg("small")
+    batch_size: int = arg(8)
+    steps: int = arg(10, "timed steps per turn")
+    warmup: int = arg(3)
+    rounds: int = arg(3)
 
 
 def _dense(kind, cfg, device):
@@ -71,27 +72,21 @@ def local_param_bytes(module) -> int:
 
 
 def _time_steps(module, opt, x, w_out, steps, warmup, device) -> list[float]:
-    import torch.distributed as dist
     times = []
     for i in range(warmup + steps):
-        dist.barrier()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        (module(x) * w_out).sum().backward()
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        with timed_step(device, barrier=True) as clock:
+            opt.zero_grad(set_to_none=True)
+            (module(x) * w_out).sum().backward()
+            opt.step()
         if i >= warmup:
-            times.append(time.perf_counter() - t0)
+            times.append(clock.seconds)
     return times
 
 
 def main(argv=None) -> int:
     import par.runtime.dist
     from par.model import preset
-    args = parse(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     n, device = env.world_size, env.device
     cfg = preset(args.preset)

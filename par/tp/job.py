@@ -17,41 +17,35 @@ step_s = the slowest rank's seconds per step, per_rank):
 """
 from __future__ import annotations
 
-import argparse
-import time
+from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 
 import par.runtime.dist
+from par.runtime.job_args import JobArgs, arg
 from par.comm import commlog
 from par.tp import layers as tp
 from par.comm.collectives import all_reduce_formula_bytes, ring_all_reduce_bytes
 from par.data import CharDataset, global_batches
 from par.memory.accounting import live_model_state_bytes, model_state_bytes
+from par.measure import slowest, timed_step
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer
 
 
-def parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--n-head", type=int, default=None, help="override the preset's number of heads")
-    p.add_argument("--d-model", type=int, default=None, help="override the preset's hidden size")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--optimizer", default="adam")
-    p.add_argument("--eps", type=float, default=1e-8, help="Adam's epsilon")
-    p.add_argument("--impl", default="ring", choices=["ring", "torch"], help="all-reduce: par's ring or torch's")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-reference", action="store_true", help="skip the dense model (big presets)")
-    return p.parse_args(argv)
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+@dataclass(frozen=True)
+class Args(JobArgs):
+    preset: str = arg("tiny")
+    n_head: int | None = arg(None, "override the preset's number of heads")
+    d_model: int | None = arg(None, "override the preset's hidden size")
+    steps: int = arg(20)
+    batch_size: int = arg(8)
+    lr: float = arg(3e-3)
+    optimizer: str = arg("adam")
+    eps: float = arg(1e-8, "Adam's epsilon")
+    impl: str = arg("ring", "all-reduce: par's ring or torch's", choices=("ring", "torch"))
+    seed: int = arg(0)
+    no_reference: bool = arg(False, "skip the dense model (big presets)")
 
 
 def train(model, batches, optimizer, lr, device, eps=1e-8):
@@ -60,15 +54,12 @@ def train(model, batches, optimizer, lr, device, eps=1e-8):
     losses, times, first = [], [], None
     for x, y in batches:
         x, y = x.to(device), y.to(device)
-        _sync(device)
-        t0 = time.perf_counter()
-        with commlog.capture() as log:
+        with timed_step(device) as clock, commlog.capture() as log:
             opt.zero_grad(set_to_none=True)
             loss = lm_loss(model(x), y)
             loss.backward()
             opt.step()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
+        times.append(clock.seconds)
         losses.append(loss.item())
         first = first if first is not None else log
     return losses, times, first, opt
@@ -99,7 +90,7 @@ def memory_by_degree(dense, world: int, rank: int) -> dict:
 
 
 def main(argv=None) -> int:
-    args = parse(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     n, r, device = env.world_size, env.rank, env.device
     overrides = {k: v for k, v in (("n_head", args.n_head), ("d_model", args.d_model)) if v is not None}
@@ -116,7 +107,7 @@ def main(argv=None) -> int:
     every_time = par.runtime.dist.gather_object(times)
     result = {"world_size": n, "backend": env.backend, "device": str(device), "config": cfg.to_dict(),
               "batch_size": args.batch_size, "impl": args.impl, "losses": losses,
-              "step_s": [max(t[i] for t in every_time) for i in range(len(times))] if every_time else times}
+              "step_s": slowest(every_time) if every_time else times}
 
     act = tp.activation_bytes(args.batch_size, cfg.block_size, cfg.d_model)
     result["comm"] = {

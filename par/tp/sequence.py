@@ -7,6 +7,7 @@ along the sequence instead: each rank keeps T/t tokens there.
 
 The TP all-reduce at the end of a parallel region becomes a reduce-scatter along the sequence, and
 the identity at its start becomes an all-gather along the sequence. These are the conjugate pair
+(`par.tp.ops`, beside f and g)
 
     operator                         forward                                backward
     g  gather_from_sequence_region   all-gather the T/t-token slices        reduce-scatter the gradient
@@ -38,91 +39,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from par.comm import collectives, commlog
-from par.comm.collectives import group_rank, group_size
+from par.comm.collectives import group_size
 from par.model import causal_attention, merge_heads, split_heads
 from par.tp.layers import TensorParallelBlock, check_tp_degree
-
-
-def _tag(label: str, direction: str) -> str:
-    return f"{label}/{direction}" if label else direction
-
-
-def check_sequence(seq: int, n: int) -> None:
-    """One clear error when the sequence cannot be cut into n equal slices."""
-    if seq % n:
-        raise ValueError(f"sequence length {seq} is not divisible by the sequence-parallel degree {n}: "
-                         f"make it a multiple of {n} (or use context parallelism, which takes any length)")
-
-
-def all_gather_sequence(x: torch.Tensor, group=None, impl: str = "ring", tag: str = "") -> torch.Tensor:
-    """(B, T/t, h) slices, rank order -> (B, T, h) on every rank (one all-gather of B·T·h elements)."""
-    n, r = group_size(group), group_rank(group)
-    buf = torch.empty((n, *x.shape), dtype=x.dtype, device=x.device)
-    buf[r].copy_(x)
-    with commlog.tag(tag):
-        collectives.all_gather(buf, group=group, impl=impl)
-    return torch.cat(buf.unbind(0), dim=1)
-
-
-def reduce_scatter_sequence(x: torch.Tensor, group=None, impl: str = "ring", tag: str = "") -> torch.Tensor:
-    """(B, T, h) partial sums -> this rank's (B, T/t, h) slice of their sum (one reduce-scatter)."""
-    n = group_size(group)
-    check_sequence(x.size(1), n)
-    buf = torch.stack(x.chunk(n, dim=1)).contiguous()
-    with commlog.tag(tag):
-        mine = collectives.reduce_scatter(buf, "sum", group=group, impl=impl)
-    return mine.view(x.size(0), x.size(1) // n, *x.shape[2:]).clone()
-
-
-def my_sequence_slice(x: torch.Tensor, group=None) -> torch.Tensor:
-    n, r = group_size(group), group_rank(group)
-    check_sequence(x.size(1), n)
-    k = x.size(1) // n
-    return x[:, r * k:(r + 1) * k].contiguous()
-
-
-class _GatherFromSequence(torch.autograd.Function):       # g
-    @staticmethod
-    def forward(ctx, x, group, impl, label):
-        ctx.group, ctx.impl, ctx.label = group, impl, label
-        return all_gather_sequence(x.contiguous(), group, impl, _tag(label, "fwd"))
-
-    @staticmethod
-    def backward(ctx, grad):
-        return reduce_scatter_sequence(grad, ctx.group, ctx.impl, _tag(ctx.label, "bwd")), None, None, None
-
-
-class _ReduceScatterToSequence(torch.autograd.Function):  # ḡ
-    @staticmethod
-    def forward(ctx, x, group, impl, label):
-        ctx.group, ctx.impl, ctx.label = group, impl, label
-        return reduce_scatter_sequence(x, group, impl, _tag(label, "fwd"))
-
-    @staticmethod
-    def backward(ctx, grad):
-        return all_gather_sequence(grad.contiguous(), ctx.group, ctx.impl, _tag(ctx.label, "bwd")), None, None, None
-
-
-class _ScatterToSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, impl, label):
-        ctx.group, ctx.impl, ctx.label = group, impl, label
-        return my_sequence_slice(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return all_gather_sequence(grad.contiguous(), ctx.group, ctx.impl, _tag(ctx.label, "bwd")), None, None, None
-
-
-class _GatherToFull(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, impl, label):
-        ctx.group = group
-        return all_gather_sequence(x.contiguous(), group, impl, _tag(label, "fwd"))
-
-    @staticmethod
-    def backward(ctx, grad):
-        return my_sequence_slice(grad, ctx.group), None, None, None
+from par.tp.ops import (SEQ, all_gather_along, check_sequence, direction_tag, gather_from_sequence_region,
+                        gather_to_full, reduce_scatter_along, reduce_scatter_to_sequence_region, scatter_to_sequence)
 
 
 class _GatherLinear(torch.autograd.Function):
@@ -132,36 +53,16 @@ class _GatherLinear(torch.autograd.Function):
     def forward(ctx, x, weight, bias, group, impl, label):
         ctx.group, ctx.impl, ctx.label, ctx.has_bias = group, impl, label, bias is not None
         ctx.save_for_backward(x, weight)
-        return F.linear(all_gather_sequence(x.contiguous(), group, impl, _tag(label, "fwd")), weight, bias)
+        return F.linear(all_gather_along(x.contiguous(), SEQ, group, impl, direction_tag(label, "fwd")), weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        full = all_gather_sequence(x.contiguous(), ctx.group, ctx.impl, _tag(ctx.label, "bwd/regather"))
+        full = all_gather_along(x.contiguous(), SEQ, ctx.group, ctx.impl, direction_tag(ctx.label, "bwd/regather"))
         d_weight = grad.reshape(-1, grad.size(-1)).t() @ full.reshape(-1, full.size(-1))
         d_bias = grad.reshape(-1, grad.size(-1)).sum(0) if ctx.has_bias else None
-        d_x = reduce_scatter_sequence(grad @ weight, ctx.group, ctx.impl, _tag(ctx.label, "bwd"))
+        d_x = reduce_scatter_along(grad @ weight, SEQ, ctx.group, ctx.impl, direction_tag(ctx.label, "bwd"))
         return d_x, d_weight, d_bias, None, None, None
-
-
-def gather_from_sequence_region(x, group=None, impl: str = "ring", label: str = "") -> torch.Tensor:
-    """g: all-gather along the sequence forward, reduce-scatter backward."""
-    return x if group_size(group) == 1 else _GatherFromSequence.apply(x, group, impl, label)
-
-
-def reduce_scatter_to_sequence_region(x, group=None, impl: str = "ring", label: str = "") -> torch.Tensor:
-    """ḡ: reduce-scatter along the sequence forward, all-gather backward."""
-    return x if group_size(group) == 1 else _ReduceScatterToSequence.apply(x, group, impl, label)
-
-
-def scatter_to_sequence(x, group=None, impl: str = "ring", label: str = "") -> torch.Tensor:
-    """Enter the sequence-parallel region from a replicated tensor: keep my slice; all-gather backward."""
-    return x if group_size(group) == 1 else _ScatterToSequence.apply(x, group, impl, label)
-
-
-def gather_to_full(x, group=None, impl: str = "ring", label: str = "") -> torch.Tensor:
-    """Leave the region to a replicated tensor: all-gather forward; keep my slice of the gradient backward."""
-    return x if group_size(group) == 1 else _GatherToFull.apply(x, group, impl, label)
 
 
 # ---------------------------------------------------------------- the block and the model

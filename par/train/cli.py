@@ -1,8 +1,9 @@
 """`python -m par train --config configs/zero1.json --nproc 4`: check a DeepSpeed-style config, then train it.
 
 Everything that can be checked before any rank starts is checked here: a bad config, a world size the
-degrees do not divide, a missing file or a backend this machine lacks is one line `error: ...` naming
-the fix and exit code 2; `--debug` (or `PAR_DEBUG=1`) shows the traceback instead. Then the job
+degrees do not divide, a missing file or a backend this machine lacks raises its error, which
+`python -m par` (par/__main__.py) turns into one line `error: ...` naming the fix and exit code 2
+(`--debug` or `PAR_DEBUG=1`: the traceback instead). Then the job
 `par.train.job` runs on `--nproc` ranks through `par.runtime.launch.run`, and its result is printed as one row.
 
 On several machines (`--nnodes M --rdzv-endpoint HOST:PORT`): check the config for the whole world of
@@ -12,20 +13,8 @@ here (`configs/slurm/train.sbatch` runs them under Slurm).
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 from par.train.config import ConfigError, ignored_keys, load, read   # light: a bad config fails before torch loads
-from par.runtime.grid import GridError
-
-
-def user_error(e: BaseException) -> bool:
-    """Errors that mean "fix your input": the config's, the grid's, the backend's (par.runtime.dist.BackendError,
-    looked up only if par.runtime.dist was imported, so that a config error never waits for torch to load)."""
-    kinds = [ConfigError, GridError]
-    if "par.runtime.dist" in sys.modules:
-        kinds.append(sys.modules["par.runtime.dist"].BackendError)
-    return isinstance(e, tuple(kinds))
 
 
 def format_row(row: dict) -> str:
@@ -37,8 +26,9 @@ def format_row(row: dict) -> str:
             f"loss {row['losses'][0]:.3f} -> {row['losses'][-1]:.3f}{check}")
 
 
-def launch(argv) -> int:
-    """The shell side: check everything that can be checked here, then start the ranks."""
+def main(argv=None) -> int:
+    """`python -m par train --config FILE --nproc N [--backend auto] [--steps S] [--check]`: check everything
+    that can be checked here, then start the ranks."""
     ap = argparse.ArgumentParser(prog="python -m par train", description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="a JSON file (see configs/) or a JSON object as text")
     ap.add_argument("--nproc", type=int, default=1, help="ranks to start (dp = nproc / (pp · tp))")
@@ -46,7 +36,6 @@ def launch(argv) -> int:
     ap.add_argument("--steps", type=int, default=None, help="override the config's steps")
     ap.add_argument("--timeout", type=int, default=600, help="seconds before the job is killed")
     ap.add_argument("--check", action="store_true", help="compare with one process trained on the same batches")
-    ap.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     ap.add_argument("--nnodes", type=int, default=None,
                     help="several machines: print the torchrun command for each node (--nproc ranks in all)")
     ap.add_argument("--rdzv-endpoint", default="node0:29500", help="with --nnodes: HOST:PORT of node 0")
@@ -90,19 +79,3 @@ def print_nodes(args) -> int:
     print(nodes.describe("par.train.job", ["--config", args.config, *extra]))
     return 0
 
-
-def main(argv=None) -> int:
-    """`python -m par train --config FILE --nproc N [--backend auto] [--steps S] [--check]`."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    debug = "--debug" in argv or os.environ.get("PAR_DEBUG", "") not in ("", "0")
-    try:
-        return launch(argv)
-    except Exception as e:
-        if debug or not user_error(e):
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

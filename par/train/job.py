@@ -14,10 +14,18 @@ kernels) becomes a run {"strategy", "error"} and the next one runs.
 """
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 
+from par.runtime.job_args import JobArgs, arg
 from par.train.config import load, read
+
+
+@dataclass(frozen=True)
+class Args(JobArgs):
+    config: tuple[str, ...] = arg(help="a JSON file, or a JSON object as text; one --config per run", repeat=True)
+    steps: int | None = arg(None, "override the configs' steps")
+    check: bool = arg(False, "train the single-process model beside and compare")
 
 
 def main(argv=None) -> int:
@@ -25,11 +33,7 @@ def main(argv=None) -> int:
     import par.runtime.dist
     from par.precision.mixed_precision import UnsupportedPrecision
     from par.train.loop import summarize, train
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--config", action="append", required=True, help="a JSON file, or a JSON object as text")
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--check", action="store_true")
-    args = ap.parse_args(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     runs = []
     for source in args.config:

@@ -14,7 +14,7 @@ Read it top to bottom, as one rank does (every rank runs the same lines on its o
     for step, (x, y) in batches(config):             the same global batches on every rank
         lr   = lr_at(config, step)                   DeepSpeed's WarmupLR / WarmupDecayLR
         loss = engine.step(x, y)                     forward, backward, reduce gradients, update
-        measure seconds, bytes sent (par.comm.commlog), memory
+        measure seconds (par.measure.timed_step), bytes sent (par.comm.commlog), memory
     summarize(config, every rank's numbers)          one row: samples/s, memory, bytes, losses
 
 Step 0 is a warm-up (allocations, the pipeline's shape exchange): it trains like the others and its loss is
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import gc
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -35,6 +34,7 @@ from par.comm import commlog
 from par.train.config import TrainConfig, loss_scaler, lr_at, model_config
 from par.data import CharDataset, global_batches
 from par.runtime.grid import Grid
+from par.measure import slowest, timed_step
 from par.memory.accounting import cuda_peak_bytes, reset_cuda_peak
 from par.model import build, lm_loss
 from par.train.parallel3d import ZeroDataParallel, Parallel3D
@@ -70,13 +70,10 @@ def train(tc: TrainConfig, check: bool = False) -> dict:
     for step, (x, y) in enumerate(batches(tc)):
         for group in engine.optimizer.param_groups:
             group["lr"] = lr_at(tc, step)
-        _sync(device)
-        t0, c0 = time.perf_counter(), time.process_time()
-        with commlog.capture() as log:
+        with timed_step(device) as clock, commlog.capture() as log:
             loss = engine.step(x.to(device), y.to(device))
-        _sync(device)
-        seconds.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
+        seconds.append(clock.seconds)
+        cpu.append(clock.cpu_s)
         sent.append(log.total_bytes())
         if loss is not None:          # pipelines: only the last stage knows the loss
             losses.append(loss)
@@ -116,7 +113,7 @@ def summarize(tc: TrainConfig, ranks: list[dict], backend: str) -> dict:
     """One row for all ranks, by the job contract (par/measure.py): the slowest rank sets each step's
     time; samples/s = batch / median step time, with the fastest and slowest timed step beside it.
     cpu_s: CPU seconds of each timed step, summed over the ranks (the work, whatever else the machine does)."""
-    step_s = [max(r["step_s"][i] for r in ranks) for i in range(len(ranks[0]["step_s"]))]
+    step_s = slowest(r["step_s"] for r in ranks)
     cpu_s = [sum(r["cpu_s"][i] for r in ranks) for i in range(len(step_s))]
     timed = step_s[WARMUP_STEPS:] or step_s
     median = statistics.median(timed)
@@ -137,8 +134,3 @@ def summarize(tc: TrainConfig, ranks: list[dict], backend: str) -> dict:
     if "max_param_diff" in ranks[0]:
         row["max_param_diff"] = max(r["max_param_diff"] for r in ranks)
     return row
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -24,16 +24,18 @@ layout, losses, step_s, per_rank: [{tp_bytes, dp_bytes, tp_group, dp_group}]}]; 
 """
 from __future__ import annotations
 
-import argparse
 import os
+from dataclasses import dataclass
 import time
 
 import torch
 import torch.distributed as dist
 
 import par.runtime.dist
+from par.runtime.job_args import JobArgs, arg
 from par.comm import commlog
 from par.runtime.cluster import MARK
+from par.measure import timed_step
 from par.model import GPTConfig, GPTLite, lm_loss
 from par.comm.collectives import all_reduce, all_reduce_formula_bytes
 from par.dp.naive import replica_rows
@@ -75,15 +77,14 @@ def train_step(model, opt, x, y, dp_group=None) -> float:
     return loss.item()
 
 
-def timed(fn, repeats: int) -> float:
+def timed(fn, repeats: int, device) -> float:
     """The median seconds of `fn()` over `repeats` runs after one warm-up, every rank running it at once."""
     fn()
     times = []
     for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+        with timed_step(device, barrier=True) as clock:
+            fn()
+        times.append(clock.seconds)
     return sorted(times)[len(times) // 2]
 
 
@@ -102,7 +103,7 @@ def calibrate(cfg, x, y, env, node_groups, repeats: int) -> dict | None:
     opt = make_optimizer(model.parameters(), "adam", lr=1e-3)
     rows = slice(env.rank, None, env.world_size)
 
-    compute_s = timed(lambda: train_step(model, opt, x[rows], y[rows]), repeats)
+    compute_s = timed(lambda: train_step(model, opt, x[rows], y[rows]), repeats, env.device)
 
     ranks, group = next((r, pg) for r, pg in node_groups if env.rank in r)
     nodes = env.world_size // len(ranks)
@@ -114,10 +115,10 @@ def calibrate(cfg, x, y, env, node_groups, repeats: int) -> dict | None:
     with commlog.capture() as log:
         train_step(tp_model, tp_opt, xb, yb)
     tp_bytes = log.total_bytes()
-    node_step_s = timed(lambda: train_step(tp_model, tp_opt, xb, yb), repeats)
+    node_step_s = timed(lambda: train_step(tp_model, tp_opt, xb, yb), repeats, env.device)
 
     buf = torch.ones(len(xb) * cfg.block_size * cfg.d_model)          # one TP message: b·s·d of a replica
-    ar_s = timed(lambda: all_reduce(buf, "sum", group), repeats)
+    ar_s = timed(lambda: all_reduce(buf, "sum", group), repeats, env.device)
     mine = {"compute_s": compute_s, "node_step_s": node_step_s, "tp_bytes": tp_bytes,
             "allreduce_bytes_s": all_reduce_formula_bytes(buf.numel() * 4, len(ranks)) / ar_s}
     said = par.runtime.dist.gather_object(mine)
@@ -130,15 +131,18 @@ def calibrate(cfg, x, y, env, node_groups, repeats: int) -> dict | None:
     return got
 
 
+@dataclass(frozen=True)
+class Args(JobArgs):
+    d_model: int = arg(16)
+    n_head: int = arg(2)
+    n_layer: int = arg(2)
+    seq: int = arg(64)
+    batch: int = arg(128, "global batch (sequences)")
+    steps: int = arg(3)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--d-model", type=int, default=16)
-    ap.add_argument("--n-head", type=int, default=2)
-    ap.add_argument("--n-layer", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=128, help="global batch (sequences)")
-    ap.add_argument("--steps", type=int, default=3)
-    args = ap.parse_args(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
     kinds = groups_of(env.world_size, per_node)
@@ -168,11 +172,10 @@ def main(argv=None) -> int:
         losses, times = [], []
         with commlog.capture() as log:
             for _ in range(args.steps):
-                dist.barrier()
-                t0 = time.perf_counter()
-                losses.append(step())
-                dist.barrier()
-                times.append(time.perf_counter() - t0)
+                with timed_step(env.device, barrier=True) as clock:
+                    losses.append(step())
+                    dist.barrier()                       # the step is over when the slowest rank's is
+                times.append(clock.seconds)
         mark(env.rank, f"{placement} end")
         dp_bytes = sum(e.bytes_sent for e in log.events if e.tag.startswith("dp"))
         mine = {"tp_bytes": (log.total_bytes() - dp_bytes) / args.steps, "dp_bytes": dp_bytes / args.steps,

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from par.train import planner
+from par.train import job, planner
 from par.train.config import ConfigError, model_config, parse
 from par.memory.accounting import format_bytes
 
@@ -79,11 +80,6 @@ def model_label(model: dict) -> str:
     return " ".join([model.get("preset", "tiny"), *(f"{k}={v}" for k, v in model.items() if k != "preset")])
 
 
-def tp_degree(world: int, n_head: int) -> int:
-    """The largest tensor-parallel degree <= world that divides both the world and the heads."""
-    return max(t for t in range(1, world + 1) if world % t == 0 and n_head % t == 0)
-
-
 def config_for(name: str, world: int, model: dict | str, micro_batch: int, steps: int) -> tuple[dict, int]:
     """(DeepSpeed-style config, number of ranks) of one benchmark row; `model`: a model section or a preset name.
 
@@ -102,7 +98,8 @@ def config_for(name: str, world: int, model: dict | str, micro_batch: int, steps
     if name == "TP":
         from par.model import preset
         heads = preset(model.get("preset", "tiny"), **{k: v for k, v in model.items() if k != "preset"}).n_head
-        return {**base, "tensor_parallel": {"tp_size": tp_degree(world, heads)}}, world
+        # tp = gcd(world, heads): the largest degree that divides the heads and the world (dp = world / tp)
+        return {**base, "tensor_parallel": {"tp_size": math.gcd(world, heads)}}, world
     if name == "DDP":
         return {**base, **zero(0)}, world
     if name.startswith("ZeRO"):
@@ -168,10 +165,9 @@ def launches(rows: dict) -> dict:
     return out
 
 
-def launch_args(rows: dict, group: list[str]) -> list[str]:
-    """The arguments of `par.train.job` for one launch: every row's config, and --check when they are checked."""
-    args = [a for name in group for a in ("--config", json.dumps(rows[name]["config"]))]
-    return args + (["--check"] if rows[group[0]]["checked"] else [])
+def launch_args(rows: dict, group: list[str]) -> job.Args:
+    """The arguments of `par.train.job` for one launch: every row's config, checked when the rows are."""
+    return job.Args(config=tuple(json.dumps(rows[name]["config"]) for name in group), check=rows[group[0]]["checked"])
 
 
 def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: int = 2, steps: int = 6,
@@ -200,8 +196,8 @@ def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
     for (n, checked), group in todo:
         t0 = time.perf_counter()
         try:
-            got = run("par.train.job", nproc=n, args=launch_args(rows, group), backend=backend, timeout=timeout,
-                      quiet=True)
+            got = run("par.train.job", nproc=n, args=launch_args(rows, group).to_argv(), backend=backend,
+                      timeout=timeout, quiet=True)
         except LaunchError as e:
             if strict:
                 raise BenchmarkError(f"{', '.join(group)} on {n} ranks: {e.root_cause}") from None

@@ -29,6 +29,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from par.comm import collectives, commlog
+from par.measure import sync
 from par.tp.ops import group_rank, group_size
 
 MODES = ("none", "full", "partitioned")
@@ -108,7 +109,7 @@ def recompute_cost(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, l
 
     def clock():
         if cuda:
-            torch.cuda.synchronize(device)
+            sync(device)
             return time.perf_counter()
         return time.process_time()
 

@@ -15,11 +15,12 @@ Result: {"world_size", "backend", "preset", "batch", "seq", "layers", "tp", "mod
 """
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
 import torch
 
 import par.runtime.dist
+from par.runtime.job_args import JobArgs, arg
 from par.comm import commlog
 from par.memory import accounting as memory
 from par.zero import activations as zero_r
@@ -46,12 +47,15 @@ def measure(model, x, y, mode: str) -> dict:
     return {"saved_bytes": saved, "grads": grads, "bytes": by_kind}
 
 
+@dataclass(frozen=True)
+class Args(JobArgs):
+    preset: str = arg("tiny")
+    batch: int = arg(4, "sequences (every TP rank sees the same batch)")
+    seed: int = arg(0)
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--batch", type=int, default=4, help="sequences (every TP rank sees the same batch)")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     cfg = preset(args.preset)
     t = env.world_size

@@ -82,15 +82,14 @@ def main(argv=None) -> int:
     import par.runtime.dist
     import par.runtime.launch
     if args.rounds < 1 or args.warmup < 1:
-        print("error: --rounds and --warmup must be >= 1", file=sys.stderr)
-        return 2
+        raise argparse.ArgumentError(None, "--rounds and --warmup must be >= 1")
     cores = par.runtime.dist.physical_cores()
     print(f"par ZeRO vs torch (targets: time <= {TARGET_TIME}x, memory <= {TARGET_MEMORY}x); "
           f"timings on a shared machine are noisy")
     for world in map(int, args.worlds.split(",")):
         if args.batch_size % world:
-            print(f"error: --batch-size {args.batch_size} is not a multiple of world size {world}", file=sys.stderr)
-            return 2
+            raise argparse.ArgumentError(None, f"--batch-size {args.batch_size} is not a multiple of world size "
+                                               f"{world}")
         job = ["--preset", args.preset, "--batch-size", args.batch_size, "--rounds", args.rounds,
                "--warmup", args.warmup, "--impls", args.impls, "--only", args.only]
         result = par.runtime.launch.run("par.zero.bench_job", nproc=world, args=job, timeout=args.timeout,

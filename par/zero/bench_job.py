@@ -14,17 +14,16 @@ Result: {"world_size", "backend", "numel", "rows": {name: {"times": [s per round
 """
 from __future__ import annotations
 
-import argparse
 import gc
-import time
+from dataclasses import dataclass, replace
 
 import torch
-import torch.distributed as dist
 
 import par.runtime.dist
-from par.comm import collectives
+from par.runtime.job_args import JobArgs, arg
 from par.memory import accounting as memory
 from par.zero import torch_api as torch_zero
+from par.measure import slowest, timed_step
 from par.model import build, lm_loss, preset
 
 
@@ -88,32 +87,31 @@ def engines(impls) -> dict:
     return out
 
 
-def one_step(engine, x, sync) -> tuple[float, torch.Tensor]:
-    dist.barrier()
-    t0 = time.perf_counter()
-    loss = lm_loss(engine.model(x), x)
-    engine.backward(loss)
-    engine.step()
-    sync()
-    return time.perf_counter() - t0, loss
+def one_step(engine, x, device) -> tuple[float, torch.Tensor]:
+    with timed_step(device, barrier=True) as clock:
+        loss = lm_loss(engine.model(x), x)
+        engine.backward(loss)
+        engine.step()
+    return clock.seconds, loss
+
+
+@dataclass(frozen=True)
+class Args(JobArgs):
+    preset: str = arg("small")
+    batch_size: int = arg(8)
+    rounds: int = arg(9)
+    warmup: int = arg(2, "untimed rounds first (at least 2)")
+    impls: tuple[str, ...] = arg(("ring", "torch"))
+    only: tuple[str, ...] = arg((), "comma-separated row names to run (default: all)")
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="small")
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--impls", default="ring,torch")
-    ap.add_argument("--only", default="", help="comma-separated row names to run (default: all)")
-    args = ap.parse_args(argv)
-    args.warmup = max(2, args.warmup)        # round 1 measures the memory, untimed
+    args = Args.parse(argv)
+    args = replace(args, warmup=max(2, args.warmup))        # round 1 measures the memory, untimed
     env = par.runtime.dist.init()
     cfg = preset(args.preset)
     n, r, per = env.world_size, env.rank, args.batch_size // env.world_size
-    sync = (lambda: torch.cuda.synchronize(env.device)) if env.device.type == "cuda" else (lambda: None)
-    makers = {k: v for k, v in engines(args.impls.split(",")).items()
-              if not args.only or k in args.only.split(",")}
+    makers = {k: v for k, v in engines(args.impls).items() if not args.only or k in args.only}
     g = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, cfg.vocab_size, (args.batch_size, cfg.block_size), generator=g)[r * per:(r + 1) * per]
                .to(env.device) for _ in range(args.warmup + args.rounds)]
@@ -125,7 +123,7 @@ def main(argv=None) -> None:
             memory.reset_cuda_peak(env.device)
             engine = make(build(cfg, seed=0).to(env.device))
             for x in batches[:2]:
-                one_step(engine, x, sync)
+                one_step(engine, x, env.device)
             rows[name] = {"cuda_peak": memory.cuda_peak_bytes(env.device)}
             engine.close()
             del engine
@@ -140,14 +138,13 @@ def main(argv=None) -> None:
                 state[name] = engine.state_bytes()
                 engine.step()
                 continue
-            dt, loss = one_step(engine, x, sync)
+            dt, loss = one_step(engine, x, env.device)
             if i >= args.warmup:
                 times[name].append(dt)
     for name in live:
-        t = torch.tensor(times[name], dtype=torch.float64, device=env.device)
-        collectives.all_reduce(t, op="max", impl="torch")      # a step lasts as long as its slowest rank
+        step_s = slowest(par.runtime.dist.gather_object(times[name]) or [times[name]])   # on rank 0, the slowest rank's
         peak = rows.get(name, {}).get("cuda_peak")
-        rows[name] = {"times": t.tolist(), "state_bytes": state[name], "cuda_peak": peak,
+        rows[name] = {"times": step_s, "state_bytes": state[name], "cuda_peak": peak,
                       "memory": peak if peak else state[name]}
     numel = memory.param_count(cfg)
     par.runtime.dist.save_result({"world_size": n, "backend": env.backend, "numel": numel, "preset": args.preset,

@@ -25,19 +25,18 @@ goes on); `--resume DIR` loads it into every run first and trains the steps afte
 """
 from __future__ import annotations
 
-import argparse
 import gc
-import time
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 import par.runtime.dist
+from par.runtime.job_args import JobArgs, arg
 from par.zero import checkpoint, offload, torch_api as torch_zero
 from par.comm import commlog
 from par.memory import accounting as memory
 from par.data import CharDataset, global_batches
+from par.measure import merge_ranks, timed_step
 from par.model import build, lm_loss, preset
 from par.timeline import Recorder
 from par.zero.engine import Zero, zero_bytes_per_step
@@ -45,27 +44,59 @@ from par.zero.engine import Zero, zero_bytes_per_step
 
 @dataclass(frozen=True)
 class Run:
-    label: str
+    """One run of the job; its label (`str(run)`, `Run.parse(label)`) is how a command line names it:
+    '2' stage 2; '3+offload', '3+prefetch', '2+bf16' (this run in bf16; or fp16), '3+resume' (load --resume
+    first, train the steps after it); 'fsdp2' torch's fully_shard (ZeRO-3)."""
     stage: int
     offload: bool = False
     prefetch: bool = False
     resume: bool = False
     precision: str | None = None     # None: the job's --precision
-    torch: bool = False              # fsdp2: torch's ZeRO-3
+    fsdp2: bool = False              # torch's ZeRO-3
+
+    @property
+    def label(self) -> str:
+        """'3+offload', 'fsdp2', ...: what `parse` reads back (the result's "label")."""
+        if self.fsdp2:
+            return "fsdp2"
+        extras = [e for e in ("offload", "prefetch", "resume") if getattr(self, e)]
+        return "+".join([str(self.stage), *extras, *([self.precision] if self.precision else [])])
+
+    def __str__(self) -> str:
+        return self.label
+
+    @classmethod
+    def parse(cls, label: str) -> Run:
+        """The run a label names (ValueError for a label that names none)."""
+        if label == "fsdp2":
+            return cls(3, fsdp2=True)
+        stage, *extras = label.split("+")
+        known = {"offload", "prefetch", "resume", "bf16", "fp16"}
+        if not stage.isdigit() or int(stage) > 3 or not set(extras) <= known:
+            raise ValueError(f"run {label!r}: use a stage 0-3, optionally with +offload, +prefetch, +resume, +bf16 "
+                             f"or +fp16 (e.g. 3+offload, 2+bf16), or 'fsdp2'")
+        precision = next((e for e in extras if e in ("bf16", "fp16")), None)
+        return cls(int(stage), "offload" in extras, "prefetch" in extras, "resume" in extras, precision)
 
 
-def parse_run(label: str) -> Run:
-    """'2' -> stage 2; '3+offload', '3+prefetch', '2+bf16' (this run in bf16; or fp16), '3+resume' (load
-    --resume first, train the steps after it); 'fsdp2' -> torch's fully_shard (ZeRO-3)."""
-    if label == "fsdp2":
-        return Run(label, 3, torch=True)
-    stage, *extras = label.split("+")
-    known = {"offload", "prefetch", "resume", "bf16", "fp16"}
-    if not stage.isdigit() or int(stage) > 3 or not set(extras) <= known:
-        raise ValueError(f"run {label!r}: use a stage 0-3, optionally with +offload, +prefetch, +resume, +bf16 or "
-                         f"+fp16 (e.g. 3+offload, 2+bf16), or 'fsdp2'")
-    precision = next((e for e in extras if e in ("bf16", "fp16")), None)
-    return Run(label, int(stage), "offload" in extras, "prefetch" in extras, "resume" in extras, precision)
+@dataclass(frozen=True)
+class Args(JobArgs):
+    runs: tuple[Run, ...] = arg((Run(0), Run(1), Run(2), Run(3), Run(3, offload=True)),
+                                "comma-separated: stage, stage+offload, fsdp2 (see `Run`)")
+    preset: str = arg("tiny")
+    steps: int = arg(10)
+    batch: int = arg(8, "global batch size (a multiple of the world size)")
+    optimizer: str = arg("adam")
+    lr: float = arg(1e-3)
+    impl: str = arg("ring", choices=("ring", "torch"))
+    precision: str = arg("fp32", choices=("fp32", "fp16", "bf16"))
+    seed: int = arg(0)
+    timeline_runs: tuple[Run, ...] = arg((Run(3), Run(3, offload=True)),
+                                         "runs whose last step is recorded as a timeline")
+    checkpoint: str = arg("", "directory for a sharded checkpoint of the last run")
+    checkpoint_step: int = arg(0, "save after this many steps (default: the end)")
+    checkpoint_run: Run | None = arg(None, "the run whose state is saved (default: the last)")
+    resume: str = arg("", "the checkpoint the '+resume' runs load (any N_d, any stage)")
 
 
 class FSDP2Engine:
@@ -92,11 +123,6 @@ class FSDP2Engine:
         pass
 
 
-def sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def release(device) -> None:
     """Free what the previous run left (its engine must be closed and dropped) and restart the CUDA peak."""
     gc.collect()
@@ -105,13 +131,12 @@ def release(device) -> None:
     memory.reset_cuda_peak(device)
 
 
-def train_run(label: str, args, env, batches, finals: dict) -> dict:
+def train_run(run: Run, args: Args, env, batches, finals: dict) -> dict:
     """One run on this rank; returns this rank's numbers (rank 0 merges them)."""
-    run = parse_run(label)
     release(env.device)
     model = build(preset(args.preset), seed=args.seed).to(env.device)
-    rec = Recorder() if label in args.timeline_runs.split(",") else None
-    if run.torch:
+    rec = Recorder() if run in args.timeline_runs else None
+    if run.fsdp2:
         engine = FSDP2Engine(model, args)
     else:
         engine = Zero(model, stage=run.stage, optimizer=args.optimizer, lr=args.lr, offload=run.offload,
@@ -124,31 +149,27 @@ def train_run(label: str, args, env, batches, finals: dict) -> dict:
         x, y = x[r::n].to(env.device), y[r::n].to(env.device)
         if rec is not None and s == len(batches) - 1:
             rec.reset()
-        if dist.is_initialized():
-            dist.barrier()
-        t0 = time.perf_counter()
-        with commlog.capture() as log:
+        with timed_step(env.device, barrier=True) as clock, commlog.capture() as log:
             loss = lm_loss(engine.model(x).float(), y)
             engine.backward(loss)
             if s == start + min(1, len(batches) - start - 1):
                 mem = engine.memory()    # model states at their peak: grads reduced, optimizer state allocated
             engine.step()
             engine.zero_grad()
-        sync(env.device)
-        times.append(time.perf_counter() - t0)
+        times.append(clock.seconds)
         losses.append(loss.item())
         step_bytes = {}
         for e in log.events:   # the model's traffic; the 4-byte overflow flag of mixed precision is apart
             key = "overflow flag" if "overflow flag" in e.tag else e.kind
             step_bytes[key] = step_bytes.get(key, 0) + e.bytes_sent
-        if args.checkpoint and label == (args.checkpoint_run or args.runs.split(",")[-1]) and \
+        if args.checkpoint and run == (args.checkpoint_run or args.runs[-1]) and \
                 s + 1 == (args.checkpoint_step or len(batches)):
             checkpoint.save(engine, args.checkpoint, step=s + 1)
     out = {"losses": losses, "times": times, "memory": mem, "cuda_peak": memory.cuda_peak_bytes(env.device),
            "bytes": step_bytes, "start_step": start}
-    if label == "3" and "fsdp2" in args.runs.split(","):
+    if run == Run(3) and any(r.fsdp2 for r in args.runs):
         finals["3"] = engine.full_state_dict()
-    if run.torch:
+    if run.fsdp2:
         full = torch_zero.full_parameters(engine.model)
         if "3" in finals:
             out["max_diff_vs_stage3"] = max((full[k] - v).abs().max().item() for k, v in finals["3"].items())
@@ -166,18 +187,16 @@ def train_run(label: str, args, env, batches, finals: dict) -> dict:
     return out
 
 
-def merge(label: str, ranks: list[dict], args, n: int, numel: int) -> dict:
+def merge(run: Run, ranks: list[dict], args: Args, n: int, numel: int) -> dict:
     """Rank 0: one run's result from every rank's numbers."""
-    run = parse_run(label)
     mine = ranks[0]
     precision = run.precision or args.precision
     itemsize = 4 if precision == "fp32" else 2
     worst = max(ranks, key=lambda r: r["memory"].get("model_states", 0))
     flag_bytes = mine["bytes"].pop("overflow flag", 0)
-    out = {"label": label, "stage": run.stage, "offload": run.offload, "prefetch": run.prefetch,
+    out = {"label": run.label, "stage": run.stage, "offload": run.offload, "prefetch": run.prefetch,
            "precision": precision, "start_step": mine["start_step"],
-           "losses": [sum(r["losses"][s] for r in ranks) / n for s in range(len(mine["losses"]))],
-           "step_s": [max(r["times"][s] for r in ranks) for s in range(len(mine["times"]))],
+           **merge_ranks(ranks, step_s="times"),
            "per_rank": [{k: r.get(k) for k in ("memory", "bytes", "cuda_peak", "offload_bytes_per_step")}
                         for r in ranks],
            "memory": worst["memory"], "cuda_peak": max((r["cuda_peak"] or 0) for r in ranks) or None,
@@ -195,32 +214,15 @@ def merge(label: str, ranks: list[dict], args, n: int, numel: int) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", default="0,1,2,3,3+offload", help="comma-separated: stage, stage+offload, fsdp2")
-    ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--batch", type=int, default=8, help="global batch size (a multiple of the world size)")
-    ap.add_argument("--optimizer", default="adam")
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--impl", default="ring", choices=("ring", "torch"))
-    ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"))
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--timeline-runs", default="3,3+offload", help="runs whose last step is recorded as a timeline")
-    ap.add_argument("--checkpoint", default="", help="directory for a sharded checkpoint of the last run")
-    ap.add_argument("--checkpoint-step", type=int, default=0, help="save after this many steps (default: the end)")
-    ap.add_argument("--checkpoint-run", default="", help="the run whose state is saved (default: the last)")
-    ap.add_argument("--resume", default="", help="the checkpoint the '+resume' runs load (any N_d, any stage)")
-    args = ap.parse_args(argv)
+    args = Args.parse(argv)
     env = par.runtime.dist.init()
     if args.batch % env.world_size:
         raise SystemExit(f"--batch {args.batch} is not a multiple of the world size {env.world_size}: "
                          f"use e.g. --batch {env.world_size * max(1, args.batch // env.world_size)}")
-    labels = [label for label in args.runs.split(",") if label]
-    for label in labels:
-        run = parse_run(label)
+    for run in args.runs:
         if run.resume and not args.resume:
-            raise SystemExit(f"run {label!r} resumes: pass --resume DIR (a checkpoint saved with --checkpoint)")
-        if run.torch and args.precision != "fp32":
+            raise SystemExit(f"run {run.label!r} resumes: pass --resume DIR (a checkpoint saved with --checkpoint)")
+        if run.fsdp2 and args.precision != "fp32":
             raise SystemExit("the fsdp2 run compares fp32 training: use --precision fp32 or drop fsdp2 from --runs")
     cfg = preset(args.preset)
     data = CharDataset(block_size=cfg.block_size)
@@ -228,10 +230,10 @@ def main(argv=None) -> None:
     numel = memory.param_count(cfg)
     finals: dict = {}
     runs = []
-    for label in labels:
-        ranks = par.runtime.dist.gather_object(train_run(label, args, env, batches, finals))
+    for run in args.runs:
+        ranks = par.runtime.dist.gather_object(train_run(run, args, env, batches, finals))
         if env.is_rank0:
-            runs.append(merge(label, ranks, args, env.world_size, numel))
+            runs.append(merge(run, ranks, args, env.world_size, numel))
     par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "device": str(env.device),
                           "preset": args.preset, "precision": args.precision, "numel": numel, "runs": runs})
     par.runtime.dist.teardown()

@@ -26,6 +26,7 @@ from par.memory import accounting as memory
 from par.runtime import nccl_emulation
 from par.cp import ring_attention as cp
 from par.tp import sequence as sp, layers as tp
+from par.tp.ops import my_sequence_slice
 from par.data import CharDataset, global_batches
 from par.comm.collectives import ring_all_reduce_bytes
 from par.model import Block, GPTConfig, build, causal_attention, lm_loss
@@ -122,15 +123,15 @@ def sp_block_case(n: int, r: int, regather: bool) -> dict:
     (dense(xd) * w).sum().backward()
     yd = dense(x)
     block = sp.SequenceParallelBlock.from_dense(dense, regather=regather)
-    xl = sp.my_sequence_slice(x).requires_grad_()
+    xl = my_sequence_slice(x).requires_grad_()
     params = list(block.parameters())
     with commlog.capture() as fwd:
         y, saved = memory.saved_activation_bytes(block, xl, exclude=params)
     with commlog.capture() as bwd:
-        (y * sp.my_sequence_slice(w)).sum().backward()
+        (y * my_sequence_slice(w)).sum().backward()
     sp.sync_grads(block)
-    res = {"forward": (y - sp.my_sequence_slice(yd)).abs().max().item(),
-           "input_grad": (xl.grad - sp.my_sequence_slice(xd.grad)).abs().max().item(),
+    res = {"forward": (y - my_sequence_slice(yd)).abs().max().item(),
+           "input_grad": (xl.grad - my_sequence_slice(xd.grad)).abs().max().item(),
            "weight_grad": diff({k: p.grad for k, p in block.named_parameters()},
                                tp.TensorParallelBlock.from_dense(grads_as_module(dense)).state_dict()),
            "kinds": sorted({e.kind for e in fwd.events + bwd.events}),
