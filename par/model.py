@@ -44,6 +44,9 @@ PRESETS = {
     "small": GPTConfig(vocab_size=65, block_size=64, n_layer=6, n_head=8, d_model=128),
     # GPT-3 Small (Brown et al. 2020, Table 2.1): for accounting and GPU runs
     "gpt3-small": GPTConfig(vocab_size=50257, block_size=2048, n_layer=12, n_head=12, d_model=768),
+    # tiny's widths with a long context (block_size > 256): the course's long-context path (no single-process
+    # reference beside the parallel model, one sequence per rank) that gpt3-small takes, run on a CPU in seconds
+    "tiny-long": GPTConfig(vocab_size=65, block_size=512, n_layer=2, n_head=4, d_model=32),
 }
 
 

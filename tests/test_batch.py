@@ -4,6 +4,10 @@ The batch must go on past the failure, summarise both (status, first error line,
 parameters it passed, every record merged), exit 1; a batch of passing notebooks exits 0 with the default
 world size; a cell past the timeout fails its notebook; NCCL without GPUs stops before any notebook; a
 notebook whose launches cannot work on the GPU server is not run, and the summary says why.
+
+The course at `--world-size 1`, what a one-GPU server runs (issue 28: 5 of 10 notebooks failed there): the GPU
+server's own branch of the registry and the benchmark suite (no other world size, no 4-rank checkpoint, the 3D row
+skipped) emulated on gloo ranks. The whole batch on one gloo rank (10/10) is a step of `.ci/run`.
 """
 import json
 import shutil
@@ -13,12 +17,14 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
+from tiers import slow
 
 from par.course import run_notebooks as batch, launches as course
 from par.runtime.preflight import BackendError, default_world_size
 from par.tp import job as tp_job
 
 FIXTURES = Path(__file__).parent / "fixtures" / "batch"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def summary_of(out: Path) -> dict:
@@ -124,3 +130,35 @@ def test_a_failed_launch_shows_its_root_cause_in_the_notebook_and_the_summary(tm
     shown = "\n".join(error.traceback)
     assert shown.startswith(f"LaunchError: {cause}\n") and "launch_modes.py\", line" in shown
     assert "par/runtime/launch.py" not in shown, "the launcher's own frames say nothing about the failure"
+
+
+# ---------------------------------------------------------------- the course on one rank (a one-GPU server)
+# Run in the notebook's kernel first: the registry (`par.course.launches.on_gpus`) and the suite (`choose_backend`)
+# take their GPU branch, as on a server with one GPU; the launches keep the notebook's backend, gloo, and the
+# kernel's own demos stay on the CPU.
+ONE_GPU_SERVER = """\
+import par.course.launches as _course, par.runtime.preflight as _preflight, par.runtime.dist as _dist
+_real = _preflight.choose_backend
+_course.on_gpus = lambda backend, world_size: True
+_course.kernel_device = lambda backend, world_size: "host"
+_preflight.choose_backend = _dist.choose_backend = lambda world_size, requested="auto", gpus=None, local_world_size=None: (
+    "nccl" if gpus is None else _real(world_size, requested, gpus, local_world_size))
+"""
+
+
+@slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("stem", ["00_distributed_basics", "02_data_parallel", "06_zero", "07_putting_it_together"])
+def test_the_one_gpu_server_path_runs_on_cpu_ranks(stem, tmp_path):
+    """At --world-size 1 on a GPU server: 00 has no other world size to fit alpha and beta on, 02 no other loss
+    curve, 06 no 4-rank job to write the checkpoint, 07's 3D row needs 8 GPUs and is skipped."""
+    nb = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4)
+    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell(ONE_GPU_SERVER))
+    (tmp_path / "notebooks").mkdir()
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")          # lecture 07 reads ../configs/3d.json
+    path = tmp_path / "notebooks" / f"{stem}.ipynb"
+    nbformat.write(nb, path)
+    row = batch.run_one(path, tmp_path / "out.ipynb", {"world_size": 1, "backend": "gloo", "preset": "tiny",
+                                                        "steps": 20}, timeout=900)
+    assert row["status"] == "ok", f"{stem}: {row['error']} (executed copy: {row['output']})"

@@ -3,7 +3,8 @@
 - no lecture notebook starts ranks itself (`par.runtime.launch.run`, `launch.run`, `!torchrun`, multiprocessing);
 - every cell name the registry knows for a notebook is used by that notebook (a string in its code), and
   every `course.find` call in a notebook names a cell the registry knows;
-- lecture 07's launches in the registry are exactly those `par.train.suite.run_suite` makes.
+- lecture 07's launches in the registry are exactly those `par.train.suite.run_suite` makes;
+- the work a notebook does in its own kernel is the registry's (`course.in_kernel`), so the dry run checks it.
 Static: the notebooks are read, not executed (tests/test_notebooks.py executes them).
 """
 from __future__ import annotations
@@ -73,6 +74,14 @@ def test_every_registered_cell_is_used_by_its_notebook(path):
             assert nb.value == path.stem, ast.unparse(c)
         if isinstance(cell, ast.Constant):
             assert cell.value in course.CELLS[path.stem], ast.unparse(c)
+
+
+@pytest.mark.parametrize("path", LECTURES, ids=lambda p: p.stem)
+def test_in_kernel_work_is_asked_of_the_registry(path):
+    asked = [c for c in calls(code(path)) if ast.unparse(c.func) == "course.in_kernel"]
+    assert all(isinstance(c.args[0], ast.Constant) and c.args[0].value == path.stem for c in asked)
+    registered = [k.cell for k in course.kernel_work(path.stem, 2, "gloo", "tiny", 20)]
+    assert sorted(c.args[1].value for c in asked) == sorted(registered), f"{path.name} sizes its own kernel work"
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])

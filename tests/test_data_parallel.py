@@ -259,6 +259,20 @@ def test_overlap_fraction():
     assert overlap_fraction(spans, 1) == 0.0
 
 
+@pytest.mark.parametrize("wrapper", [NaiveDP, functools.partial(BucketedDP, bucket_bytes=1024)])
+def test_on_a_gpu_every_span_is_timed_by_cuda_events(wrapper):
+    """A one-process step with a recorder on "cuda:0" (fake events, tests/test_timeline.py): every span lies
+    between two of its marks, none on the CPU clock, which on a GPU would time the launches, not the work."""
+    from test_timeline import FakeCudaRecorder, GpuClock
+    rec = FakeCudaRecorder(GpuClock())
+    dp = wrapper(TinyMLP(), recorder=rec)
+    F.mse_loss(dp(torch.randn(4, 10)), torch.zeros(4, 5)).backward()
+    dp.sync_gradients()
+    names = {e.name for e in rec._entries}
+    assert "B" in names and names & {"all-reduce", "AR0"}
+    assert all(type(e).__name__ == "_EventSpan" for e in rec._entries), "a span on the CPU clock"
+
+
 def test_stale_updates_and_stability_limit():
     centers = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
     assert stale_sgd(centers, 0.5, 60, 0)[-1] < 1e-6

@@ -7,7 +7,10 @@
 - a synthetic registry of the launches as the notebooks made them before issue 18 (TP degree 8 on 12
   heads, a single-process reference of the whole pipeline batch, a 1-rank baseline on the CPU, fixed
   300 s timeouts) is caught, each problem by its kind;
-- `python -m par batch --dry-run` prints the table and the problems, exit 0 or 2.
+- the notebooks' own work in their kernel (demos, one-process references) is sized down or skipped, with the
+  reason, at gpt3-small; the dry run refuses in-kernel work that does not fit the host or GPU 0, and catches
+  the kernels' work as issue 28 found it (a 16 x 2048 fp32 step on GPU 0, a 64 x 2048 reference on the host);
+- `python -m par batch --dry-run` prints the table, the in-kernel work and the problems, exit 0 or 2.
 """
 from __future__ import annotations
 
@@ -169,3 +172,74 @@ def test_cli_dry_run_needs_the_gpu_memory():
 def test_bytes_are_read_like_a_person_writes_them():
     assert batch.parse_bytes("80e9") == 80e9 and batch.parse_bytes("40GB") == 40e9
     assert batch.parse_bytes("40 GiB") == 40 * 2 ** 30 and batch.parse_bytes("8000000000") == 8e9
+
+
+# ---------------------------------------------------------------- the notebooks' own work, in their kernel
+def kernel_problems(problems) -> list:
+    return [p for p in problems if "in the notebook's kernel" in p.where]
+
+
+def test_in_kernel_work_scales_down_or_is_skipped_at_gpu_presets():
+    """Issue 28: lecture 07 trained gpt3-small's 3D reference (64 x 2048 tokens, ~290 GB) on the host, and 05 and 06
+    ran an fp32 gpt3-small step on 16 x 2048 tokens (~75 GB) on GPU 0, inside the notebook's kernel."""
+    for world_size in (1, 8):
+        works = {k.cell: k for nb in course.KERNEL for k in course.kernel_work(nb, world_size, "nccl", GPT3, 200)}
+        assert set(works) == {"naive model parallel", "fp16 demos", "recomputation", "3D reference"}
+        for k in works.values():
+            assert k.skipped or k.memory() <= course.KERNEL_MEMORY, k
+        for cell in ("naive model parallel", "fp16 demos", "recomputation"):   # sized down, never skipped
+            k = works[cell]
+            assert not k.skipped and k.batch * k.tokens < 16 * model_preset(GPT3).block_size, k
+        assert works["fp16 demos"].device == works["recomputation"].device == "gpu"
+        assert works["3D reference"].skipped, "no one-process gpt3-small reference in the kernel"
+    reason = course.in_kernel("07_putting_it_together", "3D reference", 8, "nccl", GPT3, 200).skipped
+    assert reason.startswith("64 x 2048 tokens of gpt3-small on the host would need ") and "GB in the notebook's kernel" in reason
+    assert "needs 8 GPUs and this server has 1" in course.in_kernel(
+        "07_putting_it_together", "3D reference", 1, "nccl", GPT3, 20).skipped
+    # the tiny course keeps its demos whole: 16 sequences of the whole context, the 3D row's own batches
+    tiny = {k.cell: k for nb in course.KERNEL for k in course.kernel_work(nb, 2, "gloo", "tiny", 20)}
+    assert (tiny["fp16 demos"].batch, tiny["fp16 demos"].tokens) == (16, model_preset("tiny").block_size)
+    assert not tiny["3D reference"].skipped and tiny["3D reference"].device == "host"
+
+
+def test_dry_run_refuses_in_kernel_work_that_does_not_fit_the_host_or_the_gpu():
+    _, problems = course.dry_run(8, "nccl", GPT3, 200, 80e9, host_memory=4e9)
+    (host,) = kernel_problems(problems)
+    assert host.kind == "memory" and host.where == "03_pipelines [naive model parallel] in the notebook's kernel"
+    assert "of host memory > 4.00 GB" in host.message and "gpt3-small on the host" in host.message
+    _, problems = course.dry_run(1, "nccl", GPT3, 20, 6e9, host_memory=512e9)
+    assert [p.where for p in kernel_problems(problems)] == ["05_mixed_precision [fp16 demos] in the notebook's kernel"]
+    assert "per GPU > 6.00 GB" in kernel_problems(problems)[0].message
+    assert kernel_problems(course.dry_run(8, "nccl", GPT3, 200, 80e9, host_memory=512e9)[1]) == []
+
+
+def test_dry_run_catches_the_in_kernel_work_issue_28_found():
+    """The kernels' work as the notebooks did it before issue 28, as data: refused on 40 GB GPUs with 128 GB of host."""
+    cfg = model_preset(GPT3)
+
+    def nb05(W, backend, preset, steps):    # an fp32 step of 16 x 2048 tokens and its fp16 copies on GPU 0
+        return [course.KernelWork("05_mixed_precision", "fp16 demos", cfg, 16, 2048, "gpu", GPT3, optimizer="adam",
+                                  states=20.0)]
+
+    def nb07(W, backend, preset, steps):    # the 3D row's one-process reference: 5 steps of 64 x 2048 on the host
+        return [course.KernelWork("07_putting_it_together", "3D reference", cfg, 64, 2048, "host", GPT3,
+                                  optimizer="adam", steps=5)]
+    _, problems = course.dry_run(4, "nccl", GPT3, 200, 40e9, host_memory=128e9,
+                                 kernel_registry={"05_mixed_precision": nb05, "07_putting_it_together": nb07})
+    found = {p.where.split(" ")[0]: p for p in kernel_problems(problems)}
+    assert set(found) == {"05_mixed_precision", "07_putting_it_together"}
+    assert "per GPU > 40.00 GB" in found["05_mixed_precision"].message
+    assert "of host memory > 128.00 GB" in found["07_putting_it_together"].message
+
+
+def test_cli_dry_run_prints_the_in_kernel_work_and_refuses_a_small_host(capsys):
+    args = ["--dry-run", "--backend", "nccl", "--preset", GPT3, "--steps", "200", "--world-size", "8",
+            "--gpu-memory", "80e9"]
+    assert batch.main([*args, "--host-memory", "512GB"]) == 0
+    out = capsys.readouterr().out
+    assert "05_mixed_precision [fp16 demos] in the notebook's kernel" in out and "skipped: 64 x 2048 tokens" in out
+    assert batch.main([*args, "--host-memory", "4GB"]) == 2
+    problems = [line for line in capsys.readouterr().out.splitlines() if line.startswith("problem: ")]
+    (line,) = problems
+    assert line.startswith("problem: 03_pipelines [naive model parallel] in the notebook's kernel: predicted ")
+    assert line.endswith(" GB of host memory > 4.00 GB (1 x 2048 tokens of gpt3-small on the host)")

@@ -5,18 +5,27 @@ only after it is waited. The emulation makes gloo behave so; tests/workers/nccl_
 on 3 ranks in both modes (the `p2p_env` fixture of conftest.py, which other equivalence tests use too):
 one Work per batch, poisoned buffers before wait and the right data after, the ring collectives agree
 with torch, and the pattern that broke the pipeline on NCCL reads garbage, visibly, only under emulation.
+
+Unbatched `isend` / `send` must find their receive posted, and nobody sends to itself outside a group: lecture
+00's old ring (every rank isends, then irecvs) fails under the emulation and its grouped `send_recv` passes;
+no p2p call in par is unbatched.
 """
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from par.comm import collectives
 from par.runtime import launch, nccl_emulation
+from tiers import slow
 
 WORKER = str(Path(__file__).parent / "workers" / "nccl_emulation_check.py")
+PAR = Path(__file__).resolve().parent.parent / "par"
+EMULATED = {nccl_emulation.ENV: "1", nccl_emulation.SEND_TIMEOUT_ENV: "3"}   # a hang shows in 3 s
 
 
 def test_both_modes_are_offered(p2p_env):
@@ -38,14 +47,59 @@ def test_p2p_semantics(p2p_env):
 
 
 def test_install_is_idempotent_and_reversible():
-    original = dist.batch_isend_irecv
+    names = ("batch_isend_irecv", "isend", "irecv")
+    original = [getattr(dist, n) for n in names]
     try:
         nccl_emulation.install()
         nccl_emulation.install()
-        assert dist.batch_isend_irecv is nccl_emulation.batch_isend_irecv
+        for n in names:
+            assert getattr(dist, n) is getattr(nccl_emulation, n) is getattr(dist.distributed_c10d, n)
+        assert dist.P2POp.__new__(dist.P2POp, dist.isend, torch.zeros(1)), "P2POp accepts the emulated isend"
     finally:
         nccl_emulation.uninstall()
-    assert dist.batch_isend_irecv is original
+    assert [getattr(dist, n) for n in names] == original
+
+
+def test_the_emulation_fails_lecture_00s_old_unbatched_ring_and_passes_its_grouped_one():
+    with pytest.raises(launch.LaunchError, match="UnmatchedSend: rank [0-2]: an unbatched send to rank"):
+        launch.run(WORKER, nproc=3, env=EMULATED, args=["--ring", "isend"], timeout=120, quiet=True)
+    show = launch.run("par.comm.job", nproc=3, env=EMULATED, args=["--parts", "show"], timeout=120,
+                      quiet=True)["show"]["send_recv"]
+    assert show["after"] == [show["before"][(r - 1) % 3] for r in range(3)]
+
+
+@slow
+def test_unbatched_sends_that_gloo_runs_or_hangs_on_fail_under_the_emulation():
+    ok = launch.run(WORKER, nproc=3, args=["--ring", "isend"], timeout=120, quiet=True)
+    assert ok["correct"] == [True] * 3, "gloo runs the old ring: only the emulation shows the NCCL hang"
+    with pytest.raises(launch.LaunchError, match="UnmatchedSend"):      # blocking: gloo itself would hang
+        launch.run(WORKER, nproc=3, env=EMULATED, args=["--ring", "send"], timeout=120, quiet=True)
+    with pytest.raises(launch.LaunchError, match=r"SelfSend: .*itself outside a group.*ncclInvalidUsage"):
+        launch.run(WORKER, nproc=1, env=EMULATED, args=["--ring", "self"], timeout=120, quiet=True)
+    assert launch.run(WORKER, nproc=1, env=EMULATED, args=["--ring", "grouped"], timeout=120,
+                      quiet=True)["correct"] == [True]
+    one = launch.run("par.comm.job", nproc=1, env=EMULATED, args=["--parts", "show"], timeout=120, quiet=True)
+    assert one["show"]["send_recv"]["after"] == one["show"]["send_recv"]["before"]
+
+
+def unbatched_p2p_calls(path: Path) -> list[str]:
+    """`<x>.isend(...)`, `.irecv(...)`, `.send(...)`, `.recv(...)` called in a file (a P2POp's `dist.isend` is no call)."""
+    tree = ast.parse(path.read_text())
+    return [f"{path.relative_to(PAR.parent)}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute) and n.func.attr in ("isend", "irecv", "send", "recv")]
+
+
+def test_every_point_to_point_path_in_par_is_grouped():
+    found = [c for p in sorted(PAR.rglob("*.py")) if p.name != "nccl_emulation.py" for c in unbatched_p2p_calls(p)]
+    assert found == [], "post sends and receives together: par.comm.collectives.send_recv"
+    assert not hasattr(collectives, "send") and not hasattr(collectives, "recv")
+
+
+def test_a_send_to_oneself_is_a_copy():
+    t, got = torch.arange(3.0), torch.zeros(3)
+    assert collectives.send_recv(sends=[(t, 0)], recvs=[(got, 0)]) == [] and torch.equal(got, t)
+    with pytest.raises(ValueError, match="sends itself 1 tensors but receives 0"):
+        collectives.send_recv(sends=[(t, 0)])
 
 
 def test_coalesced_work_writes_the_caller_buffer_only_on_wait():

@@ -5,7 +5,10 @@
 - it opens with a title, "what you will learn" and "how to run";
 - its parameters cell follows the course convention (the batch overrides exactly those four names);
 - notebooks/ and exercises/ hold no outputs (solutions/ keep theirs: they are strict nbval's reference, see
-  tests/test_exercises.py).
+  tests/test_exercises.py);
+- the notebooks whose launches drop the single-process reference for a long context (block size > 256, as
+  gpt3-small's) run with the small long-context preset `tiny-long` (issue 28: lecture 04 printed the reference's
+  `max_param_diff` unguarded).
 """
 import ast
 from pathlib import Path
@@ -14,7 +17,9 @@ import nbformat
 import pytest
 from tiers import slow
 
+from par.course import launches as course
 from par.course.run_notebooks import run_one
+from par.model import preset
 
 ROOT = Path(__file__).resolve().parents[1]
 LECTURES = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -33,6 +38,27 @@ def name(path: Path) -> str:
 def test_lecture_executes_with_papermill(path, tmp_path):
     row = run_one(path, tmp_path / path.name, parameters={}, timeout=CELL_TIMEOUT)
     assert row["status"] == "ok", f"{path.name}: {row['error']} (executed copy: {row['output']})"
+
+
+LONG = "tiny-long"       # tiny's widths, a long context: the path gpt3-small takes, in seconds on a CPU
+
+
+def test_the_long_context_preset_takes_the_no_reference_path():
+    assert preset(LONG).block_size > 256 and preset(LONG).d_model == preset("tiny").d_model
+    (tp,) = course.find("04_tensor_parallel", "TP training", 2, "gloo", LONG, 20)
+    assert tp.args.no_reference
+    assert not any(l.args.check for l in course.launches("09_mixture_of_experts", 2, "gloo", LONG, 20))
+
+
+@slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("stem", ["04_tensor_parallel", "09_mixture_of_experts"])
+def test_lecture_runs_without_the_single_process_reference(stem, tmp_path):
+    path = ROOT / "notebooks" / f"{stem}.ipynb"
+    row = run_one(path, tmp_path / path.name, parameters={"world_size": 2, "backend": "gloo", "preset": LONG,
+                                                          "steps": 5}, timeout=CELL_TIMEOUT)
+    assert row["status"] == "ok", f"{path.name}: {row['error']} (executed copy: {row['output']})"
+    assert not {"tp_max_param_diff", "ep_max_param_diff"} & set(row["records"]), "no reference, no difference to it"
 
 
 @pytest.mark.parametrize("path", LECTURES, ids=name)

@@ -19,7 +19,8 @@ from par.pp import p2p_plan, sim as sim, schedules
 from par.data import CharDataset, global_batches
 from par.model import TinyMLP, build, lm_loss, preset
 from par.pp.naive_mp import NaiveModelParallel
-from par.pp.pipeline import Pipeline, PipelineError, split_microbatches
+from par.pp.pipeline import ActionCosts, Pipeline, PipelineError, split_microbatches
+from test_timeline import FakeEvent, GpuClock
 
 WORKER = Path(__file__).parent / "workers" / "pp_equivalence.py"
 _RESULTS: dict = {}
@@ -144,6 +145,48 @@ def test_one_rank_with_chunks_equals_the_model():
     ref_loss.backward()
     assert loss == pytest.approx(ref_loss.item(), abs=1e-6)
     assert max((a.grad - b.grad).abs().max().item() for a, b in zip(model.parameters(), ref.parameters())) < 1e-6
+
+
+def test_action_costs_are_cpu_time_on_the_cpu_and_cuda_events_on_a_gpu(monkeypatch):
+    cpu = ActionCosts(torch.device("cpu"))
+    with cpu.action("F0"):
+        sum(range(200_000))
+    with cpu.action("B0"):
+        pass
+    assert set(cpu.seconds()) == {"F0", "B0"} and cpu.seconds()["F0"] > cpu.seconds()["B0"] >= 0
+    gpu, synced = GpuClock(), []
+
+    class Event(FakeEvent):
+        def synchronize(self):
+            synced.append(self.t)
+    monkeypatch.setattr(ActionCosts, "_event", lambda self: Event(gpu.t, "current"))
+    costs = ActionCosts(torch.device("cuda", 0))
+    gpu.t = 1.0
+    with costs.action("F0"):           # the CPU only launches: the GPU runs F0 from 1.0 s to 1.5 s ...
+        gpu.t = 1.5
+    gpu.t = 3.0
+    with costs.action("B0"):           # ... and B0 (on autograd's device thread) from 3.0 s to 4.25 s
+        gpu.t = 4.25
+    assert costs.seconds() == {"F0": 0.5, "B0": 1.25} and synced == [4.25], "read after the last event"
+
+
+def test_a_pipeline_step_reports_each_actions_cost():
+    cfg = preset("tiny")
+    x, y = next(global_batches(CharDataset(block_size=cfg.block_size), 4, 1, seed=4))
+    pipe = Pipeline(build(cfg, seed=3).to_layers(), schedules.gpipe(1, 2), lm_loss)
+    pipe.step(x, y)
+    assert set(pipe.cpu_s) == {"F0", "F1", "B0", "B1"} and all(s > 0 for s in pipe.cpu_s.values())
+
+
+@pytest.mark.gpu
+def test_on_a_real_gpu_backward_costs_more_than_nothing():
+    """Backward runs on autograd's device thread: the caller's CPU time would read ≈ 0, CUDA events do not."""
+    cfg = preset("small")
+    x, y = next(global_batches(CharDataset(block_size=cfg.block_size), 16, 1, seed=4))
+    pipe = Pipeline(build(cfg, seed=3).to_layers(), schedules.gpipe(1, 2), lm_loss, device="cuda:0")
+    for _ in range(2):
+        pipe.step(x, y)
+    assert pipe.cpu_s["B0"] > 0.5 * pipe.cpu_s["F0"] > 0
 
 
 def test_naive_model_parallel_on_cpu_equals_one_device():

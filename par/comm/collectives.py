@@ -25,8 +25,9 @@ for a whole `batch_isend_irecv`).
 
 Every call is written to the communication log (`par.comm.commlog`) with the bytes
 this rank sent. The `all_reduce` / `reduce_scatter` / `all_gather` /
-`broadcast` / `send` / `recv` front doors choose the ring (`impl="ring"`) or
-torch.distributed (`impl="torch"`) and log either way. `group_size` and
+`broadcast` front doors choose the ring (`impl="ring"`) or torch.distributed
+(`impl="torch"`) and log either way; `send_recv` is the one door to point-to-point
+(every send and receive in one group, as NCCL needs them). `group_size` and
 `group_rank` are the one home of "how many of us, and which one am I";
 `ring_neighbours` of "whom do I send to, and receive from, in the ring".
 The asynchronous communication thread lives in `par.comm.thread`.
@@ -409,18 +410,17 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- point to point
-def send(tensor: torch.Tensor, dst: int, group=None):
-    """Non-blocking point-to-point send to global rank `dst`; returns the request (wait on it)."""
-    req = dist.isend(tensor.contiguous(), dst, group=group)
-    commlog.record("send", tensor.numel(), tensor.numel() * tensor.element_size(), 2, "torch")
-    return req
-
-
-def recv(tensor: torch.Tensor, src: int, group=None):
-    """Non-blocking receive from global rank `src` into `tensor`; returns the request (wait on it)."""
-    req = dist.irecv(tensor, src, group=group)
-    commlog.record("recv", tensor.numel(), 0, 2, "torch")
-    return req
+def _copy_to_self(sends, recvs) -> tuple[list, list]:
+    """Sends to this rank copied into its receives from itself, in order (NCCL does so inside a group; gloo
+    cannot send to itself); returns the sends and receives that remain, which have other peers."""
+    me = dist.get_rank() if dist.is_initialized() else 0
+    mine, theirs = [t for t, dst in sends if dst == me], [t for t, src in recvs if src == me]
+    if len(mine) != len(theirs):
+        raise ValueError(f"rank {me} sends itself {len(mine)} tensors but receives {len(theirs)} from itself")
+    with torch.no_grad():
+        for t, into in zip(mine, theirs):
+            into.copy_(t)
+    return [(t, dst) for t, dst in sends if dst != me], [(t, src) for t, src in recvs if src != me]
 
 
 def send_recv(sends=(), recvs=(), group=None) -> list:
@@ -428,12 +428,14 @@ def send_recv(sends=(), recvs=(), group=None) -> list:
 
     Non-blocking; wait on every request. Under NCCL the operations start as one group
     (`batch_isend_irecv`), so two ranks that each send to the other before receiving cannot
-    block each other. Ranks are global. Logged as `send` / `recv` events.
+    block each other (an unbatched send may wait until its receive is posted). Ranks are global; a send
+    to this rank is a copy into its receive from itself, nothing sent. Logged as `send` / `recv` events.
     """
-    ops = [dist.P2POp(dist.isend, t.contiguous(), dst, group) for t, dst in sends]
-    ops += [dist.P2POp(dist.irecv, t, src, group) for t, src in recvs]
+    sends, recvs = _copy_to_self(sends, recvs)
     for t, _ in sends:
         commlog.record("send", t.numel(), t.numel() * t.element_size(), 2, "torch")
     for t, _ in recvs:
         commlog.record("recv", t.numel(), 0, 2, "torch")
+    ops = [dist.P2POp(dist.isend, t.contiguous(), dst, group) for t, dst in sends]
+    ops += [dist.P2POp(dist.irecv, t, src, group) for t, src in recvs]
     return dist.batch_isend_irecv(ops) if ops else []

@@ -88,9 +88,8 @@ def show_collectives(env, numel: int = 4) -> dict:
     t = start()
     got = torch.zeros(numel, device=dev)
     before = _values(t)
-    reqs = [C.send(t, (r + 1) % n), C.recv(got, (r - 1) % n)]
-    for req in reqs:
-        req.wait()
+    for work in C.send_recv(sends=[(t, (r + 1) % n)], recvs=[(got, (r - 1) % n)]):   # one group, as NCCL needs
+        work.wait()
     out["send_recv"] = (before, _values(got))
 
     ranks = _everyone(out)

@@ -18,6 +18,10 @@ for a server of `world_size` GPUs with `gpu_memory` bytes each, without touching
     time     predicted seconds = STARTUP_S + Σ steps × (planner step time + per-layer overhead)
              <= the launch's timeout <= the batch's cell timeout; the launches of one cell
              together <= the cell timeout
+    kernel   what a notebook computes in its own process (`KernelWork`: demos, one-process
+             references; `kernel_work(notebook, ...)`, `in_kernel(notebook, cell, ...)`), sized by the
+             same four parameters to at most KERNEL_MEMORY or skipped with the reason: its predicted
+             bytes <= gpu_memory (on GPU 0) or <= host_memory (on the host)
 
 Timeouts scale with the work: `scaled_timeout(work, backend)` is SAFETY × the time predicted on
 a deliberately slow reference device (fp32 without TF32 on a GPU, a few GFLOP/s on a CPU) plus
@@ -365,10 +369,12 @@ SWEEP_NUMEL = 4096                                                # bytes counte
 
 
 def launches_00(W, backend, preset, steps):
+    """Lecture 00. On one rank (a one-GPU server) no "show": every collective of one rank is the identity, and
+    its send/recv around the ring would have no neighbour but the rank itself (the notebook says so)."""
     nb = "00_distributed_basics"
     out = [launch(nb, "collectives", W, comm_job.Args(
-        parts=("env", "show", "trace", "bytes", "timing"), sizes=COLLECTIVE_SIZES, bytes_sizes=COUNTED_SIZES,
-        reps=9, warmup=2), backend)]
+        parts=("env", "show", "trace", "bytes", "timing") if W > 1 else ("env", "trace", "bytes", "timing"),
+        sizes=COLLECTIVE_SIZES, bytes_sizes=COUNTED_SIZES, reps=9, warmup=2), backend)]
     gpus = on_gpus(backend, W)
     for n in world_sizes({2, 3, 4}, W, backend):
         if n != W:          # timings only where each rank has a core (or GPU) of its own, else the latency point
@@ -645,6 +651,149 @@ def notebook_timeout(found: list[Launch]) -> float:
     return max(CELL_TIMEOUT_S, max(cells.values(), default=0.0) + NOTEBOOK_S)
 
 
+# ---------------------------------------------------------------- work a notebook does in its own kernel
+KERNEL_MEMORY = 8e9     # the most an in-kernel demo or reference is sized to (a laptop's share of its memory)
+MIN_TOKENS = 128        # a demo shortens its sequences down to this before it is skipped
+
+
+@dataclass(frozen=True)
+class KernelWork:
+    """Work a notebook does in its own process (the Jupyter kernel), not in a launched job: a demo, or a
+    single-process reference. `kernel_work` sizes it from the batch's four parameters, as `launches` sizes the
+    jobs, so the notebook runs it at that size and the dry run checks exactly that.
+
+    batch, tokens   `batch` sequences of `tokens` tokens (<= model.block_size) of `model`, the model the notebook
+                    builds; a demo halves them until `memory()` <= KERNEL_MEMORY (`sized`)
+    device          where its tensors live: "gpu" (cuda:0 of a GPU server) or "host" (the CPU's memory)
+    memory()        the planner's peak of `steps` steps of `batch` x `tokens` in `precision` with `optimizer`
+                    (sgd: forward and backward only, no optimizer state) + `states` bytes per parameter of the
+                    other models the notebook keeps alive meanwhile (an fp32 model and its gradients: 8)
+    skipped         why it does not run at these parameters ("" when it runs): the notebook prints it"""
+    notebook: str
+    cell: str
+    model: object            # par.model.GPTConfig
+    batch: int
+    tokens: int
+    device: str              # gpu | host
+    label: str = ""          # the model in a few words ('gpt3-small')
+    precision: str = "fp32"
+    optimizer: str = "sgd"
+    steps: int = 1
+    states: float = 0.0
+    skipped: str = ""
+
+    def training(self) -> Training:
+        """The work in the planner's terms (the model's context cut to `tokens`)."""
+        return Training(replace(self.model, block_size=self.tokens), self.batch, precision=self.precision,
+                        optimizer=self.optimizer, steps=self.steps, label=self.cell)
+
+    def memory(self) -> float:
+        """Predicted bytes at the peak, on `device` (whether or not it is skipped)."""
+        from par.memory.accounting import param_count
+        return self.training().memory(CPU) + self.states * param_count(self.model)
+
+    def name(self) -> str:
+        return f"{self.notebook} [{self.cell}] in the notebook's kernel"
+
+    def describe(self) -> str:
+        return f"{self.batch} x {self.tokens} tokens of {self.label or 'GPT-lite'} on the {self.device}"
+
+
+def kernel_device(backend: str, world_size: int) -> str:
+    """Where a notebook's own demos run: GPU 0 on a GPU server (the launches on GPUs), else the host."""
+    return "gpu" if on_gpus(backend, world_size) else "host"
+
+
+def sized(notebook: str, cell: str, model, batch: int, device: str, shrink: bool = True, **fields_) -> KernelWork:
+    """`batch` sequences of the model's whole context, halved (the batch first, then the tokens down to
+    MIN_TOKENS) until the work fits KERNEL_MEMORY; skipped, with the reason, where even the smallest does not
+    fit, or at once where `shrink` is False (a reference must see the batches of the job it checks)."""
+    work = KernelWork(notebook, cell, model, batch, model.block_size, device, **fields_)
+    while shrink and work.memory() > KERNEL_MEMORY and (work.batch > 1 or work.tokens > MIN_TOKENS):
+        work = replace(work, batch=work.batch // 2) if work.batch > 1 else \
+            replace(work, tokens=max(MIN_TOKENS, work.tokens // 2))
+    if work.memory() > KERNEL_MEMORY:
+        return replace(work, skipped=f"{work.describe()} would need {format_bytes(work.memory())} in the "
+                                     f"notebook's kernel, more than the {format_bytes(KERNEL_MEMORY)} that in-kernel "
+                                     f"work may take (par.course.launches.KERNEL_MEMORY)")
+    return work
+
+
+def kernel_03(W, backend, preset, steps):
+    """Naive model parallelism on 2-4 devices beside one model on the host, on the same 16 sequences (the single
+    model and its gradients stay alive: 8 bytes per parameter). Counted on the host (the CPU devices when
+    the machine has fewer GPUs; with GPUs the host holds only the single model)."""
+    return [sized("03_pipelines", "naive model parallel", model_preset(preset), 16, "host", label=preset, states=8.0)]
+
+
+def kernel_05(W, backend, preset, steps):
+    """Sections 3-5: an fp32 model's gradients on 16 sequences, fp16 copies (MixedPrecision: fp16 weights and
+    gradients, fp32 masters and their gradients) on the same batch, then the eight steps with Adam on at most 8
+    of them. The fp32 model and the last fp16 copy stay alive until the launches: 8 + 12 bytes per parameter."""
+    return [sized("05_mixed_precision", "fp16 demos", model_preset(preset), 16, kernel_device(backend, W),
+                  label=preset, optimizer="adam", states=8.0 + 12.0)]
+
+
+def kernel_06(W, backend, preset, steps):
+    """The recomputation timing: steps on 16 sequences with and without full recomputation, on the preset where a
+    GPU computes (on a CPU 'small', where compute dominates the step)."""
+    device = kernel_device(backend, W)
+    timing = preset if device == "gpu" else "small"
+    return [sized("06_zero", "recomputation", model_preset(timing), 16, device, label=timing)]
+
+
+def kernel_07(W, backend, preset, steps):
+    """The one-process reference of the 3D row, trained on the host on the row's own global batches (never
+    shrunk: it must see what the row saw); skipped where the row does not run (it needs 8 GPUs)."""
+    from par.train import suite
+    from par.train.config import model_config, parse
+    gpus = on_gpus(backend, W)
+    row = suite.plan_rows(["3D"], W, preset, 2, bench_steps(steps), W if gpus else cores())["3D"]
+    if "error" in row:
+        return [KernelWork("07_putting_it_together", "3D reference", model_preset(preset), 0, 0, "host",
+                           label=preset, skipped=row["error"])]
+    tc = parse(row["config"], row["nproc"])
+    work = sized("07_putting_it_together", "3D reference", model_config(tc), tc.train_batch_size, "host",
+                 shrink=False, label=suite.model_label(row["config"]["model"]), optimizer=tc.optimizer,
+                 steps=tc.steps)
+    if gpus and row["nproc"] > W:
+        work = replace(work, skipped=f"the 3D row needs {row['nproc']} GPUs and this server has {W}: it does not "
+                                     f"run, so there is nothing to compare with")
+    return [work]
+
+
+KERNEL = {
+    "03_pipelines": kernel_03,
+    "05_mixed_precision": kernel_05,
+    "06_zero": kernel_06,
+    "07_putting_it_together": kernel_07,
+}
+
+
+def kernel_work(notebook: str, world_size: int, backend: str = "auto", preset: str = "tiny", steps: int = 20,
+                registry=None) -> list[KernelWork]:
+    """What `notebook` computes in its own kernel with these parameters ([] for a notebook that only launches)."""
+    registry = KERNEL if registry is None else registry
+    key = notebook.rsplit("/", 1)[-1].removesuffix(".ipynb")
+    return registry[key](world_size, backend, preset, steps) if key in registry else []
+
+
+def in_kernel(notebook: str, cell: str, world_size: int, backend: str = "auto", preset: str = "tiny",
+              steps: int = 20) -> KernelWork:
+    """The in-kernel work of one cell of a notebook, sized for these parameters (`skipped` says why it does not run)."""
+    found = [k for k in kernel_work(notebook, world_size, backend, preset, steps) if k.cell == cell]
+    if len(found) != 1:
+        known = ", ".join(k.cell for k in kernel_work(notebook, world_size, backend, preset, steps)) or "none"
+        raise CourseError(f"{notebook} has no in-kernel work {cell!r}; it has: {known}")
+    return found[0]
+
+
+def host_memory_here() -> float:
+    """Bytes of physical memory of this machine."""
+    import os
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
 # ---------------------------------------------------------------- the checker
 @dataclass(frozen=True)
 class Problem:
@@ -705,15 +854,35 @@ def check(launch_: Launch, world_size: int, gpu_memory: float, cell_timeout: flo
     return Estimate(launch_, backend, memory, seconds), problems
 
 
+def check_kernel(work: KernelWork, gpu_memory: float, host_memory: float) -> list[Problem]:
+    """The problem of one piece of in-kernel work: its predicted memory above GPU 0's (device "gpu") or the
+    host's (device "host"). A skipped one has none: the notebook says why and goes on."""
+    if work.skipped:
+        return []
+    need = work.memory()
+    if work.device == "gpu" and need > gpu_memory:
+        return [Problem(work.name(), "memory", f"predicted {format_bytes(need)} per GPU > {format_bytes(gpu_memory)} "
+                                              f"({work.describe()})")]
+    if work.device == "host" and need > host_memory:
+        return [Problem(work.name(), "memory", f"predicted {format_bytes(need)} of host memory > "
+                                               f"{format_bytes(host_memory)} ({work.describe()})")]
+    return []
+
+
 def dry_run(world_size: int, backend: str = "nccl", preset: str = "gpt3-small", steps: int = 200,
             gpu_memory: float = 80e9, cell_timeout: float | None = None, notebooks=None, registry=None,
-            gpu_flops: float | None = None):
-    """(estimates, problems) for every launch of every notebook (default: all registered), in order.
+            gpu_flops: float | None = None, host_memory: float | None = None, kernel_registry=None):
+    """(estimates, problems) for every launch of every notebook (default: all registered), in order, then
+    the notebook's in-kernel work (`kernel_work`: against GPU 0's memory or `host_memory`, default this
+    machine's: the dry run is meant to run on the server).
 
     `cell_timeout` None: each notebook gets the batch's automatic one (`notebook_timeout`). Backend
-    "auto" is NCCL there: the imagined server has a GPU per rank."""
+    "auto" is NCCL there: the imagined server has a GPU per rank. A custom `registry` comes without
+    in-kernel work unless `kernel_registry` is given."""
+    kernels = (KERNEL if registry is None else {}) if kernel_registry is None else kernel_registry
     registry = REGISTRY if registry is None else registry
     backend = "nccl" if backend == "auto" else backend     # the imagined server has a GPU per rank
+    host = host_memory_here() if host_memory is None else host_memory
     estimates, problems = [], []
     for nb in (notebooks or list(registry)):
         cells: dict = {}
@@ -730,6 +899,8 @@ def dry_run(world_size: int, backend: str = "nccl", preset: str = "gpt3-small", 
                 problems.append(Problem(f"{nb} [{cell}]", "time", f"its {len(ests)} launches together are predicted "
                                         f"{total:.0f} s > the batch's cell timeout {timeout:.0f} s: "
                                         f"pass --timeout {60 * math.ceil(total / 60):.0f}"))
+        for work_ in kernel_work(nb, world_size, backend, preset, steps, kernels):
+            problems += check_kernel(work_, gpu_memory, host)
     return estimates, problems
 
 
@@ -741,4 +912,15 @@ def format_estimates(estimates: list[Estimate]) -> str:
         mem = "?" if math.isnan(e.memory) else format_bytes(e.memory)
         sec = "?" if math.isnan(e.seconds) else f"{e.seconds:.0f} s"
         lines.append(f"{e.launch.name()[:72]:<72} {e.backend:>7} {mem:>11} {sec:>10} {e.launch.timeout:>6.0f} s")
+    return "\n".join(lines)
+
+
+def format_kernel(works: list[KernelWork]) -> str:
+    """A table of the in-kernel work: one per line, its size and predicted memory on its device, or why it is skipped."""
+    head = f"{'in-kernel work':<66} {'device':>6} {'memory':>11}  size"
+    lines = [head, "-" * len(head)]
+    for k in works:
+        size = f"skipped: {k.skipped}" if k.skipped else f"{k.batch} x {k.tokens} tokens of {k.label}"
+        mem = "-" if k.skipped else format_bytes(k.memory())
+        lines.append(f"{k.name()[:66]:<66} {k.device:>6} {mem:>11}  {size}")
     return "\n".join(lines)

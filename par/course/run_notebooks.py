@@ -7,8 +7,9 @@
 Before anything runs, the backend is checked against this machine (`par.runtime.preflight`): NCCL
 without a GPU per rank stops at once (`BackendError`, exit 2). On a GPU server the batch also
 checks each notebook's launches (`par.course.launches`) and does not run a notebook it knows will fail
-(a layout its degrees cannot split, a launch that needs more GPUs or more memory than there are):
-its row says "not run" and why.
+(a layout its degrees cannot split, a launch that needs more GPUs or more memory than there are); on any
+machine it does not run one whose in-kernel work (`par.course.launches.kernel_work`) needs more memory than
+GPU 0 or the host has. Its row says "not run" and why.
 
 Each `notebooks/*.ipynb` (sorted) runs top to bottom in a fresh kernel "python3" of
 this interpreter, with its `parameters` cell overridden by world_size, backend,
@@ -21,8 +22,10 @@ the error's first line, or not run), its duration, and the key numbers it left w
 The exit code is 1 when any notebook failed or was not run.
 
 `--dry-run` runs nothing: it checks every launch of every notebook for a server of
-`--world-size` GPUs with `--gpu-memory` bytes each (`par.course.launches.dry_run`), prints the predicted
-memory and time per launch, then one line per problem; exit 0 when everything fits, else 2.
+`--world-size` GPUs with `--gpu-memory` bytes each (`par.course.launches.dry_run`), and the work each
+notebook does in its own kernel (demos, single-process references) against GPU 0 and `--host-memory`
+(default: this machine's); it prints the predicted memory and time per launch, the in-kernel work, then
+one line per problem; exit 0 when everything fits, else 2.
 """
 from __future__ import annotations
 
@@ -117,8 +120,9 @@ def gpu_memory_here() -> float | None:
 
 def known_failures(notebook: Path, parameters: dict) -> tuple[list, float | None]:
     """(problems that make this notebook fail here, its automatic cell timeout); ([], None) when the
-    course registry does not know the notebook. Problems count only on a GPU server (backend NCCL):
-    the layouts that cannot split, the launches that need more GPUs or more memory than there are."""
+    course registry does not know the notebook. Its in-kernel work (`par.course.launches.kernel_work`) that
+    needs more memory than GPU 0 or this machine's host memory has; on a GPU server (backend NCCL) also the
+    layouts that cannot split, the launches that need more GPUs or more memory than there are."""
     from par.course import launches as course
     if notebook.stem not in course.REGISTRY:
         return [], None
@@ -130,13 +134,15 @@ def known_failures(notebook: Path, parameters: dict) -> tuple[list, float | None
               f"running it unchecked", flush=True)
         return [], None
     timeout = course.notebook_timeout(found)
+    memory = gpu_memory_here() or float("inf")
+    kernel = [problem for k in course.kernel_work(notebook.stem, p["world_size"], p["backend"], p["preset"], p["steps"])
+              for problem in course.check_kernel(k, memory, course.host_memory_here())]
     from par.runtime.preflight import choose_backend
     if choose_backend(p["world_size"], p["backend"]) != "nccl":
-        return [], timeout
-    memory = gpu_memory_here() or float("inf")
+        return kernel, timeout
     problems = [problem for l in found for problem in course.check(l, p["world_size"], memory, timeout)[1]
                 if problem.kind in ("layout", "memory")]
-    return problems, timeout
+    return problems + kernel, timeout
 
 
 def run(notebooks, out_root: Path, parameters: dict, timeout: float | None = None) -> dict:
@@ -220,12 +226,18 @@ def dry_run(args) -> int:
     from par.course import launches as course
     if args.gpu_memory is None and args.backend != "gloo":
         raise course.CourseError("--dry-run imagines a GPU server: give its memory per GPU, e.g. --gpu-memory 80e9")
+    host = course.host_memory_here() if args.host_memory is None else args.host_memory
     estimates, problems = course.dry_run(args.world_size, args.backend, args.preset, args.steps,
-                                         args.gpu_memory or float("inf"), args.timeout, gpu_flops=args.gpu_flops)
+                                         args.gpu_memory or float("inf"), args.timeout, gpu_flops=args.gpu_flops,
+                                         host_memory=host)
     memory = f"{args.gpu_memory / 1e9:g} GB" if args.gpu_memory else "CPU"
     print(f"dry run: {args.world_size} x {memory}, backend {args.backend}, preset {args.preset}, "
-          f"{args.steps} steps\n")
+          f"{args.steps} steps; host memory {host / 1e9:g} GB\n")
     print(course.format_estimates(estimates) + "\n")
+    backend = "nccl" if args.backend == "auto" else args.backend
+    kernel = [k for nb in course.REGISTRY for k in course.kernel_work(nb, args.world_size, backend, args.preset,
+                                                                       args.steps)]
+    print(course.format_kernel(kernel) + "\n")
     for problem in problems:
         print(f"problem: {problem}")
     print(f"{len(estimates)} launches checked: " + (f"{len(problems)} problem(s)" if problems else "everything fits"))
@@ -240,7 +252,7 @@ def main(argv=None) -> int:
                         help=f"ranks per launched job; GPUs on a GPU server (default min(4, cores) = "
                              f"{default_world_size()})")
     parser.add_argument("--backend", default="auto", help="auto | gloo | nccl (default auto)")
-    parser.add_argument("--preset", default="tiny", help="GPT-lite preset: tiny | small | gpt3-small")
+    parser.add_argument("--preset", default="tiny", help="GPT-lite preset: tiny | small | gpt3-small | tiny-long")
     parser.add_argument("--steps", type=int, default=20, help="training steps where a notebook trains")
     parser.add_argument("--out", type=Path, default=Path("runs"), help="runs/<time>/ goes here")
     parser.add_argument("--notebooks", default="notebooks/*.ipynb", help="glob of notebooks to run")
@@ -250,6 +262,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", action="store_true",
                         help="run nothing: check every launch for a server of --world-size GPUs of --gpu-memory bytes")
     parser.add_argument("--gpu-memory", type=parse_bytes, default=None, help="bytes per GPU for --dry-run: 80e9, 40GB")
+    parser.add_argument("--host-memory", type=parse_bytes, default=None,
+                        help="the server's host memory for --dry-run (the notebooks' own work on the CPU): 512GB "
+                             "(default: this machine's)")
     parser.add_argument("--gpu-flops", type=float, default=None,
                         help="achieved FLOP/s of one GPU for --dry-run (default: an A100's, fp32 without TF32)")
     args = parser.parse_args(argv)

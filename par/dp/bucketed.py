@@ -107,10 +107,12 @@ class BucketedDP(nn.Module):
         optimizer.step()
 
     `impl="ring"` runs par's ring on the communication thread (`par.comm.thread`); `impl="torch"` uses
-    `dist.all_reduce(async_op=True)`. `compression` (see `par.dp.compression`) replaces each bucket's exact
-    average by a lossy one. `recorder` (a `par.timeline.Recorder`) gets spans "B" (backward compute),
-    "sync" (waiting at its end) and "AR<i>" (bucket i's all-reduce, lane "comm"), every time read
-    from the recorder's own clock.
+    `dist.all_reduce(async_op=True)` (on a GPU issued from that thread too). On a GPU the thread runs them on a
+    CUDA stream of its own, so they overlap backward on the device, not only on the host. `compression` (see
+    `par.dp.compression`) replaces each bucket's exact average by a lossy one. `recorder` (a
+    `par.timeline.Recorder`) gets spans "B" (backward compute), "sync" (waiting at its end) and "AR<i>"
+    (bucket i's all-reduce, lane "comm"), every time read from the recorder's own clock (on a GPU, AR<i>
+    between CUDA events on the comm stream).
     """
 
     def __init__(self, module: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES, impl: str = "ring",
@@ -210,7 +212,7 @@ class BucketedDP(nn.Module):
         else:
             compression, group, impl = self.compression, self.group, self.impl
             self.buckets[i].pending = comm_thread.run_async(
-                lambda: compression.average(flat, key=i, group=group, impl=impl), recorder=rec)
+                lambda: compression.average(flat, key=i, group=group, impl=impl), recorder=rec, tensors=[flat])
 
     def _end_of_backward(self) -> None:
         """Every gradient is computed: send what is left (unused parameters as zeros), wait, write back."""

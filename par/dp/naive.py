@@ -94,7 +94,8 @@ class NaiveDP(nn.Module):
 
     `compression` (see `par.dp.compression`) replaces the exact average by a lossy one over a single
     flat gradient. `recorder` (a `par.timeline.Recorder`) gets a "B" span per backward and an
-"all-reduce" span (lane "comm") per sync.
+    "all-reduce" span (lane "comm") per sync, between its marks (`Recorder.mark()`: CUDA events on a GPU,
+    where the CPU clock would time the kernels' launch, not their work).
     """
 
     def __init__(self, module: nn.Module, impl: str = "ring", group=None, compression=None, recorder=None):
@@ -112,9 +113,9 @@ class NaiveDP(nn.Module):
 
     def _backward_starts(self, grad):
         """Timeline only: note when backward begins and ask autograd to tell us when it ends."""
-        start = self.recorder.now()
+        start = self.recorder.mark()
         torch.autograd.Variable._execution_engine.queue_callback(
-            lambda: self.recorder.add("B", start, self.recorder.now()))
+            lambda: self.recorder.add("B", start, self.recorder.mark()))
 
     @contextmanager
     def no_sync(self):
@@ -124,7 +125,7 @@ class NaiveDP(nn.Module):
 
     def sync_gradients(self) -> None:
         """Average the gradients across ranks (exactly, or through the compressor)."""
-        start = self.recorder.now() if self.recorder else 0.0
+        start = self.recorder.mark() if self.recorder else None
         if self.compression is None:
             average_gradients(self.params, self.impl, self.group)
         else:
@@ -132,4 +133,4 @@ class NaiveDP(nn.Module):
             self.compression.average(flat, key="all", group=self.group, impl=self.impl)
             unflatten_into_grads(flat, self.params)
         if self.recorder:
-            self.recorder.add("all-reduce", start, self.recorder.now(), lane="comm")
+            self.recorder.add("all-reduce", start, self.recorder.mark(), lane="comm")

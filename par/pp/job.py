@@ -19,11 +19,11 @@ accumulates their gradients (loss_i / m), so it never holds more than one micro-
 
 Rank 0 saves {"world_size", "backend", "config", "runs": [...]}; each run follows the job result
 contract (losses, step_s, per_rank) and adds: schedule, m, v, dp, batch, micro_batch_size, text,
-bounds, spans (every action of the last timed step, wall clock, with its CPU time `cpu_s`),
-bubble (median over the timed steps of the measured idle fraction) and bubble_steps, bubble_formula,
-costs (median CPU seconds of each stage's forward and backward, for the simulator), memory (per
-rank: activation peak, micro-batches in flight), bytes (per rank and step, by kind:
-pipeline sends, data-parallel gradients) and the max_*diff of --check.
+bounds, spans (every action of the last timed step, wall clock, with its cost `cpu_s`: CPU time, on a GPU
+CUDA-event time, `par.pp.pipeline.ActionCosts`), bubble (median over the timed steps of the measured idle
+fraction) and bubble_steps, bubble_formula, costs (median `cpu_s` of each stage's forward and backward, for
+the simulator), memory (per rank: activation peak, micro-batches in flight), bytes (per rank and step, by
+kind: pipeline sends, data-parallel gradients) and the max_*diff of --check.
 """
 from __future__ import annotations
 

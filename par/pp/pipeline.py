@@ -27,8 +27,9 @@ they were posted, so a test can compare them with the plan.
 
 A `par.timeline.Recorder` passed to `step` gets one span per action ("F3", "B3@1") on
 every rank (and, with `record_comm`, one "wait" span per blocking wait in lane "comm"); its
-`gather()` brings the timeline to rank 0. `cpu_s` holds each action's CPU time of the last step
-(`time.thread_time()`): what the action cost when ranks share cores and wall time does not tell.
+`gather()` brings the timeline to rank 0. `cpu_s` holds what each action of the last step cost
+(`ActionCosts`): on the CPU its thread's CPU time (`time.thread_time()`), what the action cost when ranks
+share cores and wall time does not tell; on a GPU the seconds between CUDA events around it.
 """
 from __future__ import annotations
 
@@ -61,6 +62,43 @@ def split_microbatches(batch: torch.Tensor, m: int) -> list[torch.Tensor]:
                             f"use a batch divisible by {m} (e.g. {lower or upper} or {upper}) "
                             f"or a number of micro-batches that divides {batch.size(0)}")
     return list(batch.split(batch.size(0) // m))
+
+
+class ActionCosts:
+    """What each action of a step cost, in seconds.
+
+    On the CPU: this thread's CPU time in the action (`time.thread_time()`). On a GPU that would read ≈ 0:
+    the thread only launches kernels, and backward's run on autograd's device thread. There the cost is the
+    time between two CUDA events recorded on the current stream before and after the action (the GPU's time
+    from the moment it could start the action to the end of its last kernel), read after the step.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks = {}     # action -> (start, end): CPU seconds or CUDA events
+
+    def _event(self):
+        """A timing event recorded now on the current stream (a test can replace it)."""
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _now(self):
+        return self._event() if self.cuda else time.thread_time()
+
+    @contextmanager
+    def action(self, name: str):
+        start = self._now()
+        yield
+        self.marks[name] = (start, self._now())
+
+    def seconds(self) -> dict:
+        """{action: seconds}; on a GPU after the last event (all on one stream, so every earlier one) happened."""
+        if not self.cuda:
+            return {name: end - start for name, (start, end) in self.marks.items()}
+        if self.marks:
+            next(reversed(self.marks.values()))[1].synchronize()
+        return {name: start.elapsed_time(end) / 1e3 for name, (start, end) in self.marks.items()}
 
 
 class Pipeline:
@@ -104,7 +142,7 @@ class Pipeline:
         self._shapes = {}
         self.memory = {}
         self.executed = []   # the last step's groups as posted: [[(kind, peer, message), ...], ...]
-        self.cpu_s = {}      # the last step's CPU seconds per action: {"F3": 0.012, ...}
+        self.cpu_s = {}      # the last step's cost per action (`ActionCosts`): {"F3": 0.012, ...}
 
     # ------------------------------------------------------------ bookkeeping
     @property
@@ -176,18 +214,16 @@ class Pipeline:
                     run.post(item)
                     continue
                 run.wait_for(item)
-                cpu = time.thread_time()
-                with span(str(item)):
+                with span(str(item)), run.costs.action(str(item)):
                     if item.kind == "F":
                         run.forward(item)
                     else:
                         run.backward(item)
-                run.cpu_s[str(item)] = time.thread_time() - cpu
             run.wait()
         if run.saved or run.inbox or run.outbox:
             raise RuntimeError(f"rank {self.rank}: step ended with work left: saved {sorted(run.saved)}, "
                                f"unread messages {sorted(run.inbox)}, unsent {sorted(run.outbox)}")
-        self.executed, self.cpu_s = run.executed, run.cpu_s
+        self.executed, self.cpu_s = run.executed, run.costs.seconds()
         if run.mem:
             self.memory = run.mem.summary()
         return float(run.loss) if run.loss is not None else None
@@ -204,7 +240,7 @@ class _Step:
         self.inbox = {}                   # message -> tensor received (and waited for) or handed over locally
         self.outbox = {}                  # message -> tensor computed here, waiting for its group
         self.in_flight = None             # (works, {message: buffer}, tensors sent) of the group posted last
-        self.executed, self.cpu_s = [], {}
+        self.executed, self.costs = [], ActionCosts(pipe.device)
         self.waiting = nullcontext
         self.loss = None
         self.mem = _MemoryMeter(pipe.parameters()) if pipe.track_memory else None

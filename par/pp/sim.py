@@ -368,9 +368,10 @@ def bubble_ratio(spans: list[dict], lane: str = "compute") -> float:
 def stage_costs(spans: list[dict], schedule: Schedule, clock: str = "wall") -> tuple[list[float], list[float]]:
     """Median duration of the F and of the B actions of every stage in a recorded timeline.
 
-    `clock="wall"` uses each span's start and end; `clock="cpu"` the CPU time the rank's thread
-    spent in the action (`cpu_s`, recorded by `par.pp.pipeline` with `time.thread_time()`), which
-    does not count the time a rank waited for a core when ranks share cores. Feed them to
+    `clock="wall"` uses each span's start and end; `clock="cpu"` the action's own cost (`cpu_s`, recorded
+    by `par.pp.pipeline.ActionCosts`): on the CPU the time the rank's thread spent in it
+    (`time.thread_time()`), which does not count the time a rank waited for a core when ranks share
+    cores; on a GPU the time between CUDA events around it. Feed them to
     `simulate` to get the timeline the schedule would have with those costs and nothing else
     (no waiting for messages, no noise): simulated next to executed.
     """

@@ -18,7 +18,8 @@ memory per device (bytes)
                plus one layer rebuilt in full during backward: the peak is not L·2·s·b·h alone.
 
 step time (seconds), with nothing overlapped (an upper bound):
-    compute    (6·Ψ·B·s + 12·L·B·s²·d) FLOPs / (N · achieved FLOP/s)        (forward 1/3, backward 2/3)
+    compute    (6·N_mm + 12·L·s·d)·B·s FLOPs / (N · achieved FLOP/s)    (forward 1/3, backward 2/3; N_mm the
+               weights that multiply activations, `par.mfu.flops_per_token`)
     bubble     compute · (pp - 1)/m                                          (1F1B: (m + p - 1)/m of compute)
     dp         gradients (`zero_bytes_per_step`): c·(dp-1)/dp · g·Ψ_dev bytes / bandwidth of the dp group, c = 2 for
                ZeRO-0/1 (all-reduce, or reduce-scatter + all-gather, once per step), m + 1 for ZeRO-2
@@ -42,6 +43,7 @@ import functools
 import math
 from dataclasses import asdict, dataclass, field, replace
 
+from par import mfu
 from par.memory import accounting as memory
 from par.pp import partition
 from par.cp.ring_attention import ring_attention_bytes_even
@@ -180,10 +182,10 @@ def activation_bytes(w: Workload, micro_batch: int, layers: int, in_flight: int,
 
 
 def step_flops(w: Workload) -> float:
-    """6·Ψ·tokens + 12·L·B·s²·d: the matmuls of forward and backward (attention scores included);
+    """(6·N + 12·L·s·d)·B·s: the matmuls of forward and backward, N the weights that multiply activations
+    (`par.mfu.flops_per_token`: no embedding lookup, the LM head counted, the attention scores included);
     × 4/3 with full recomputation (a second forward)."""
-    cfg = w.model
-    flops = 6 * memory.param_count(cfg) * w.global_batch * w.seq + 12 * cfg.n_layer * w.global_batch * w.seq ** 2 * cfg.d_model
+    flops = mfu.flops_per_token(w.model, w.seq) * w.global_batch * w.seq
     return flops * (4 / 3 if w.recompute == "full" else 1)
 
 
@@ -363,8 +365,8 @@ def predict_moe(w: Workload, moe: MoE, world: int, ep: int, zero_stage: int = 0,
     memory    states of the replicated Ψ_r over `world` ranks + states of the rank's experts Ψ_e over the
               world/ep ranks that hold them (`par.memory.accounting.moe_param_count`, `model_state_bytes`); activations
               as the dense model's (the dispatch buffers, f·k·b·s·d per layer, are left out)
-    compute   the active parameters: the router picks k experts per token, so 6·Ψ_active·B·s with
-              Ψ_active = Ψ_r + k·L·expert (`step_flops` of a dense model whose FFN is k times wider)
+    compute   the active parameters: the router picks k experts per token, so `step_flops` of a dense model
+              whose FFN is k times wider (its MLP matmuls k·L·2·d·f)
     dp        gradients: Ψ_r over all ranks, Ψ_e over world/ep (`zero_bytes_per_step`)
     ep        4 all-to-alls per layer (dispatch, combine, and both backward), each
               (ep-1)/ep · E·C·d values, C = ceil(f·k·b·s/E) (`par.moe.experts.alltoall_formula_bytes`);

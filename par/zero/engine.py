@@ -224,7 +224,8 @@ class Zero:
                 return fn(*args, group=self.group, impl=self.impl, **kw)
 
     def _comm_async(self, name: str, fn, *args, **kw):
-        """Run a collective on the communication thread (recorded there, on the comm lane, as it runs)."""
+        """Run a collective on the communication thread (recorded there, on the comm lane, as it runs; on a GPU
+        on the comm stream, `par.comm.thread`)."""
         out = []
 
         def job():
@@ -234,7 +235,7 @@ class Zero:
                 else:
                     with self.rec.span(name, lane="comm"):
                         out.append(fn(*args, group=self.group, impl=self.impl, **kw))
-        pending = comm_thread.run_async(job)
+        pending = comm_thread.run_async(job, tensors=[a for a in args if isinstance(a, torch.Tensor)])
         pending.result = out
         return pending
 

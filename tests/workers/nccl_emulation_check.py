@@ -8,8 +8,15 @@ poisoned       what the receive buffers held before the Work was waited: float N
 correct        the buffers after wait() equal what the left neighbour sent
 ring           par's ring all-reduce / reduce-scatter / all-gather equal torch's (they wait every Work)
 old_pattern_ok the pre-issue-18 pipeline pattern (wait only `reqs[len(sends):]`, then read) read the right data
+
+With `--ring PATTERN` it runs one exchange around the ring instead and saves {"world_size", "correct"}:
+`isend` (lecture 00's old code: every rank isends right, then irecvs from the left, unbatched), `send` (the
+same with blocking dist.send / dist.recv), `grouped` (par.comm.collectives.send_recv: one group) or `self`
+(an unbatched isend to this very rank). Under the emulation the unbatched ones fail, as NCCL may hang.
 """
 from __future__ import annotations
+
+import argparse
 
 import torch
 import torch.distributed as dist
@@ -28,8 +35,35 @@ def exchange(env, dtype):
     return dist.batch_isend_irecv(ops), got, torch.arange(5, dtype=dtype) + 10 * ((r - 1) % n)
 
 
+def exchange_around_the_ring(env, pattern: str) -> bool:
+    """One exchange around the ring by `pattern` (module docstring); True when the left neighbour's data arrived."""
+    n, r = env.world_size, env.rank
+    mine, got = torch.arange(5.0) + 10 * r, torch.zeros(5)
+    right, left = (r + 1) % n, (r - 1) % n
+    if pattern == "isend":
+        for req in [dist.isend(mine, right), dist.irecv(got, left)]:
+            req.wait()
+    elif pattern == "send":
+        dist.send(mine, right)
+        dist.recv(got, left)
+    elif pattern == "grouped":
+        for work in C.send_recv(sends=[(mine, right)], recvs=[(got, left)]):
+            work.wait()
+    else:
+        dist.isend(mine, r).wait()
+    return torch.equal(got, torch.arange(5.0) + 10 * left)
+
+
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ring", choices=["isend", "send", "grouped", "self"])
+    pattern = parser.parse_args().ring
     env = par.runtime.dist.init()
+    if pattern:
+        correct = par.runtime.dist.gather_object(exchange_around_the_ring(env, pattern))
+        par.runtime.dist.save_result({"world_size": env.world_size, "correct": correct})
+        par.runtime.dist.teardown()
+        return
     out = {"emulated": dist.batch_isend_irecv is nccl_emulation.batch_isend_irecv}
     poisoned, correct, works = [], [], []
     for dtype in (torch.float32, torch.int64):
