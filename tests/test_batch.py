@@ -95,7 +95,7 @@ def test_a_notebook_that_cannot_work_on_the_gpu_server_is_not_run(tmp_path, monk
     monkeypatch.setattr("par.runtime.preflight.choose_backend", lambda *a, **k: "nccl")   # as if on a GPU server
     monkeypatch.setattr(batch, "run_one", lambda *a: pytest.fail("the notebook was run"))
     summary = batch.run([tmp_path / "10_records.ipynb"], tmp_path / "runs", {"world_size": 8, "backend": "nccl",
-                                                                          "preset": "tiny", "steps": 20})
+                                                                             "preset": "tiny", "steps": 20})
     (row,) = summary["notebooks"]
     assert row["status"] == "not run" and summary["failed"] == 1
     assert "tp 8 does not divide n_head 4" in row["error"] and row["error"].startswith("10_records [TP]")

@@ -223,7 +223,7 @@ def test_counted_bytes_equal_formula(case):
                     assert row["bytes"] == 2 * (row["n"] - 1) / row["n"] * size_bytes
                 kinds.add((row["impl"], row["kind"], row["native"]))
                 if row["impl"] == "ring" or row["numel"] % row["n"] == 0 and (row["native"] or
-                                                                             row["kind"] != "reduce_scatter"):
+                                                                              row["kind"] != "reduce_scatter"):
                     case = (key, row["kind"], row["impl"], row["native"], size_bytes, row["n"])
                     totals[case] += row["bytes"]
                     rows[case] += 1

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from par.comm import collectives
 from par.dp import compression
 from par.dp.async_gossip import (gossip_sgd, latency_steps, max_stable_lr, ring_mixing_matrix, rounds_to_spread,
-                              stale_sgd)
+                                 stale_sgd)
 from par.dp.batch_size import BatchSizeError, check_batch_identity, resolve_batch
 from par.data import CharDataset, global_batches
 from par.dp.wrap import overlap_fraction, split_micro, train_step

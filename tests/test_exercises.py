@@ -246,7 +246,7 @@ def test_record_stores_outputs_that_strict_nbval_then_compares(tmp_path, warm_ca
     (course / "tests").mkdir()
     shutil.copy(ROOT / "tests" / "nbval_sanitize.cfg", course / "tests" / "nbval_sanitize.cfg")
     broken = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("raise ValueError('broken solution')",
-                                                                      metadata={"tags": ["check"], "points": 1})],
+                                                                       metadata={"tags": ["check"], "points": 1})],
                                       metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}})
     nbformat.write(broken, course / "solutions" / "50_broken.ipynb")
     assert exercises_cli.main(["record", "--root", str(course)]) == 1  # 50_broken raises: reported, left alone

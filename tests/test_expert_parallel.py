@@ -22,7 +22,7 @@ TOL = 1e-5
 _CACHE: dict = {}
 # one launch per world size; the 3-rank one also under NCCL's point-to-point rules (each launch costs ~30 s)
 LAUNCHES = pytest.mark.parametrize("n, env", tiered([(2, {}), (3, {}), (3, {nccl_emulation.ENV: "1"}), (4, {})],
-                                                   lambda c: ("nccl-emulation-" if c[1] else "gloo-") + str(c[0])))
+                                                    lambda c: ("nccl-emulation-" if c[1] else "gloo-") + str(c[0])))
 
 
 def run_worker(n: int, env: dict) -> dict:

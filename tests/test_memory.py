@@ -246,7 +246,7 @@ def test_cuda_peak_is_none_on_cpu():
 # ---------------------------------------------------------------- the launched job
 def test_job_on_two_ranks_predicted_equals_measured():
     r = par.runtime.launch.run("par.memory.job", nproc=2, timeout=180, quiet=True,
-                       args=["--optimizers", "adam,momentum,sgd", "--precisions", "fp32,bf16", "--steps", "3"])
+                               args=["--optimizers", "adam,momentum,sgd", "--precisions", "fp32,bf16", "--steps", "3"])
     assert r["world_size"] == 2 and r["numel"] == memory.param_count("tiny")
     psi = r["numel"]
     for precision in ("fp32", "bf16"):

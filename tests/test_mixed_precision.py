@@ -256,7 +256,7 @@ def ranks(request):
     n, emulated = request.param
     if request.param not in _RESULTS:   # emulated: batch_isend_irecv as under NCCL (one Work, data valid after wait)
         _RESULTS[request.param] = par.runtime.launch.run(str(WORKER), nproc=n, timeout=400, quiet=True,
-                                                 env={"PAR_NCCL_EMULATION": "1"} if emulated else None)
+                                                         env={"PAR_NCCL_EMULATION": "1"} if emulated else None)
     return n, _RESULTS[request.param]
 
 

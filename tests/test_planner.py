@@ -187,8 +187,8 @@ def test_a_failed_launch_is_one_line_naming_the_rank_error(monkeypatch):
     import par.runtime.launch
     from par.train.suite import run_suite
     e = par.runtime.launch.LaunchError("rank 1 failed: ValueError: the real reason\nrank 1's output:\n"
-                               "[default1]:Traceback (most recent call last):\n[default1]:  File \"x.py\", line 3\n"
-                               "[default1]:ValueError: the real reason\n[default0]:exiting")
+                                       "[default1]:Traceback (most recent call last):\n[default1]:  File \"x.py\", line 3\n"
+                                       "[default1]:ValueError: the real reason\n[default0]:exiting")
 
     def fail(module, nproc, args, **kw):
         raise e
@@ -212,7 +212,7 @@ def test_a_failing_benchmark_launch_raises_its_own_error_in_one_line(monkeypatch
 
     def fail(module, nproc, args, **kw):
         raise par.runtime.launch.LaunchError("rank 0 failed: RuntimeError: Gloo connectFullMesh failed\n"
-                                     "[default0]:RuntimeError: Gloo connectFullMesh failed")
+                                             "[default0]:RuntimeError: Gloo connectFullMesh failed")
     monkeypatch.setattr(par.runtime.launch, "run", fail)
     with pytest.raises(BenchmarkError, match=r"^single on 1 ranks: .*RuntimeError: Gloo connectFullMesh failed$"):
         run_suite(["single", "DDP"], nproc=2, strict=True)

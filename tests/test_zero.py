@@ -34,7 +34,7 @@ def run(request, tmp_path_factory):
     if request.param not in _RESULTS:
         root = tmp_path_factory.mktemp(f"zero{n}")
         _RESULTS[request.param] = par.runtime.launch.run(str(WORKER), nproc=n, args=[str(root)], timeout=600, quiet=True,
-                                                 env=EMULATION if emulated else None)
+                                                         env=EMULATION if emulated else None)
     return _RESULTS[request.param]
 
 
@@ -270,7 +270,7 @@ TREE_RUNS = [(50, False), (20, True)]   # (random module trees, NCCL emulation)
 def trees(request):
     count, emulated = request.param
     result = par.runtime.launch.run(str(TREES), nproc=2, args=[count, 0], timeout=900, quiet=True,
-                            env=EMULATION if emulated else None)
+                                    env=EMULATION if emulated else None)
     return count, result["ranks"]
 
 
@@ -429,7 +429,7 @@ def test_full_recomputation_gives_the_same_gradients():
 @pytest.mark.parametrize("n,emulated", tiered([(2, False), (4, False), (2, True)], lambda c: f"{c[0]}-{c[1]}"))
 def test_partitioned_activation_checkpoints_keep_one_tth_per_tp_rank(n, emulated):
     r = par.runtime.launch.run("par.zero.activations_job", nproc=n, args=["--batch", 4], timeout=300, quiet=True,
-                       env=EMULATION if emulated else None)
+                               env=EMULATION if emulated else None)
     m = r["modes"]
     assert r["tp"] == n and set(m) == {"none", "full", "partitioned"}
     sbh_e = r["batch"] * r["seq"] * r["d_model"] * r["bytes_per_value"]
@@ -450,10 +450,10 @@ def test_train_zero_job_contract_fsdp2_and_resharding_4_to_2(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     common = ["--preset", "tiny", "--steps", 3, "--batch", 8, "--timeline-runs", ""]
     four = par.runtime.launch.run("par.zero.job", nproc=4, timeout=600, quiet=True,
-                          args=["--runs", "1,3", "--checkpoint", ckpt, "--checkpoint-run", "3", "--checkpoint-step", 2,
+                                  args=["--runs", "1,3", "--checkpoint", ckpt, "--checkpoint-run", "3", "--checkpoint-step", 2,
                                 *common])
     two = par.runtime.launch.run("par.zero.job", nproc=2, timeout=600, quiet=True,
-                         args=["--runs", "3,fsdp2,3+resume,2+bf16", "--resume", ckpt, *common])
+                                 args=["--runs", "3,fsdp2,3+resume,2+bf16", "--resume", ckpt, *common])
     for res, n in ((four, 4), (two, 2)):
         assert res["world_size"] == n and res["backend"] == "gloo"
         for run in res["runs"]:

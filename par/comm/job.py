@@ -185,7 +185,7 @@ def time_all_reduce(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> li
                      "ring_q": quartiles(times["ring"]), "torch_q": quartiles(times["torch"]),
                      "ratio_q": quartiles(paired)})
         par.runtime.dist.print0(f"  {numel:>10,} floats  ring {ring * 1e3:8.2f} ms  torch {torch_ * 1e3:8.2f} ms  "
-                        f"ratio {rows[-1]['ratio']:.2f}")
+                                f"ratio {rows[-1]['ratio']:.2f}")
     return rows
 
 

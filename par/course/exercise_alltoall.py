@@ -75,7 +75,7 @@ def main(argv=None) -> int:
         dist.all_reduce(worst, dist.ReduceOp.MAX)
         cases.append({"name": name, "max_error": worst[0].item(), "own_block_ok": worst[1].item() == 0})
     par.runtime.dist.save_result({"world_size": n, "backend": env.backend, "nccl_emulation": nccl_emulation.enabled(),
-                          "cases": cases})
+                                  "cases": cases})
     par.runtime.dist.teardown()
     return 0
 

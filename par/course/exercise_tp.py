@@ -78,8 +78,8 @@ def main(argv=None) -> int:
     everyone = par.runtime.dist.gather_object(mine_)
     if r == 0:
         par.runtime.dist.save_result({"world_size": n, "backend": env.backend,
-                              "errors": {k: max(p["errors"][k] for p in everyone) for k in errors},
-                              "all_reduce": mine_["all_reduce"], "per_rank": everyone})
+                                      "errors": {k: max(p["errors"][k] for p in everyone) for k in errors},
+                                      "all_reduce": mine_["all_reduce"], "per_rank": everyone})
     par.runtime.dist.teardown()
     return 0
 

@@ -290,7 +290,7 @@ def score(assembled: Assembled, run: nbval_run.Run, reference, timeout: float, c
     elif run.timed_out:
         grade.status = "timeout"
         grade.reason = f"ran past the {timeout:g} s limit" + (f" in {where(run.running)}" if run.running is not None
-                                                             else "") + "; it was stopped"
+                                                              else "") + "; it was stopped"
     elif run.cell_timeouts:
         grade.status = "timeout"
         grade.reason = "; ".join(f"{where(i)} ran past the {cell_timeout:g} s cell limit" for i in run.cell_timeouts)

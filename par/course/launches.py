@@ -389,7 +389,7 @@ def launches_01(W, backend, preset, steps):
     b = per_rank_batch(model_preset(preset), 8)
     return [launch("01_memory", "measured model states", W, memory_job.Args(
         preset=preset, steps=steps, optimizers=("adam", "momentum", "sgd"), precisions=("fp32", "bf16"), batch=b),
-        backend)]
+                   backend)]
 
 
 def bucket_kb(cfg) -> float:
@@ -590,7 +590,7 @@ def launches_09(W, backend, preset, steps):
     if 4 in world_sizes({4}, W, backend):
         out.append(launch(nb, "EP inside DP", 4, moe_job.Args(
             preset=preset, steps=max(1, min(steps, 3)), batch=b, experts=4, k=2, ep=2, alphas=(0.1,), check=check),
-            backend))
+                          backend))
     return out
 
 

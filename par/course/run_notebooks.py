@@ -106,7 +106,7 @@ def not_run(notebook: Path, output: Path, problems: list) -> dict:
     """The summary row of a notebook the batch did not run, because its launches cannot work here."""
     return {"notebook": notebook.name, "status": "not run", "error": f"{problems[0]}" + (
         f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""),
-        "problems": [str(p) for p in problems], "duration_s": 0.0, "records": {}, "output": None}
+            "problems": [str(p) for p in problems], "duration_s": 0.0, "records": {}, "output": None}
 
 
 def gpu_memory_here() -> float | None:

@@ -113,7 +113,7 @@ def train_one(args, variant: str, comp_name: str, env) -> dict:
             timeline = rec.gather()
     numel = sum(p.numel() for p in model.parameters())
     per_rank = par.runtime.dist.gather_object({"losses": losses, "step_s": times, "bytes_sent_per_step": sent,
-                                       "param_hash": param_hash(model)})
+                                               "param_hash": param_hash(model)})
     result = {
         "dp": variant, "compression": comp_name, "impl": args.impl, "world_size": n, "backend": env.backend,
         "batch": asdict(sizes) | {"per_rank": sizes.per_rank}, "preset": args.preset, "numel": numel,

@@ -120,8 +120,8 @@ def main(argv=None) -> int:
     par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "runs": runs})
     for run_ in runs:
         par.runtime.dist.print0(f"alpha {run_['alpha']}: loss {run_['losses'][0]:.3f} -> {run_['losses'][-1]:.3f}, "
-                        f"dropped {run_['dropped'][-1]:.1%}, all-to-all {run_['alltoall_bytes']['measured']} B/step "
-                        f"(formula {run_['alltoall_bytes']['formula']})")
+                                f"dropped {run_['dropped'][-1]:.1%}, all-to-all {run_['alltoall_bytes']['measured']} B/step "
+                                f"(formula {run_['alltoall_bytes']['formula']})")
     par.runtime.dist.teardown()
     return 0
 

@@ -216,7 +216,7 @@ def main(argv=None):
                 print(f"{kind:>11} m={m:<3} step {r['median_step_s'] * 1e3:8.1f} ms   "
                       f"{bubble}formula {r['bubble_formula']:.3f}", flush=True)
     par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "preset": args.preset,
-                          "config": cfg.to_dict(), "runs": runs})
+                                  "config": cfg.to_dict(), "runs": runs})
     if dist.is_initialized():
         par.runtime.dist.teardown()
 

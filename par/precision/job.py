@@ -129,7 +129,7 @@ def train_one(args, dtype: str, env) -> dict:
     _, activations = saved_activation_bytes(lambda: lm_loss(model(x).float(), y), exclude=params)
     precision = "fp32" if dtype == "fp32" else "mixed"
     per_rank = par.runtime.dist.gather_object({"loss": log["loss"], "time": log["time"], "hash": param_hash(model),
-                                       "skipped": log["skipped"]})
+                                               "skipped": log["skipped"]})
     result = {"dtype": dtype, "world_size": n, "backend": env.backend, "preset": args.preset, "numel": numel,
               "batch": args.batch, **{k: log[k] for k in ("scale", "skipped", "grad_norm", "lr", "grad_bytes")},
               "memory": mem and {**mem, "predicted": memory.model_state_bytes(numel, 1, 0, precision,

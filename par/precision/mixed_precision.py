@@ -279,7 +279,7 @@ class MixedPrecision:
         and each optimizer state (Adam: exp_avg = momentum, exp_avg_sq = variance)."""
         out = {f"{self.dtype_name} weights": sum(p.numel() * p.element_size() for p in self.params),
                f"{self.dtype_name} grads": sum(p.grad.numel() * p.grad.element_size()
-                                              for p in self.params if p.grad is not None),
+                                               for p in self.params if p.grad is not None),
                "fp32 master weights": sum(m.numel() * m.element_size() for m in self.masters),
                "fp32 master grads": sum(m.grad.numel() * m.grad.element_size()
                                         for m in self.masters if m.grad is not None)}

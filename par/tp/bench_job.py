@@ -115,7 +115,7 @@ def main(argv=None) -> int:
             rows.append({"module": kind, "impl": name, "step_s": worst, "param_bytes": local_param_bytes(m),
                          "max_err": errs[name]})
     par.runtime.dist.save_result({"world_size": n, "backend": env.backend, "preset": args.preset,
-                          "batch_size": args.batch_size, "rows": rows, "loadavg": _loadavg()})
+                                  "batch_size": args.batch_size, "rows": rows, "loadavg": _loadavg()})
     par.runtime.dist.teardown()
     return 0
 

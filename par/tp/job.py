@@ -148,8 +148,8 @@ def main(argv=None) -> int:
     par.runtime.dist.save_result(result)
     timed = result["step_s"][1:] or result["step_s"]
     par.runtime.dist.print0(f"TP={n}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
-                    f"{sum(timed) / len(timed) * 1e3:.1f} ms/step, "
-                    f"{result['comm']['tp_bytes_per_step_measured']} bytes sent per step per rank")
+                            f"{sum(timed) / len(timed) * 1e3:.1f} ms/step, "
+                            f"{result['comm']['tp_bytes_per_step_measured']} bytes sent per step per rank")
     par.runtime.dist.teardown()
     return 0
 

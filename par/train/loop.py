@@ -47,8 +47,8 @@ def stack(tc: TrainConfig, model, grid: Grid):
     """The engine the config asks for, on this rank's part of the grid."""
     if tc.pp == 1 and tc.tp == 1:
         return ZeroDataParallel(model, grid, microbatches=tc.grad_accum, stage=tc.zero_stage, optimizer=tc.optimizer,
-                            lr=tc.lr, offload=tc.offload, precision=tc.precision, scaler=loss_scaler(tc),
-                            max_grad_norm=tc.gradient_clipping, prefetch=tc.prefetch, **tc.optimizer_params)
+                                lr=tc.lr, offload=tc.offload, precision=tc.precision, scaler=loss_scaler(tc),
+                                max_grad_norm=tc.gradient_clipping, prefetch=tc.prefetch, **tc.optimizer_params)
     return Parallel3D(model, grid, microbatches=tc.grad_accum, optimizer=tc.optimizer, lr=tc.lr,
                       zero_stage=tc.zero_stage, schedule=tc.schedule, track_memory=True, **tc.optimizer_params)
 

@@ -186,7 +186,7 @@ def main(argv=None) -> int:
                          "step_s": times, "per_rank": ranks, "model": cfg.to_dict(), "batch": args.batch})
     if env.rank == 0:
         par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "ranks_per_node": per_node,
-                              "calibration": calibration, "runs": runs})
+                                      "calibration": calibration, "runs": runs})
     par.runtime.dist.teardown()
     return 0
 

@@ -76,7 +76,7 @@ def main(argv=None) -> None:
                        "grad_max_diff": diff, "bytes": r["bytes"],
                        "per_rank": par.runtime.dist.gather_object(r["saved_bytes"])}
     par.runtime.dist.save_result({"world_size": t, "backend": env.backend, "preset": args.preset, "batch": b, "seq": s,
-                          "d_model": h, "layers": layers, "tp": t, "bytes_per_value": e, "modes": modes})
+                                  "d_model": h, "layers": layers, "tp": t, "bytes_per_value": e, "modes": modes})
     par.runtime.dist.teardown()
 
 

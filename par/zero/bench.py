@@ -93,7 +93,7 @@ def main(argv=None) -> int:
         job = ["--preset", args.preset, "--batch-size", args.batch_size, "--rounds", args.rounds,
                "--warmup", args.warmup, "--impls", args.impls, "--only", args.only]
         result = par.runtime.launch.run("par.zero.bench_job", nproc=world, args=job, timeout=args.timeout,
-                                backend=args.backend, quiet=True)
+                                        backend=args.backend, quiet=True)
         print(report(world, result, cores), flush=True)
     return 0
 

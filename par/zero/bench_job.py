@@ -148,7 +148,7 @@ def main(argv=None) -> None:
                       "memory": peak if peak else state[name]}
     numel = memory.param_count(cfg)
     par.runtime.dist.save_result({"world_size": n, "backend": env.backend, "numel": numel, "preset": args.preset,
-                          "rows": rows})
+                                  "rows": rows})
     for engine in live.values():
         engine.close()
     par.runtime.dist.teardown()

@@ -235,7 +235,7 @@ def main(argv=None) -> None:
         if env.is_rank0:
             runs.append(merge(run, ranks, args, env.world_size, numel))
     par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "device": str(env.device),
-                          "preset": args.preset, "precision": args.precision, "numel": numel, "runs": runs})
+                                  "preset": args.preset, "precision": args.precision, "numel": numel, "runs": runs})
     par.runtime.dist.teardown()
 
 

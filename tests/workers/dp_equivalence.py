@@ -142,7 +142,7 @@ def main():
     text = CharDataset(block_size=cfg.block_size)
     gpt = lambda: build(cfg, seed=5)  # noqa: E731
     results["gpt-tied-bucketed"] = run_case(gpt, text, lm_loss, "bucketed", bucket_bytes=6000, per_rank=2,
-                                           lr=1e-3)
+                                            lr=1e-3)
     results["gpt-tied-naive-accum2"] = run_case(gpt, text, lm_loss, "naive", accum=2, per_rank=2, lr=1e-3)
 
     for name, comp in [("topk-all", compression.TopK(1.0)), ("randomk-all", compression.RandomK(1.0))]:

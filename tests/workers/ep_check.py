@@ -96,7 +96,7 @@ def main() -> int:
     train = {f"ep{e}": training_case(n, e, "p2p") for e in sorted({n, 2} if n % 2 == 0 else {n})}
     if r == 0:
         par.runtime.dist.save_result({"world_size": n, "backend": env.backend, "nccl_emulation": nccl_emulation.enabled(),
-                              "layers": layers, "train": train})
+                                      "layers": layers, "train": train})
     par.runtime.dist.teardown()
     return 0
 

@@ -189,7 +189,7 @@ def main() -> int:
     allres = par.runtime.dist.gather_object(res)
     if r == 0:
         par.runtime.dist.save_result({"world_size": n, "impl": impl, "ranks": allres,
-                              "nccl_emulation": dist.batch_isend_irecv is nccl_emulation.batch_isend_irecv})
+                                      "nccl_emulation": dist.batch_isend_irecv is nccl_emulation.batch_isend_irecv})
     par.runtime.dist.teardown()
     return 0
 

@@ -161,7 +161,7 @@ def mixed_precision(rank, n, out):
     unchanged = all(torch.equal(v, start[k]) for k, v in zero.full_state_dict().items())
     train(zero, model, batches, loss_fn, rank, n)
     out["overflow"] = par.runtime.dist.gather_object({"stepped": stepped, "unchanged": unchanged, "scale": zero.scaler.scale,
-                                              "skipped": zero.skipped})
+                                                      "skipped": zero.skipped})
 
 
 def stage3_frees(rank, n, out):
