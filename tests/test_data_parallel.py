@@ -329,7 +329,10 @@ def test_train_dp_job_reports_consistent_runs():
     backward = next(s for s in spans if s["name"] == "B")
     assert all(0 <= s["start"] <= s["end"] for s in spans)           # recorder times, not perf_counter
     assert [s["name"] for s in spans if s["lane"] == "comm"] == [f"AR{i}" for i in range(exact_bucketed["n_buckets"])]
-    assert min(s["start"] for s in spans if s["lane"] == "comm") < backward["end"], "no overlap with backward"
+    # overlap, as a fact of the schedule and not of timing (under load the comm thread may start late):
+    # every bucket but the last is handed to the comm thread from a gradient hook, while backward runs
+    assert exact_bucketed["launched_in_backward"] >= exact_bucketed["n_buckets"] - 1, "no bucket sent during backward"
+    assert runs["naive", "none"]["launched_in_backward"] is None
 
 
 def test_train_dp_derives_accumulation_from_the_micro_batch():

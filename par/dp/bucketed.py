@@ -130,6 +130,7 @@ class BucketedDP(nn.Module):
         self.slot_of = {i: (b, s) for b, idx in enumerate(plan) for s, i in enumerate(idx)}
         self._sync = True
         self._in_backward = False
+        self.launched_in_backward = 0   # of the last synchronizing backward (see `_grad_ready`)
         self._next = 0                  # the next bucket to launch: buckets go out strictly in order
         self._backward_start = None
         self._backward_start_mark = self._backward_done_mark = None   # the recorder's marks (`_mark`)
@@ -185,6 +186,7 @@ class BucketedDP(nn.Module):
             return
         self._in_backward = True
         self._next = 0
+        self.launched_in_backward = 0   # buckets handed to the comm thread while autograd still ran
         for b in self.buckets:
             b.ready.clear()
             b.pending = None
@@ -197,7 +199,9 @@ class BucketedDP(nn.Module):
         self._begin_step()
         b, slot = self.slot_of[index]
         self.buckets[b].put(slot, param.grad)
+        launched = self._next
         self._launch_ready_buckets()
+        self.launched_in_backward += self._next - launched
 
     def _launch_ready_buckets(self) -> None:
         while self._next < len(self.buckets) and self.buckets[self._next].complete():

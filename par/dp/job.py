@@ -15,6 +15,7 @@ for comparison). Rank 0 saves {"world_size", "backend", "runs": [...]} (the job 
     bytes_expected          the exact ring count and the formula 2(N-1)/N · gradient bytes
     memory                  model states measured and predicted, plus the wrapper's own buffers
     timeline, overlap       one step's recorded spans, and the share of communication hidden behind backward
+    launched_in_backward    buckets the last step sent from a gradient hook, before backward ended (bucketed)
     max_param_diff_vs_first with --compare: max |parameters - the first run's parameters| over every rank
 """
 from __future__ import annotations
@@ -120,6 +121,7 @@ def train_one(args, variant: str, comp_name: str, env) -> dict:
         "bytes_sent_per_step": sent,   # rank 0's, counted by par.comm.commlog (0 for ddp: torch's own traffic)
         "bytes_expected": expected_bytes(dp, comp, n, env.rank) if variant in ("naive", "bucketed") else None,
         "n_buckets": len(getattr(dp, "buckets", [])) or None,
+        "launched_in_backward": getattr(dp, "launched_in_backward", None),   # last step, rank 0: the overlap's cause
         "memory": {"measured": memory.live_model_state_bytes(model, opt).to_dict(),
                    "predicted": memory.model_state_bytes(numel, 1, 0, "fp32", args.optimizer).to_dict(),
                    "wrapper_buffers": wrapper_buffer_bytes(dp)},
