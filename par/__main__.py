@@ -7,7 +7,13 @@ file) prints `error: <message>` on stderr and exits 2, without a traceback. `--d
 the line (or PAR_DEBUG=1) shows the traceback instead, and is exported as PAR_DEBUG=1 while the
 command runs, so that what it starts (ranks, notebooks, another `python -m par`) inherits it. A
 launched job that failed (`par.runtime.launch.LaunchError`) prints its root cause and the failing
-rank's details, and exits 1. Any other exception is a bug in par: its traceback is shown.
+rank's details, and exits 1. Ctrl-C prints `error: interrupted` and exits 130 (the traceback with
+--debug). Any other exception is a bug in par: its traceback is shown.
+
+Before a command that starts ranks (`STARTS_RANKS`) is imported, `par.runtime.preflight` checks its
+--backend and that this machine holds its ranks; `--oversubscribe` anywhere on its line (removed before
+the command sees it) starts more ranks than that anyway. Arguments a command can check alone (numbers
+>= 1, world sizes, output paths that must be writable) are checked by `par.runtime.checks` before its work.
 
 A command module opts in by raising one of these types; nothing else is needed. New kinds of
 user error are added to `USER_ERRORS` by name.
@@ -19,6 +25,8 @@ import importlib
 import os
 import sys
 from contextlib import contextmanager
+
+from par.runtime.lifeline import stops_raise
 
 COMMANDS = {
     # name: (module, one-line help). The module's main(argv) does the work.
@@ -47,6 +55,7 @@ USER_ERRORS = (
     "par.course.exercises:ExerciseError",
     "par.course.release:ReleaseError",
     "par.course.grade:SubmissionError",
+    "par.runtime.checks:CheckError",
     "argparse:ArgumentError",       # a bad argument a command finds after parsing: ArgumentError(None, message)
     "builtins:FileNotFoundError",
     "builtins:IsADirectoryError",
@@ -104,14 +113,15 @@ def debug_exported(debug: bool):
             os.environ["PAR_DEBUG"] = before
 
 
-def preflight(name: str, argv: list[str]) -> None:
-    """`par.runtime.preflight` for a command that starts ranks: its --backend against the ranks it asks for.
-    (Not for help, nor for `batch --dry-run`, which checks an imagined GPU server instead of this machine.)"""
-    if name not in STARTS_RANKS or {"-h", "--help", "--dry-run"} & set(argv):
+def preflight(name: str, argv: list[str], oversubscribe: bool = False) -> None:
+    """`par.runtime.preflight` for a command that starts ranks: its --backend and whether this machine holds
+    the ranks it asks for (`oversubscribe`: start more anyway). Not for help, nor for what starts nothing here:
+    `batch --dry-run` checks an imagined GPU server, `train --nnodes` prints the commands of other machines."""
+    if name not in STARTS_RANKS or {"-h", "--help", "--dry-run", "--nnodes"} & {a.split("=")[0] for a in argv}:
         return
     from par.runtime import preflight as pf
     default = pf.default_world_size() if STARTS_RANKS[name] == "default" else STARTS_RANKS[name]
-    pf.check_command_line(argv, default)
+    pf.check_command_line(argv, default, oversubscribe)
 
 
 # a dependency missing from the interpreter that runs `python -m par`: the fix, in one line
@@ -123,8 +133,10 @@ MISSING_HINT = {m: f"{m} is not installed in this Python ({sys.executable}): cre
 def usage() -> str:
     width = max(map(len, COMMANDS), default=0)
     rows = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, help_) in sorted(COMMANDS.items()))
-    return (f"usage: python -m par [--debug] <command> [options]\n\ncommands:\n{rows}\n\n"
-            f"--debug (or PAR_DEBUG=1): show the traceback of an error instead of its one line\n")
+    return (f"usage: python -m par [--debug] <command> [options] [--oversubscribe]\n\ncommands:\n{rows}\n\n"
+            f"--debug (or PAR_DEBUG=1): show the traceback of an error instead of its one line\n"
+            f"--oversubscribe ({', '.join(sorted(STARTS_RANKS))}): start more ranks than this machine's cores hold "
+            f"(par.runtime.preflight.RANKS_PER_CORE per core without it)\n")
 
 
 def main(argv=None) -> int:
@@ -136,14 +148,21 @@ def main(argv=None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"error: unknown command {name!r}: use one of {', '.join(sorted(COMMANDS))} "
-              f"(python -m par --help)", file=sys.stderr)
+        from par.runtime.checks import unknown
+        print(f"error: {unknown('command', name, COMMANDS, 'python -m par --help')}", file=sys.stderr)
         return 2
+    oversubscribe = name in STARTS_RANKS and "--oversubscribe" in rest
+    rest = [a for a in rest if a != "--oversubscribe"] if name in STARTS_RANKS else rest
     try:
-        with argparse_errors_raise(), debug_exported(debug):
-            preflight(name, rest)
+        with argparse_errors_raise(), debug_exported(debug), stops_raise():   # SIGTERM/SIGHUP: like Ctrl-C
+            preflight(name, rest, oversubscribe)
             module = importlib.import_module(COMMANDS[name][0])
             return int(module.main(rest) or 0)
+    except KeyboardInterrupt as e:   # Ctrl-C, or par.runtime.lifeline.Stopped (SIGTERM, SIGHUP)
+        if debug:
+            raise
+        print(f"error: {str(e) or 'interrupted'}", file=sys.stderr, flush=True)
+        return getattr(e, "exit_code", 130)
     except Exception as e:
         if debug:
             raise

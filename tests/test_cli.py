@@ -55,7 +55,7 @@ def test_unknown_backend_and_unknown_command():
 def test_bad_argument_is_one_line_with_the_help_to_read():
     code, out, err, _ = par_cli("batch", "--world-size", "two")
     assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
-    assert err.startswith("error: python -m par batch: argument --world-size: invalid int value: 'two'")
+    assert err.startswith("error: python -m par batch: argument --world-size: must be a whole number >= 1, got 'two'")
     assert "python -m par batch --help" in err
 
 
@@ -137,7 +137,7 @@ def test_every_user_error_type_exists():
 
 def test_a_missing_dependency_is_one_line_naming_the_environment(monkeypatch, capsys):
     """`python -m par batch` from a Python without torch (not the course's venv): one line, exit 2."""
-    def no_torch(name, rest):
+    def no_torch(name, rest, oversubscribe=False):
         raise ModuleNotFoundError("No module named 'torch'", name="torch")
     monkeypatch.setattr(cli, "preflight", no_torch)
     assert cli.main(["batch"]) == 2

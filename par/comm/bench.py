@@ -17,19 +17,24 @@ import json
 import os
 import sys
 
+from par.runtime.checks import check_writable, positive_float, positive_int, world_sizes
+
 TARGET = 1.15
 
 
 def parse(argv):
     p = argparse.ArgumentParser(prog="python -m par bench collectives", description=__doc__.splitlines()[0])
-    p.add_argument("--world-sizes", default="2,4")
+    p.add_argument("--world-sizes", type=world_sizes, default=(2, 4))
     p.add_argument("--sizes", default=f"{1 << 20},{1 << 24}", help="float32 element counts")
-    p.add_argument("--reps", type=int, default=9)
+    p.add_argument("--reps", type=positive_int, default=9)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--backend", default="auto")
-    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--timeout", type=positive_float, default=600)
     p.add_argument("--json", default=None, help="also write the rows to this file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.json:
+        check_writable(args.json)
+    return args
 
 
 def measure(world_size: int, sizes: str, reps: int, warmup: int, backend: str = "auto", timeout: float = 600,
@@ -66,7 +71,7 @@ def main(argv=None) -> int:
     if args.reps < 9:
         print(f"note: {args.reps} repetitions; the benchmark's claim is a median of at least 9", file=sys.stderr)
     rows = []
-    for n in map(int, args.world_sizes.split(",")):
+    for n in args.world_sizes:
         load = os.getloadavg()[0]
         print(f"{n} ranks (load average {load:.1f}) ...", flush=True)
         rows += [dict(r, load=load) for r in measure(n, args.sizes, args.reps, args.warmup, args.backend,

@@ -195,8 +195,8 @@ class Args(JobArgs):
     show_numel: int = arg(4)
     trace_numel: int = arg(0, "default: 2 elements per rank")
     bytes_sizes: tuple[int, ...] = arg((1, 5, 7, 1001, 4096, 65536), "element counts whose bytes are counted")
-    sizes: tuple[int, ...] = arg((1024, 65536, 1048576), "element counts timed")
-    reps: int = arg(5)
+    sizes: tuple[int, ...] = arg((1024, 65536, 1048576), "element counts timed", minimum=1)
+    reps: int = arg(5, minimum=1)
     warmup: int = arg(2)
 
 

@@ -40,8 +40,8 @@ def main(argv=None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in BENCHMARKS:
-        raise argparse.ArgumentError(None, f"unknown benchmark {name!r}: use one of {', '.join(available())} "
-                                           f"(python -m par bench --help)")
+        from par.runtime.checks import unknown
+        raise argparse.ArgumentError(None, unknown("benchmark", name, BENCHMARKS, "python -m par bench --help"))
     return int(importlib.import_module(BENCHMARKS[name][0]).main(rest) or 0)
 
 

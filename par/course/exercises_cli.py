@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from par.course import release
-from par.course.exercises import ROOT, generate, out_of_sync, record, solutions
+from par.course.exercises import ROOT, ExerciseError, generate, out_of_sync, record, solutions
 
 
 def main(argv=None) -> int:
@@ -22,6 +22,9 @@ def main(argv=None) -> int:
     parser.add_argument("--root", type=Path, default=ROOT, help="course repository (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="release: replace an existing bundle folder")
     args = parser.parse_args(argv)
+    if not (args.root / "solutions").is_dir():   # else "check" finds nothing out of sync in a folder that is no course
+        raise ExerciseError(f"--root {args.root} is not the course repository (it has no solutions/ folder): "
+                            f"pass the folder of the course checkout")
     if args.action == "generate":
         changed = generate(args.root)
         print(f"{len(solutions(args.root))} exercise(s); written or removed: "

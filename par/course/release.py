@@ -31,6 +31,7 @@ from pathlib import Path
 
 from par.course import exercises
 from par.course.markers import LEAKING
+from par.runtime.checks import check_writable
 
 FILES = ("README.md", "requirements.txt", "pyproject.toml", ".gitignore")
 FOLDERS = {"par": "*", "notebooks": "*.ipynb", "configs": "*.json"}
@@ -78,6 +79,7 @@ def write_bundle(dest: Path, root: Path = exercises.ROOT, force: bool = False) -
     inside = [root / f for f in (*FOLDERS, *NEVER, "exercises")]
     if dest == root or dest in root.parents or any(d == dest or d in dest.parents for d in inside):
         raise ReleaseError(f"{dest} is part of the course itself; write the bundle somewhere else")
+    check_writable(dest, directory=True)                                             # before the work
     texts = {p.name: exercises.exercise_text(p) for p in exercises.solutions(root)}  # fails before writing
     if not texts:
         raise ReleaseError(f"no solutions in {root / 'solutions'}: nothing to release")

@@ -33,6 +33,7 @@ import argparse
 import json
 import logging
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -121,8 +122,9 @@ def gpu_memory_here() -> float | None:
 def known_failures(notebook: Path, parameters: dict) -> tuple[list, float | None]:
     """(problems that make this notebook fail here, its automatic cell timeout); ([], None) when the
     course registry does not know the notebook. Its in-kernel work (`par.course.launches.kernel_work`) that
-    needs more memory than GPU 0 or this machine's host memory has; on a GPU server (backend NCCL) also the
-    layouts that cannot split, the launches that need more GPUs or more memory than there are."""
+    needs more memory than GPU 0 or this machine's host memory has; the layouts that cannot split (checked as the
+    dry run does, for the backend the batch runs); on a GPU server (backend NCCL) also the launches that need
+    more GPUs or more memory than there are."""
     from par.course import launches as course
     if notebook.stem not in course.REGISTRY:
         return [], None
@@ -138,9 +140,9 @@ def known_failures(notebook: Path, parameters: dict) -> tuple[list, float | None
     kernel = [problem for k in course.kernel_work(notebook.stem, p["world_size"], p["backend"], p["preset"], p["steps"])
               for problem in course.check_kernel(k, memory, course.host_memory_here())]
     from par.runtime.preflight import choose_backend
-    if choose_backend(p["world_size"], p["backend"]) != "nccl":
-        return kernel, timeout
-    problems = [problem for l in found for problem in course.check(l, p["world_size"], memory, timeout)[1]
+    gloo = choose_backend(p["world_size"], p["backend"]) == "gloo"   # then every launch runs gloo here
+    problems = [problem for l in found for problem in course.check(replace(l, backend="gloo") if gloo else l,
+                                                                   p["world_size"], memory, timeout)[1]
                 if problem.kind in ("layout", "memory")]
     return problems + kernel, timeout
 
@@ -213,17 +215,20 @@ def markdown(summary: dict) -> str:
 
 
 def parse_bytes(text: str) -> float:
-    """'80e9', '80GB', '40 GiB', '8000000000' -> bytes."""
+    """'80e9', '80GB', '40 GiB', '8000000000' -> bytes (> 0: argparse.ArgumentTypeError otherwise)."""
+    from par.runtime.checks import positive_float
     t = text.strip().replace(" ", "").replace("_", "").lower()
     for unit, size in (("gib", 2 ** 30), ("gb", 1e9), ("mib", 2 ** 20), ("mb", 1e6), ("g", 1e9)):
         if t.endswith(unit):
-            return float(t[:-len(unit)]) * size
-    return float(t)
+            return positive_float(t[:-len(unit)]) * size
+    return positive_float(t)
 
 
 def dry_run(args) -> int:
     """`--dry-run`: the course's launches checked for the imagined server; exit 0 if all fit, else 2."""
     from par.course import launches as course
+    from par.runtime.preflight import choose_backend
+    choose_backend(args.world_size, args.backend, gpus=args.world_size)   # a backend name that exists
     if args.gpu_memory is None and args.backend != "gloo":
         raise course.CourseError("--dry-run imagines a GPU server: give its memory per GPU, e.g. --gpu-memory 80e9")
     host = course.host_memory_here() if args.host_memory is None else args.host_memory
@@ -247,16 +252,17 @@ def dry_run(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m par batch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    from par.runtime.checks import check_writable, positive_float, positive_int
     from par.runtime.preflight import choose_backend, default_world_size
-    parser.add_argument("--world-size", type=int, default=default_world_size(),
+    parser.add_argument("--world-size", type=positive_int, default=default_world_size(),
                         help=f"ranks per launched job; GPUs on a GPU server (default min(4, cores) = "
                              f"{default_world_size()})")
     parser.add_argument("--backend", default="auto", help="auto | gloo | nccl (default auto)")
     parser.add_argument("--preset", default="tiny", help="GPT-lite preset: tiny | small | gpt3-small | tiny-long")
-    parser.add_argument("--steps", type=int, default=20, help="training steps where a notebook trains")
+    parser.add_argument("--steps", type=positive_int, default=20, help="training steps where a notebook trains")
     parser.add_argument("--out", type=Path, default=Path("runs"), help="runs/<time>/ goes here")
     parser.add_argument("--notebooks", default="notebooks/*.ipynb", help="glob of notebooks to run")
-    parser.add_argument("--timeout", type=float, default=None,
+    parser.add_argument("--timeout", type=positive_float, default=None,
                         help="seconds any one cell may run before the notebook is failed (papermill execution_timeout; "
                              "default: scaled with the notebook's launches, at least 600)")
     parser.add_argument("--dry-run", action="store_true",
@@ -265,17 +271,16 @@ def main(argv=None) -> int:
     parser.add_argument("--host-memory", type=parse_bytes, default=None,
                         help="the server's host memory for --dry-run (the notebooks' own work on the CPU): 512GB "
                              "(default: this machine's)")
-    parser.add_argument("--gpu-flops", type=float, default=None,
+    parser.add_argument("--gpu-flops", type=positive_float, default=None,
                         help="achieved FLOP/s of one GPU for --dry-run (default: an A100's, fp32 without TF32)")
     args = parser.parse_args(argv)
-    if args.world_size < 1:
-        parser.error(f"--world-size must be at least 1, got {args.world_size}")
     from par.model import PRESETS
     if args.preset not in PRESETS:
         parser.error(f"unknown --preset {args.preset!r}: use one of {', '.join(PRESETS)}")
     if args.dry_run:
         return dry_run(args)
     choose_backend(args.world_size, args.backend)   # preflight: BackendError before any notebook starts
+    check_writable(args.out, directory=True)
     notebooks = sorted(Path().glob(args.notebooks)) if not Path(args.notebooks).is_absolute() else \
         sorted(Path(args.notebooks).parent.glob(Path(args.notebooks).name))
     if not notebooks:

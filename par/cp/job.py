@@ -40,8 +40,8 @@ from par.timeline import Recorder
 @dataclass(frozen=True)
 class Args(JobArgs):
     preset: str = arg("tiny")
-    steps: int = arg(5)
-    batch_size: int = arg(4)
+    steps: int = arg(5, minimum=1)
+    batch_size: int = arg(4, minimum=1)
     lr: float = arg(1e-3)
     seqs: tuple[int, ...] = arg((), "sequence lengths of the memory sweep (default: the context × 1, 2, 4, 8)")
     timeline_seq: int = arg(2048, "tokens of the ring-attention timeline")

@@ -16,20 +16,25 @@ import json
 import os
 import sys
 
+from par.runtime.checks import check_writable, positive_float, positive_int, world_sizes
+
 
 def parse(argv):
-    p = argparse.ArgumentParser(description="par data parallel vs torch DDP")
-    p.add_argument("--world-sizes", default="2,4")
+    p = argparse.ArgumentParser(prog="python -m par bench dp", description="par data parallel vs torch DDP")
+    p.add_argument("--world-sizes", type=world_sizes, default=(2, 4))
     p.add_argument("--preset", default="small")
-    p.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
-    p.add_argument("--bucket-kb", type=float, default=1024)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--batch", type=positive_int, default=8, help="sequences per rank per step")
+    p.add_argument("--bucket-kb", type=positive_float, default=1024)
+    p.add_argument("--steps", type=positive_int, default=5)
+    p.add_argument("--rounds", type=positive_int, default=3)
     p.add_argument("--variants", default="ddp,bucketed,naive,bucketed-ring,naive-ring")
     p.add_argument("--backend", default="auto")
-    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--timeout", type=positive_float, default=600)
     p.add_argument("--json", default=None, help="also write all results to this file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.json:
+        check_writable(args.json)
+    return args
 
 
 def table(results: list[dict]) -> str:
@@ -46,7 +51,7 @@ def main(argv=None) -> int:
     from par.runtime.launch import run
     args = parse(sys.argv[1:] if argv is None else argv)
     results = []
-    for n in map(int, args.world_sizes.split(",")):
+    for n in args.world_sizes:
         load = os.getloadavg()[0]
         r = run("par.dp.bench_job", nproc=n, backend=args.backend, timeout=args.timeout, quiet=True,
                 args=["--preset", args.preset, "--batch", args.batch, "--bucket-kb", args.bucket_kb,

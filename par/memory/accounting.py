@@ -501,29 +501,29 @@ def free_device_memory() -> None:
 
 # ---------------------------------------------------------------- command line
 def parse_count(text: str) -> float:
-    """'7.5e9', '7.5B', '350M', '1.3b' -> a number of parameters."""
+    """'7.5e9', '7.5B', '350M', '1.3b' -> a number of parameters (> 0: argparse.ArgumentTypeError otherwise)."""
+    from par.runtime.checks import positive_float
     t = text.strip().replace(",", "").replace("_", "")
     scale = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}.get(t[-1:].lower())
-    return float(t[:-1]) * scale if scale else float(t)
+    return positive_float(t[:-1]) * scale if scale else positive_float(t)
 
 
 def main(argv=None) -> int:
     """`python -m par memory --params 7.5e9 --dp 64 [--precision mixed --optimizer adam]` or `--model llama-7b`."""
+    from par.runtime.checks import positive_int
     ap = argparse.ArgumentParser(prog="python -m par memory",
                                  description="Per-rank model-state memory for each ZeRO stage.")
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--params", type=parse_count, help="parameter count Ψ, e.g. 7.5e9 or 7.5B")
     what.add_argument("--model", "--preset", dest="model",
                       help="a named model: tiny, small, gpt3-small, llama-7b, llama-13b, llama-33b, llama-65b")
-    ap.add_argument("--dp", type=int, default=1, help="data-parallel degree N_d (default 1)")
+    ap.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree N_d (default 1)")
     ap.add_argument("--precision", default="mixed", help="fp32, mixed (= fp16, bf16) or pure16 (default mixed)")
     ap.add_argument("--optimizer", default="adam", help="sgd, momentum or adam (default adam)")
     args = ap.parse_args(argv)
     try:
         numel = param_count(args.model) if args.model else args.params
         b = bytes_per_param(args.precision, args.optimizer)
-        if args.dp < 1:
-            raise ValueError(f"--dp must be >= 1, got {args.dp}")
     except ValueError as e:
         ap.error(str(e))
     label = f"{args.model}: " if args.model else ""

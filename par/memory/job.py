@@ -42,8 +42,8 @@ class Args(JobArgs):
     preset: str = arg("tiny")
     optimizers: tuple[str, ...] = arg(("adam", "momentum", "sgd"), "comma-separated: sgd, momentum, adam")
     precisions: tuple[str, ...] = arg(("fp32",), "comma-separated: fp32, bf16", choices=tuple(DTYPES))
-    batch: int = arg(8, "sequences per rank")
-    steps: int = arg(1, "optimizer steps (model states stay constant)")
+    batch: int = arg(8, "sequences per rank", minimum=1)
+    steps: int = arg(1, "optimizer steps (model states stay constant)", minimum=1)
     seed: int = arg(0)
 
 

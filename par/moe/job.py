@@ -36,8 +36,8 @@ from par.reference import make_optimizer
 @dataclass(frozen=True)
 class Args(JobArgs):
     preset: str = arg("tiny")
-    steps: int = arg(20)
-    batch: int = arg(4, "sequences per rank")
+    steps: int = arg(20, minimum=1)
+    batch: int = arg(4, "sequences per rank", minimum=1)
     experts: int = arg(4)
     k: int = arg(2)
     capacity_factor: float = arg(1.25)

@@ -20,26 +20,31 @@ import json
 import os
 import sys
 
+from par.runtime.checks import check_writable, positive_float, positive_int, world_sizes
+
 TARGET = 1.15
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(description="par 1F1B vs torch.distributed.pipelining Schedule1F1B")
-    p.add_argument("--world-sizes", default=None, help="comma-separated (default: 2 and 4, those that fit the cores)")
+    p = argparse.ArgumentParser(prog="python -m par bench pipeline", description="par 1F1B vs torch.distributed.pipelining Schedule1F1B")
+    p.add_argument("--world-sizes", type=world_sizes, default=None, help="comma-separated (default: 2 and 4, those that fit the cores)")
     p.add_argument("--preset", default="small")
-    p.add_argument("--microbatches", type=int, default=8)
-    p.add_argument("--micro-batch-size", type=int, default=4)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--microbatches", type=positive_int, default=8)
+    p.add_argument("--micro-batch-size", type=positive_int, default=4)
+    p.add_argument("--steps", type=positive_int, default=5)
+    p.add_argument("--rounds", type=positive_int, default=4)
     p.add_argument("--backend", default="gloo")
-    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--timeout", type=positive_float, default=600)
     p.add_argument("--json", default=None, help="also write all results to this file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.json:
+        check_writable(args.json)
+    return args
 
 
-def world_sizes(requested: str | None, cores: int, backend: str) -> tuple[list[int], list[str]]:
+def sizes_to_time(requested: tuple[int, ...] | None, cores: int, backend: str) -> tuple[list[int], list[str]]:
     """The world sizes to time, and a note for each one skipped (more ranks than CPU cores on gloo)."""
-    sizes = [2, 4] if requested is None else [int(n) for n in requested.split(",")]
+    sizes = [2, 4] if requested is None else list(requested)
     if backend == "nccl":
         return sizes, []
     keep = [n for n in sizes if n <= cores]
@@ -67,7 +72,7 @@ def main(argv=None) -> int:
     from par.runtime.dist import physical_cores
     from par.runtime.launch import run
     args = parse(sys.argv[1:] if argv is None else argv)
-    sizes, notes = world_sizes(args.world_sizes, physical_cores(), args.backend)
+    sizes, notes = sizes_to_time(args.world_sizes, physical_cores(), args.backend)
     for note in notes:
         print(note)
     if not sizes:

@@ -50,9 +50,9 @@ from par.timeline import Recorder
 @dataclass(frozen=True)
 class Args(JobArgs):
     schedules: tuple[str, ...] = arg(("1f1b",), "comma-separated: naive, gpipe, 1f1b, interleaved")
-    microbatches: tuple[int, ...] = arg((4,), "comma-separated numbers of micro-batches m")
+    microbatches: tuple[int, ...] = arg((4,), "comma-separated numbers of micro-batches m", minimum=1)
     virtual: int = arg(2, "chunks per rank for 'interleaved'")
-    micro_batch_size: int = arg(4, "sequences per micro-batch")
+    micro_batch_size: int = arg(4, "sequences per micro-batch", minimum=1)
     batch: int | None = arg(None, "fixed batch (overrides --micro-batch-size)")
     dp: int = arg(1, "data-parallel replicas of the pipeline (1F1B only)")
     preset: str = arg("tiny")
@@ -62,7 +62,7 @@ class Args(JobArgs):
     block_size: int | None = arg(None, "override the preset's context length")
     vocab_size: int | None = arg(None, "override the preset's vocabulary")
     partition: str = arg("parameters", choices=("parameters", "uniform"))
-    steps: int = arg(2, "timed steps per combination")
+    steps: int = arg(2, "timed steps per combination", minimum=1)
     warmup: int = arg(1, "untimed steps before each combination's timed ones")
     warmup_once: bool = arg(False, "warm up before the first combination only (when all have the same "
                                    "micro-batch shapes)")

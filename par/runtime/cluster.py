@@ -19,8 +19,10 @@ over the shaped links: the bandwidth hierarchy of a real cluster.
 Failure: the first host whose torchrun exits non-zero starts a short grace period, after which
 every host still running is powered off; the `ClusterError`'s first line names the host that
 failed first (a host that died from a signal before one whose ranks only saw a peer vanish).
-Teardown always: `with Cluster(...)`, atexit, and `cleanup_stale()` of namespaces whose creating
-process is gone. Root only: `available()` says why not.
+Teardown always: `with Cluster(...)`, atexit, SIGTERM and SIGHUP (like Ctrl-C). A SIGKILLed owner cannot
+clean up: its torchruns die with it (a parent-death signal), their ranks follow (`par.runtime.dist`'s
+watchdog), and the next cluster removes its namespaces (`cleanup_stale`), saying so in one line.
+Root only: `available()` says why not.
 """
 from __future__ import annotations
 
@@ -33,10 +35,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
+from par.runtime import lifeline
 from par.runtime.launch import MultiNode, describe_failure, signal_name
 
 PREFIX = "parc"                  # every namespace this module creates starts with it
@@ -175,7 +177,10 @@ class Cluster:
 
     # ---------------------------------------------------------- build and tear down
     def __enter__(self) -> "Cluster":
-        cleanup_stale(self.prefix)
+        removed = cleanup_stale(self.prefix)
+        if removed:     # their owner was SIGKILLed (nothing runs then): said, not silently done
+            print(f"par.runtime.cluster: removed {len(removed)} network namespaces left by a killed run: "
+                  f"{', '.join(removed)}", file=sys.stderr, flush=True)
         _LIVE.add(self)
         self._sigterm = _sigterm_raises()
         try:
@@ -261,9 +266,10 @@ class Cluster:
         them as {"links": {NAME: {host: bytes sent}}}.
         Raises ClusterError naming the host that failed first, or the hosts still running at `timeout`."""
         nodes = self.nodes(nproc_per_node)
-        with tempfile.TemporaryDirectory(prefix="par-cluster-") as tmp:
+        with lifeline.run_dir() as tmp, lifeline.stops_raise():    # SIGTERM/SIGHUP: like Ctrl-C; no file left
             result = os.path.join(tmp, "result.json")
-            child_env = {**os.environ, "PAR_RESULT": result, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
+            child_env = {**os.environ, "PAR_RESULT": result, "TMPDIR": tmp, lifeline.LAUNCHER_ENV: str(os.getpid()),
+                         "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
                          "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", "LOGLEVEL": "WARNING",
                          "PAR_BACKEND": "gloo", **(env or {})}
             q: queue.Queue = queue.Queue()
@@ -271,7 +277,8 @@ class Cluster:
             for host in self.hosts:
                 proc = subprocess.Popen(self.command(nodes, host, target, args), stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, env=child_env,
-                                        start_new_session=True, bufsize=1, preexec_fn=_die_with_parent)
+                                        start_new_session=True, bufsize=1,
+                                        preexec_fn=lifeline.dies_with_parent(signal.SIGKILL))
                 self.procs[host] = proc
                 threading.Thread(target=_pump, args=(host, proc, q), daemon=True).start()
             exits: dict[str, tuple[int, float]] = {}
@@ -359,15 +366,6 @@ def _sigterm_raises():
     def stop(signum, frame):
         raise SystemExit(128 + signum)
     return signal.signal(signal.SIGTERM, stop)
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL me if the process that started me dies (a killed notebook kernel)."""
-    import ctypes
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _pump(host: str, proc: subprocess.Popen, q: queue.Queue) -> None:

@@ -64,6 +64,7 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Env:
     if "TORCHELASTIC_RUN_ID" in os.environ:   # par.runtime.launch asks a rank that did not finish where it is
         from par.runtime.launch import STACK_SIGNAL
         faulthandler.register(STACK_SIGNAL, all_threads=True)
+        watch_launcher()
     backend = choose_backend(world_size, backend or os.environ.get("PAR_BACKEND", "auto"),
                              local_world_size=local_world_size)
     device = device_for(backend, local_rank)
@@ -77,9 +78,11 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Env:
         os.environ.setdefault("RANK", str(rank))
         os.environ.setdefault("WORLD_SIZE", str(world_size))
         from datetime import timedelta
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")   # a timed-out NCCL op ends the rank
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s),
                                 **({"device_id": device} if device.type == "cuda" else {}))
+        set_collective_timeout()
         if "TORCHELASTIC_RUN_ID" in os.environ:
             sys.excepthook = exit_after_traceback(sys.excepthook)
     if backend == "gloo":
@@ -88,6 +91,27 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Env:
             nccl_emulation.install()
     _ENV = Env(rank, local_rank, world_size, backend, device)
     return _ENV
+
+
+def watch_launcher() -> None:
+    """A rank started by torchrun ends within a second of torchrun's death (`par.runtime.lifeline.watch_parent`):
+    an orphaned rank would otherwise hold its cores, its GPU and the master port for ever."""
+    from par.runtime.lifeline import watch_parent
+    watch_parent(what=f"rank {os.environ.get('RANK', '?')}")
+
+
+def set_collective_timeout() -> None:
+    """Let a gloo or NCCL collective of the world group wait `par.runtime.hang.collective_timeout()` seconds
+    (60 by default): a hang fails within a minute even when no launcher watches. Joining
+    (`init_process_group`) keeps its own, longer `timeout_s`: ranks start at different times on a busy
+    machine. Groups made later with `dist.new_group` keep torch's default; the launcher's watch covers them."""
+    from datetime import timedelta
+
+    from par.runtime.hang import collective_timeout
+    seconds = collective_timeout()
+    setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)     # torch >= 2.3
+    if seconds and setter is not None:
+        setter(timedelta(seconds=seconds))
 
 
 def env() -> Env:

@@ -19,7 +19,9 @@ A job declares its options as the fields of a frozen dataclass (type, default, h
 Types: str, int, float; `X | None` (None: not given); bool, a flag (default False); `tuple[X, ...]`,
 comma-separated, or one option per item with `arg(..., repeat=True)` (items that contain commas); and any
 class X with `X.parse(text)` whose `str(x)` is the text it parses (e.g. `par.zero.job.Run`).
-`arg(..., choices=...)` checks every value; a field without a default is a required option.
+`arg(..., choices=...)` checks every value, `arg(..., minimum=1)` every number (steps, sizes: an
+`argparse.ArgumentError` naming the option wherever the arguments are made, in the launcher when it builds
+them, before any rank starts); a field without a default is a required option.
 """
 from __future__ import annotations
 
@@ -31,10 +33,11 @@ import typing
 from typing import Self
 
 
-def arg(default=dataclasses.MISSING, help: str = "", *, repeat: bool = False, choices=None):
+def arg(default=dataclasses.MISSING, help: str = "", *, repeat: bool = False, choices=None, minimum=None):
     """A field of a `JobArgs`: its default (none: required), --help text, `repeat` (a tuple given as one
-    option per item) and `choices` (the values allowed)."""
-    return dataclasses.field(default=default, metadata={"help": help, "repeat": repeat, "choices": choices})
+    option per item), `choices` (the values allowed) and `minimum` (the smallest number allowed)."""
+    return dataclasses.field(default=default, metadata={"help": help, "repeat": repeat, "choices": choices,
+                                                        "minimum": minimum})
 
 
 def item_type(tp) -> tuple[type, bool]:
@@ -72,6 +75,15 @@ def flag(name: str) -> str:
 
 class JobArgs:
     """The base of a job's `Args`: subclasses are frozen dataclasses whose fields are made by `arg`."""
+
+    def __post_init__(self):
+        """Every number at least its field's `minimum` (each item of a tuple; None is "not given")."""
+        for f in dataclasses.fields(self):
+            low, value = f.metadata.get("minimum"), getattr(self, f.name)
+            too_small = [v for v in (value if isinstance(value, tuple) else (value,))
+                         if low is not None and v is not None and v < low]
+            if too_small:
+                raise argparse.ArgumentError(None, f"{flag(f.name)} must be at least {low}, got {too_small[0]}")
 
     @classmethod
     def parser(cls) -> argparse.ArgumentParser:

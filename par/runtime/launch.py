@@ -15,10 +15,14 @@ swallowed failure, never a silent second try:
   by that rank's traceback or last output;
 * torchrun ends the other ranks when one dies (even by SIGKILL: they would wait forever in
   their next collective);
+* a job where no rank makes progress for `hang_s` seconds (45 by default), or with a rank stopped that
+  long, is hung (`par.runtime.hang`): the error names the stopped or stuck rank and what the others wait in;
 * at `timeout` the launcher asks every rank still running where it is (SIGUSR1: Python's
   faulthandler, registered by `par.runtime.dist.init`, prints its stack), kills the whole process
   tree, and the error names the ranks that did not finish: which were busy where, and which
-  were waiting for them in a collective.
+  were waiting for them in a collective;
+* whatever stops the launcher (Ctrl-C, SIGTERM, SIGHUP, SIGKILL) stops the job, and the run leaves no
+  file behind (`par.runtime.lifeline`).
 """
 from __future__ import annotations
 
@@ -30,13 +34,15 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 
+from par.runtime import hang, lifeline
+
 STACK_SIGNAL = signal.SIGUSR1     # "print your stack": par.runtime.dist.init registers faulthandler for it
-COMM_FILES = ("torch/distributed/", "par/comm/collectives.py", "par/runtime/nccl_emulation.py", "par/runtime/dist.py")
+COMM_FILES = ("torch/distributed/", "par/comm/collectives.py", "par/comm/coalesced.py", "par/comm/thread.py",
+              "par/runtime/nccl_emulation.py", "par/runtime/dist.py")
 
 
 class LaunchError(RuntimeError):
@@ -195,11 +201,14 @@ def where(frames: list[tuple[str, int, str]]) -> tuple[bool, str]:
     return True, f"waiting in {called} at {os.path.basename(file)}:{line}"
 
 
-def describe_unfinished(lines: list[str], ranks: list[int]) -> str:
-    """'ranks 0, 1 did not finish: rank 1 busy in main at job.py:44; rank 0 waiting in all_reduce at job.py:46'."""
+def describe_unfinished(lines: list[str], ranks: list[int], stopped=()) -> str:
+    """'ranks 0, 1 did not finish: rank 1 busy in main at job.py:44; rank 0 waiting in all_reduce at job.py:46'.
+
+    A rank in `stopped` (SIGSTOP) cannot print its stack: it is said to be stopped."""
     if not ranks:
         return "no rank process was left (torchrun itself did not finish)"
-    status = {r: where(main_stack(rank_lines(lines, r))) for r in ranks}
+    status = {r: (False, "is stopped (SIGSTOP: process state T)") if r in stopped else
+              where(main_stack(rank_lines(lines, r))) for r in ranks}
     busy = [f"rank {r} {text}" for r, (waiting, text) in status.items() if not waiting]
     waiting = [f"rank {r} {text}" for r, (waiting, text) in status.items() if waiting]
     who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
@@ -292,20 +301,26 @@ def _ask_for_stacks(pids: list[int], q: queue.Queue, lines: list[str], quiet: bo
 
 # ---------------------------------------------------------------- the launcher
 def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: str = "auto",
-        env: dict | None = None, quiet: bool = False, threads_per_rank: int = 1):
+        env: dict | None = None, quiet: bool = False, threads_per_rank: int = 1, hang_s: float | None = None):
     """Launch `module` on `nproc` ranks; return rank 0's saved result (or None).
 
     Raises `par.runtime.preflight.BackendError` before starting anything when `backend` cannot run `nproc`
-    ranks here, and `LaunchError` (root cause on its first line) when the job fails or runs past
-    `timeout` seconds. Output is streamed line by line (prefixed `[defaultN]:` by torchrun)."""
+    ranks here, and `LaunchError` (root cause on its first line) when the job fails, hangs (no rank made
+    progress for `hang_s` seconds, default PAR_HANG_S or 45: `par.runtime.hang`) or runs past `timeout`
+    seconds. Output is streamed line by line (prefixed `[defaultN]:` by torchrun). SIGTERM and SIGHUP
+    end the job like Ctrl-C (`par.runtime.lifeline.Stopped`); the run's files go with it."""
     from par.runtime.preflight import choose_backend
     choose_backend(nproc, backend, local_world_size=nproc)     # preflight: one line, nothing started
-    with tempfile.TemporaryDirectory(prefix="par-") as tmp:
+    hang_s = hang.hang_seconds(hang_s)
+    with lifeline.run_dir() as tmp, lifeline.stops_raise():
         result_path = os.path.join(tmp, "result.json")
         child_env = dict(os.environ)
         child_env.update({
             "PAR_RESULT": result_path,
             "PAR_BACKEND": backend,
+            hang.HANG_ENV: str(hang_s),     # the ranks set their collectives' timeout from it
+            "TMPDIR": tmp,                  # torchrun's torchelastic_* log folder, and any rank's temp file
+            lifeline.LAUNCHER_ENV: str(os.getpid()),    # the ranks end when this process does
             "OMP_NUM_THREADS": str(threads_per_rank),
             "PYTHONUNBUFFERED": "1",
             "PYTHONFAULTHANDLER": "1",  # a rank that crashes in C++ still shows where Python was
@@ -317,13 +332,15 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
         name = os.path.basename(module) if module.endswith(".py") else module
         cmd = torchrun_command(module, nproc, args)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=child_env, start_new_session=True, bufsize=1)
+                                env=child_env, start_new_session=True, bufsize=1,
+                                preexec_fn=lifeline.dies_with_parent(signal.SIGTERM))
         lines: list[str] = []
         q: queue.Queue = queue.Queue()
         reader = threading.Thread(target=lambda: ([q.put(l) for l in proc.stdout], q.put(None)), daemon=True)
         reader.start()
         deadline = time.monotonic() + timeout
         seen: dict[int, int] = {}     # rank -> pid, refreshed every second: to kill orphans if torchrun dies
+        watch = hang.Watch(hang_s, nproc)
         next_look = time.monotonic()
         try:
             while True:
@@ -338,16 +355,22 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
                     if not quiet:
                         print(line, end="", flush=True)
                 if time.monotonic() >= next_look:
-                    seen.update(_rank_pids(proc, result_path))
+                    alive = _rank_pids(proc, result_path)
+                    seen.update(alive)
+                    watch.look(alive)
                     next_look = time.monotonic() + 1.0
+                    if watch.hung():
+                        raise _hang_error(watch, alive, q, lines, quiet, f"{name} on {nproc} ranks", hang_s)
                 if time.monotonic() > deadline:
                     alive = _rank_pids(proc, result_path)
-                    _ask_for_stacks(list(alive.values()), q, lines, quiet)
-                    unfinished = describe_unfinished(lines, sorted(alive))
+                    watch.look(alive)
+                    stopped = watch.stopped()
+                    _ask_for_stacks([p for r, p in alive.items() if r not in stopped], q, lines, quiet)
+                    unfinished = describe_unfinished(lines, sorted(alive), stopped)
                     raise LaunchError(f"{name} on {nproc} ranks timed out after {timeout:.0f}s and was killed; "
                                       f"{unfinished}\nLast output:\n{''.join(lines[-40:])}", ranks=sorted(alive),
                                       streamed=not quiet)
-        except BaseException:  # timeout, or the notebook's interrupt button: leave no rank behind
+        except BaseException:  # a hang, the timeout, Ctrl-C, SIGTERM/SIGHUP: leave no rank behind
             _kill_tree(proc, _still_ours(seen, result_path))
             raise
         code = proc.wait()
@@ -364,6 +387,16 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
             with open(result_path) as f:
                 return json.load(f)
         return None
+
+
+def _hang_error(watch, alive: dict[int, int], q, lines: list[str], quiet: bool, job: str, hang_s: float) -> LaunchError:
+    """The LaunchError of a hung job: ask the ranks that can answer where they are, name the culprit first."""
+    stopped, idle = watch.stopped(), watch.idle()
+    _ask_for_stacks([pid for rank, pid in alive.items() if rank not in stopped], q, lines, quiet)
+    places = {rank: where(main_stack(rank_lines(lines, rank))) for rank in alive if rank not in stopped}
+    head, culprits = hang.describe(stopped, idle, places)
+    return LaunchError(f"{head}\n{job} hung and was killed ({hang.HANG_ENV}={hang_s:g} s). "
+                       f"Last output:\n{''.join(lines[-40:])}", ranks=culprits, streamed=not quiet)
 
 
 def _still_ours(seen: dict[int, int], token: str) -> list[int]:

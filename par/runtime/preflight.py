@@ -10,6 +10,9 @@ The rule (`choose_backend`): NCCL needs one GPU per rank *on each node*; gloo ru
     "auto"  -> nccl when GPUs visible >= ranks per node > 0, else gloo
     "nccl"  -> an error when torch has no CUDA, or GPUs visible < ranks per node
 
+A gloo job on more than RANKS_PER_CORE ranks per physical core is refused too (`check_fits`): its ranks
+would wait for a core, for minutes, and time the waiting; `python -m par ... --oversubscribe` starts them anyway.
+
 This module does not import torch (which takes seconds, more on a busy machine): it reads
 whether the installed torch was built with CUDA from torch/version.py, and only a CUDA build
 is asked how many GPUs it sees.
@@ -22,6 +25,7 @@ import re
 import sys
 
 BACKENDS = ("auto", "gloo", "nccl")
+RANKS_PER_CORE = 4   # gloo ranks per physical core a command starts without --oversubscribe (8 on 2 cores)
 
 
 class BackendError(RuntimeError):
@@ -137,7 +141,19 @@ def option(argv: list[str], flag: str, default: str | None = None) -> str | None
     return default
 
 
-def check_command_line(argv: list[str], default_ranks: int = 1) -> None:
-    """Preflight of a command that starts ranks: its `--backend` against the ranks it asks for."""
+def check_fits(ranks: int, backend: str, oversubscribe: bool = False) -> None:
+    """Raise `BackendError` when `ranks` gloo ranks would crowd this machine: more than RANKS_PER_CORE per
+    physical core (`oversubscribe`: start them anyway). NCCL ranks each have a GPU of their own."""
+    limit = RANKS_PER_CORE * physical_cores()
+    if backend == "nccl" or oversubscribe or ranks <= limit:
+        return
+    raise BackendError(f"{ranks} ranks on {physical_cores()} physical CPU cores: at most {limit} "
+                       f"({RANKS_PER_CORE} per core) start here; ask for fewer ranks, or add --oversubscribe "
+                       f"to start {ranks} anyway")
+
+
+def check_command_line(argv: list[str], default_ranks: int = 1, oversubscribe: bool = False) -> None:
+    """Preflight of a command that starts ranks: its `--backend` against the ranks it asks for, and
+    whether this machine holds them (`check_fits`)."""
     ranks = ranks_requested(argv) or default_ranks
-    choose_backend(ranks, option(argv, "--backend", "auto"))
+    check_fits(ranks, choose_backend(ranks, option(argv, "--backend", "auto")), oversubscribe)

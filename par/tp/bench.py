@@ -20,19 +20,20 @@ from __future__ import annotations
 import argparse
 import sys
 
+from par.runtime.checks import positive_float, positive_int
 from par.tp.bench_job import KINDS
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(description="par TP vs torch.distributed.tensor.parallel")
-    p.add_argument("--nproc", type=int, default=2)
+    p = argparse.ArgumentParser(prog="python -m par bench tp", description="par TP vs torch.distributed.tensor.parallel")
+    p.add_argument("--nproc", type=positive_int, default=2)
     p.add_argument("--preset", default="small")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--steps", type=int, default=10, help="timed steps per turn")
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--steps", type=positive_int, default=10, help="timed steps per turn")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=positive_int, default=3)
     p.add_argument("--backend", default="auto")
-    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--timeout", type=positive_float, default=600)
     return p.parse_args(argv)
 
 

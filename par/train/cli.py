@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 
+from par.runtime.checks import positive_float, positive_int
 from par.train.config import ConfigError, ignored_keys, load, read   # light: a bad config fails before torch loads
 
 
@@ -31,18 +32,16 @@ def main(argv=None) -> int:
     that can be checked here, then start the ranks."""
     ap = argparse.ArgumentParser(prog="python -m par train", description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="a JSON file (see configs/) or a JSON object as text")
-    ap.add_argument("--nproc", type=int, default=1, help="ranks to start (dp = nproc / (pp · tp))")
+    ap.add_argument("--nproc", type=positive_int, default=1, help="ranks to start (dp = nproc / (pp · tp))")
     ap.add_argument("--backend", default="auto", help="auto, gloo or nccl")
-    ap.add_argument("--steps", type=int, default=None, help="override the config's steps")
-    ap.add_argument("--timeout", type=int, default=600, help="seconds before the job is killed")
+    ap.add_argument("--steps", type=positive_int, default=None, help="override the config's steps")
+    ap.add_argument("--timeout", type=positive_float, default=600, help="seconds before the job is killed")
     ap.add_argument("--check", action="store_true", help="compare with one process trained on the same batches")
-    ap.add_argument("--nnodes", type=int, default=None,
+    ap.add_argument("--nnodes", type=positive_int, default=None,
                     help="several machines: print the torchrun command for each node (--nproc ranks in all)")
     ap.add_argument("--rdzv-endpoint", default="node0:29500", help="with --nnodes: HOST:PORT of node 0")
     ap.add_argument("--rdzv-backend", default="c10d", help="with --nnodes: c10d (same command everywhere) or static")
     args = ap.parse_args(argv)
-    if args.nproc < 1:
-        raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
     if args.nnodes is not None:
         return print_nodes(args)
     tc = load(args.config, args.nproc)     # the config's own error, before starting ranks
@@ -65,10 +64,13 @@ def main(argv=None) -> int:
 def print_nodes(args) -> int:
     """`--nnodes N`: check the config for the whole world, then print the command each node runs."""
     from par.runtime.launch import MultiNode, MultiNodeError
-    if args.nnodes < 1 or args.nproc % args.nnodes:
+    if args.nproc % args.nnodes:
         raise ConfigError(f"--nproc {args.nproc} ranks do not split over --nnodes {args.nnodes}: "
-                          f"give --nproc a multiple of --nnodes (ranks in all, e.g. --nproc {2 * max(1, args.nnodes)})")
+                          f"give --nproc a multiple of --nnodes (ranks in all, e.g. --nproc {2 * args.nnodes})")
     tc = load(args.config, args.nproc)
+    from par.runtime.preflight import choose_backend
+    per_node = args.nproc // args.nnodes     # the nodes' GPUs, not this machine's: only the backend's name is checked
+    choose_backend(args.nproc, args.backend, gpus=per_node, local_world_size=per_node)
     try:
         nodes = MultiNode(args.nnodes, args.nproc // args.nnodes, args.rdzv_endpoint, rdzv_id="par-train",
                           rdzv_backend=args.rdzv_backend)

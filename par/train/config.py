@@ -244,13 +244,33 @@ def _parse(cfg: dict, world_size: int) -> TrainConfig:
         raise ConfigError(f"zero_optimization.prefetch gathers parameters ahead, which only stage 3 does (stage {stage})")
     pipe = cfg.get("pipeline", {})
     steps = _int(cfg, "steps", 10)
-    return TrainConfig(world_size, dp, pp, tp, b.train_batch_size, b.micro_batch, b.grad_accum,
+    tc = TrainConfig(world_size, dp, pp, tp, b.train_batch_size, b.micro_batch, b.grad_accum,
                        optimizer=OPTIMIZERS[kind], lr=lr, optimizer_params=oparams, warmup_steps=warmup,
                        warmup_min_lr=min_lr, warmup_type=wtype, decay_steps=decay, precision=precision, zero_stage=stage,
                        offload=offload, schedule=pipe.get("schedule", "1f1b"),
                        partition_method=pipe.get("partition_method", "parameters"),
                        gradient_clipping=cfg.get("gradient_clipping"), loss_scale=scale, prefetch=prefetch, model=dict(cfg.get("model", {"preset": "tiny"})),
                        steps=steps, seed=int(cfg.get("seed", 0)))
+    check_model(tc)
+    return tc
+
+
+def check_model(tc: TrainConfig) -> None:
+    """Raise `ConfigError` when the `model` section names no preset, or its model cannot be cut into the
+    pipeline's stages (a layer each) or split over the tensor-parallel ranks (whole heads, d_model, the FFN):
+    found here, before any rank starts, by the checks the ranks would fail (imports torch: the model's)."""
+    from par.pp.partition import uniform
+    from par.tp.layers import check_tp_degree
+    try:
+        model = model_config(tc)
+    except ValueError as e:
+        raise ConfigError(f"model.preset: {e}") from None
+    for key, check in (("pipeline.stages", lambda: uniform(model.n_layer, tc.pp)),
+                       ("tensor_parallel.tp_size", lambda: check_tp_degree(model, tc.tp))):
+        try:
+            check()
+        except ValueError as e:
+            raise ConfigError(f"{key}: {e}") from None
 
 
 def _loss_scale(fp16: dict) -> dict:

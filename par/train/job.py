@@ -24,7 +24,7 @@ from par.train.config import load, read
 @dataclass(frozen=True)
 class Args(JobArgs):
     config: tuple[str, ...] = arg(help="a JSON file, or a JSON object as text; one --config per run", repeat=True)
-    steps: int | None = arg(None, "override the configs' steps")
+    steps: int | None = arg(None, "override the configs' steps", minimum=1)
     check: bool = arg(False, "train the single-process model beside and compare")
 
 

@@ -319,26 +319,41 @@ def from_config(tc, hw: Hardware = Hardware()) -> Plan:
     return predict(w, tc.dp, tc.pp, tc.tp, tc.zero_stage, m, hw, tc.offload)
 
 
+def model_of(text: str, seq: int | None):
+    """The GPTConfig of `--model`: a preset, or L,H,d (layers, heads, width) of GPT-2's vocabulary; `seq`
+    tokens of context (default: the preset's, 2048). A name or numbers that make no model: ArgumentError."""
+    import argparse
+    from par.model import GPTConfig, preset
+    from par.runtime.checks import positive_int
+    if "," not in text:
+        try:
+            return preset(text, **({"block_size": seq} if seq else {}))
+        except ValueError as e:
+            raise argparse.ArgumentError(None, f"--model: {e}; or give L,H,d (layers,heads,width)") from None
+    try:
+        layers, heads, width = (positive_int(v) for v in text.split(","))
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentError(None, f"--model {text!r}: give L,H,d as three whole numbers >= 1 "
+                                           f"(layers,heads,width, e.g. 100,96,12288) or a preset") from None
+    return GPTConfig(vocab_size=50257, block_size=seq or 2048, n_layer=layers, n_head=heads, d_model=width)
+
+
 def main(argv=None) -> int:
     """`python -m par plan --model gpt3-small --world 64 --hardware a100-80gb --batch 512 [--recompute]`."""
     import argparse
-    from par.model import GPTConfig, preset
+    from par.runtime.checks import positive_float, positive_int
     ap = argparse.ArgumentParser(prog="python -m par plan", description="rank (dp, pp, tp, ZeRO, m) layouts")
     ap.add_argument("--model", default="gpt3-small", help="a GPT-lite preset, or L,H,d (layers,heads,width)")
-    ap.add_argument("--seq", type=int, default=None, help="sequence length (default: the preset's)")
-    ap.add_argument("--world", type=int, default=8)
+    ap.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: the preset's)")
+    ap.add_argument("--world", type=positive_int, default=8)
     ap.add_argument("--hardware", default="a100-80gb", choices=sorted(HARDWARE))
-    ap.add_argument("--memory", type=float, default=None, help="bytes per device (default: the hardware's)")
-    ap.add_argument("--batch", type=int, default=512, help="global batch (sequences)")
+    ap.add_argument("--memory", type=positive_float, default=None, help="bytes per device (default: the hardware's)")
+    ap.add_argument("--batch", type=positive_int, default=512, help="global batch (sequences)")
     ap.add_argument("--precision", default="mixed", choices=("fp32", "mixed", "pure16"))
     ap.add_argument("--recompute", action="store_true", help="full activation recomputation")
-    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--top", type=positive_int, default=15)
     args = ap.parse_args(argv)
-    if "," in args.model:
-        layers, heads, width = (int(v) for v in args.model.split(","))
-        cfg = GPTConfig(vocab_size=50257, block_size=args.seq or 2048, n_layer=layers, n_head=heads, d_model=width)
-    else:
-        cfg = preset(args.model, **({"block_size": args.seq} if args.seq else {}))
+    cfg = model_of(args.model, args.seq)
     hw = HARDWARE[args.hardware]
     hw = replace(hw, memory=args.memory) if args.memory else hw
     w = Workload(cfg, args.batch, args.precision, recompute="full" if args.recompute else "none")

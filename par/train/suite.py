@@ -277,21 +277,23 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
+    from par.runtime.checks import check_writable, positive_float, positive_int
     ap = argparse.ArgumentParser(prog="python -m par bench suite", description=__doc__.splitlines()[0])
-    ap.add_argument("--nproc", type=int, default=None, help="ranks of the timed rows (default: min(4, cores))")
+    ap.add_argument("--nproc", type=positive_int, default=None, help="ranks of the timed rows (default: min(4, cores))")
     ap.add_argument("--preset", default="tiny", help="tiny is timed widened (see timing_model)")
-    ap.add_argument("--micro-batch", type=int, default=2)
+    ap.add_argument("--micro-batch", type=positive_int, default=2)
     ap.add_argument("--steps", type=int, default=6, help="steps per row; the first is a warm-up, not timed")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--configs", default=None, help=f"comma-separated subset of {', '.join(NAMES)} (default: all; "
                                                     f"on CPUs all but fp16 and bf16, whose CPU kernels are slow)")
-    ap.add_argument("--memory", type=float, default=80e9, help="bytes per device for the largest-model search")
-    ap.add_argument("--world", type=int, default=None, help="devices for the largest-model search (default nproc)")
+    ap.add_argument("--memory", type=positive_float, default=80e9, help="bytes per device for the largest-model search")
+    ap.add_argument("--world", type=positive_int, default=None, help="devices for the largest-model search (default nproc)")
     ap.add_argument("--hardware", default="a100-80gb", choices=sorted(planner.HARDWARE))
     ap.add_argument("--out", default="runs/bench_suite.json")
     args = ap.parse_args(argv)
     if args.steps < 4:
         ap.error(f"--steps {args.steps}: use at least 4 (a warm-up and 3 timed steps for a median and a spread)")
+    check_writable(args.out, parents=True)
     import par.runtime.dist
     if args.nproc is None:
         args.nproc = par.runtime.dist.default_world_size()

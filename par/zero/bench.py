@@ -24,20 +24,22 @@ import argparse
 import statistics
 import sys
 
+from par.runtime.checks import positive_float, positive_int, world_sizes
+
 TARGET_TIME, TARGET_MEMORY = 1.25, 1.0
 
 
 def parse(argv):
     p = argparse.ArgumentParser(prog="python -m par bench zero", description="par ZeRO vs torch ZeRO-1 / FSDP2")
-    p.add_argument("--worlds", default="2,4", help="comma-separated world sizes")
+    p.add_argument("--worlds", type=world_sizes, default=(2, 4), help="comma-separated world sizes")
     p.add_argument("--preset", default="small")
-    p.add_argument("--batch-size", type=int, default=8, help="global batch (a multiple of every world size)")
-    p.add_argument("--rounds", type=int, default=9, help="timed steps per engine (>= 9 for a median with spread)")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--batch-size", type=positive_int, default=8, help="global batch (a multiple of every world size)")
+    p.add_argument("--rounds", type=positive_int, default=9, help="timed steps per engine (>= 9 for a median with spread)")
+    p.add_argument("--warmup", type=positive_int, default=2)
     p.add_argument("--impls", default="ring,torch", help="par collectives to try: ring, torch")
     p.add_argument("--only", default="", help="comma-separated row names (default: every row)")
     p.add_argument("--backend", default="auto")
-    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--timeout", type=positive_float, default=900)
     return p.parse_args(argv)
 
 
@@ -81,12 +83,10 @@ def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     import par.runtime.dist
     import par.runtime.launch
-    if args.rounds < 1 or args.warmup < 1:
-        raise argparse.ArgumentError(None, "--rounds and --warmup must be >= 1")
     cores = par.runtime.dist.physical_cores()
     print(f"par ZeRO vs torch (targets: time <= {TARGET_TIME}x, memory <= {TARGET_MEMORY}x); "
           f"timings on a shared machine are noisy")
-    for world in map(int, args.worlds.split(",")):
+    for world in args.worlds:
         if args.batch_size % world:
             raise argparse.ArgumentError(None, f"--batch-size {args.batch_size} is not a multiple of world size "
                                                f"{world}")

@@ -84,7 +84,7 @@ class Args(JobArgs):
     runs: tuple[Run, ...] = arg((Run(0), Run(1), Run(2), Run(3), Run(3, offload=True)),
                                 "comma-separated: stage, stage+offload, fsdp2 (see `Run`)")
     preset: str = arg("tiny")
-    steps: int = arg(10)
+    steps: int = arg(10, minimum=1)
     batch: int = arg(8, "global batch size (a multiple of the world size)")
     optimizer: str = arg("adam")
     lr: float = arg(1e-3)

@@ -1,0 +1,96 @@
+"""Checks of a command line that need only its values and the file system, shared by every command.
+
+A mistake found here stops the command before any work or rank starts, as one line `error: ...` and
+exit 2 (`python -m par`, par/__main__.py):
+
+    ap.add_argument("--steps", type=positive_int)            # 0, -1, "two": argparse's one-line error
+    ap.add_argument("--world-sizes", type=world_sizes)       # "2,4" -> (2, 4); every one >= 1
+    check_writable(args.json)                                # before the benchmark, not after it
+    unknown("benchmark", "colectives", BENCHMARKS, "python -m par bench --help")   # did you mean 'collectives'?
+
+This module imports nothing heavy (no torch): a refusal comes within a second.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import tempfile
+from pathlib import Path
+
+
+class CheckError(ValueError):
+    """An argument that cannot work (an output path that cannot be written): one line naming the fix."""
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1 (ranks, steps, sizes)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0 (seconds, bytes)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+def world_sizes(text: str) -> tuple[int, ...]:
+    """argparse type: comma-separated world sizes, each >= 1: '2,4' -> (2, 4)."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers of ranks such as 2,4, got {text!r}")
+    try:
+        return tuple(positive_int(t) for t in items)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"every world size {e}") from None
+
+
+def unknown(kind: str, word: str, choices, see: str) -> str:
+    """The message for a mistyped name, with the nearest choice when one is near (difflib):
+    "unknown benchmark 'colectives': did you mean 'collectives'? (use one of ...; see ...)"."""
+    near = difflib.get_close_matches(word, sorted(choices), n=1)
+    every = ", ".join(sorted(choices))
+    if near:
+        return f"unknown {kind} {word!r}: did you mean {near[0]!r}? (use one of {every}; {see})"
+    return f"unknown {kind} {word!r}: use one of {every} ({see})"
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """`path` itself, or the nearest folder above it that exists."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable(path, directory: bool = False, parents: bool = False) -> None:
+    """Raise `CheckError` unless `path` can be written: a file, or (`directory`) a folder; `parents`: the
+    command makes the missing folders above it (a folder always may). Tried by writing, not by reading
+    permission bits (root ignores them, a read-only mount does not); nothing is left behind."""
+    target = Path(path).absolute()
+    base = _existing_ancestor(target)
+    if base == target and target.is_dir() != directory:
+        raise CheckError(f"cannot write {path}: it is {'a file' if directory else 'a folder'}; "
+                         f"give the path of a {'folder' if directory else 'file'}")
+    if base != target and not base.is_dir():
+        raise CheckError(f"cannot write {path}: {base} is a file, not a folder")
+    if base != target and base != target.parent and not (directory or parents):
+        raise CheckError(f"cannot write {path}: the folder {target.parent} does not exist; create it first")
+    try:
+        if base == target and not directory:
+            os.close(os.open(target, os.O_WRONLY | os.O_APPEND))
+        else:
+            with tempfile.TemporaryFile(dir=base):
+                pass
+    except OSError as e:
+        raise CheckError(f"cannot write {path}: {e.strerror} ({base}); choose a path you can write") from None
