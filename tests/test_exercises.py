@@ -78,7 +78,7 @@ def test_solution_follows_the_grading_rules(path):
     setup = "\n".join(c.source for c in nb.cells if c.cell_type == "code" and not exercises.is_check(c)
                       and not exercises.is_answer(c))
     for cell in answers:  # a stub never hands the student par's copy of the function it asks for
-        for name in grade.defined_names(cell.source):
+        for name in exercises.defined_names(cell.source):
             if isinstance(name, str):
                 assert not re.search(rf"\bimport\b[^\n]*\b{name}\b", setup), f"{path.name}: setup imports {name}"
                 assert not re.search(rf"\bimport\b[^\n]*\b{name}\b", exercises.stub_source(cell.source)), name

@@ -20,10 +20,12 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-# the collectives of torch.distributed and of par, which an exercise on sends and receives may not use
-COLLECTIVES = [("torch.distributed", name) for name in
-               ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
-                "all_gather_into_tensor", "broadcast", "all_to_all", "all_to_all_single")] + \
+# the collectives of torch.distributed (also where they are defined: distributed_c10d) and of par, which an
+# exercise on sends and receives may not use
+TORCH_COLLECTIVES = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
+                     "all_gather_into_tensor", "broadcast", "all_to_all", "all_to_all_single", "scatter", "gather")
+COLLECTIVES = [(module, name) for module in ("torch.distributed", "torch.distributed.distributed_c10d")
+               for name in TORCH_COLLECTIVES] + \
               [("par.comm.collectives", name) for name in
                ("all_reduce", "ring_all_reduce", "reduce_scatter", "ring_reduce_scatter", "all_gather",
                 "ring_all_gather", "broadcast")]

@@ -35,7 +35,9 @@ directory, so files a cell writes (`%%writefile my_ring.py`) never land in solut
 """
 from __future__ import annotations
 
+import ast
 import copy
+import re
 import shutil
 import subprocess
 import sys
@@ -279,3 +281,15 @@ def record(root: Path = ROOT, names=()) -> int:
         return 1
     print(f"recorded {len(paths)} solution(s); exercises regenerated")
     return 0
+
+
+def defined_names(source: str) -> frozenset:
+    """What a cell defines at top level (functions, classes; `%%writefile FILE` cells: the file)."""
+    first = source.lstrip().split("\n", 1)[0]
+    if first.startswith("%%writefile"):
+        return frozenset({("file", first.split()[-1])})
+    try:
+        tree = ast.parse(source)
+        return frozenset(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
+    except SyntaxError:
+        return frozenset(re.findall(r"^(?:def|class)\s+(\w+)", source, re.M))

@@ -15,10 +15,13 @@ What decides the grade. The notebook that runs is assembled from the instructor'
     cells the student added                               kept, after the cell the student put them after
     every other cell: setup, demos, the checks            the instructor's, hidden checks included
 
-up to the last check cell (what would run after it cannot change the grade). It runs in a fresh kernel, in a fresh temporary directory, under nbval (`pytest --nbval-lax`:
-`par.course.nbval_run`). Whatever the student did to the check cells (emptied, edited, asserts added or
-removed) is ignored. A check cell (tagged `check`) earns the points in its metadata (`"points": 2`,
-default 1) when it runs without error; the grade is points earned / points possible.
+up to the last check cell (what would run after it cannot change the grade). It runs cell by cell
+(`par.course.checks`): answers, added cells and setup in a fresh kernel in a fresh temporary folder, inside
+a sandbox (`par.course.sandbox`: bubblewrap where available, else "unsandboxed"); the check cells in the
+grader's own process, on plain data fetched from the student's functions. Whatever the student did to the
+check cells (emptied, edited, asserts added or removed) or to their kernel is ignored. A check cell (tagged
+`check`) earns the points in its metadata (`"points": 2`, default 1) when it runs to its end without error;
+the grade is points earned / points possible.
 
 Practice grade. Without `solutions/` (the student bundle of `python -m par exercises release`), or with
 `--practice`, the checks are the visible ones of `exercises/NN_topic.ipynb`; hidden checks do not run,
@@ -33,6 +36,11 @@ Status of a submission:
     error     not valid JSON, not a notebook, belongs to no exercise, the kernel died, or the grader could
               not run it; the reason says which. Checks that passed before the kernel died still count.
 
+Every file found gets a row (a `.py` file, an unreadable one, a notebook of no exercise: `error`); nbformat 3
+is converted; two submissions of one student's exercise are both flagged DUPLICATE. Rows are appended and
+flushed as each submission finishes (a killed batch keeps them; `--resume` grades the rest), and the report
+and feedback paths are checked before grading starts. Feedback never shows a hidden check's source.
+
 Exit code: with --report, 0 once every submission has its row, whatever its status (2 when nothing could
 be graded at all: no notebook found, the report cannot be written); without --report, 0 when every
 notebook passed all its checks, 1 otherwise. Usage errors: 2.
@@ -40,7 +48,6 @@ notebook passed all its checks, 1 otherwise. Usage errors: 2.
 from __future__ import annotations
 
 import argparse
-import ast
 import csv
 import json
 import os
@@ -51,7 +58,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from par.course import exercises, nbval_run
+from par.course import checks, exercises, nbval_run
 from par.course.exercises import ROOT, is_answer, is_check
 
 TIMEOUT = 600          # seconds per notebook
@@ -84,6 +91,8 @@ class Grade:
     notes: list[str] = field(default_factory=list)
     official: bool = True
     seconds: float = 0.0
+    flags: list[str] = field(default_factory=list)   # shown whatever the status (a duplicate, unsandboxed)
+    sandboxed: bool = True
 
     @property
     def points(self) -> float:
@@ -102,7 +111,8 @@ class Grade:
         return {"submission": self.submission, "exercise": self.exercise, "points": _num(self.points),
                 "max_points": _num(self.max_points) if self.checks else "", "percent": f"{pct:.1f}",
                 "status": self.status, "failed_checks": ";".join(self.failed_checks),
-                "reason": " ".join("; ".join([self.reason, *self.notes] if self.status != "ok" else []).split()),
+                "reason": " ".join("; ".join(([self.reason, *self.notes] if self.status != "ok" else [])
+                                             + self.flags).split()),
                 "seconds": f"{self.seconds:.1f}"}
 
 
@@ -153,13 +163,16 @@ def read_submission(path: Path):
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise SubmissionError(f"not valid JSON ({e}); the file is damaged: ask for it again") from None
-    if not isinstance(data, dict) or not isinstance(data.get("cells"), list) or "nbformat" not in data:
+    old = isinstance(data, dict) and data.get("nbformat") in (3, 2) and isinstance(data.get("worksheets"), list)
+    if not old and (not isinstance(data, dict) or not isinstance(data.get("cells"), list) or "nbformat" not in data):
         raise SubmissionError("valid JSON but not a Jupyter notebook (no 'cells' list or 'nbformat')")
     try:
         import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # a schema warning is no reason to refuse a notebook
-            nb = nbformat.reads(text, as_version=4)
+            nb = nbformat.reads(text, as_version=4)       # nbformat 3 (and 2) converted to 4
+            if old:
+                nb = nbformat.convert(nb, 4)
         for cell in nb.cells:
             cell.cell_type, cell.source  # noqa: B018  (a cell without them is not a cell)
     except Exception as e:  # nbformat raises many kinds for a broken notebook
@@ -191,18 +204,6 @@ def identify(nb, path: Path, course: Course) -> str:
 
 
 # ---------------------------------------------------------------- the notebook that runs
-def defined_names(source: str) -> frozenset:
-    """What a cell defines at top level (functions, classes; `%%writefile FILE` cells: the file)."""
-    first = source.lstrip().split("\n", 1)[0]
-    if first.startswith("%%writefile"):
-        return frozenset({("file", first.split()[-1])})
-    try:
-        tree = ast.parse(source)
-        return frozenset(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
-    except SyntaxError:
-        return frozenset(re.findall(r"^(?:def|class)\s+(\w+)", source, re.M))
-
-
 @dataclass
 class Assembled:
     notebook: object
@@ -224,9 +225,9 @@ def assemble(reference, student, official: bool = True) -> Assembled:
             answers[cid] = by_id[cid].source
             used.add(id(by_id[cid]))
             continue
-        want = defined_names(cell.source)
+        want = exercises.defined_names(cell.source)
         found = next((c for c in mine if c.get("id") not in ref_ids and id(c) not in used
-                      and want and want <= defined_names(c.source)), None)
+                      and want and want <= exercises.defined_names(c.source)), None)
         if found is not None:
             answers[cid] = found.source
             used.add(id(found))
@@ -257,7 +258,7 @@ def assemble(reference, student, official: bool = True) -> Assembled:
         if cid in answers:
             put(answers[cid], "answer", cid)
         else:
-            meta = {k: v for k, v in cell.metadata.items() if k in ("tags", "points")}
+            meta = {k: v for k, v in cell.metadata.items() if k in ("tags", "points", "judge")}
             put(cell.source, "check" if is_check(cell) else "setup", cid, meta)
         for source in added.get(cid, []):
             put(source, "added", f"added-{len(roles)}")
@@ -309,7 +310,7 @@ def score(assembled: Assembled, run: nbval_run.Run, reference, timeout: float, c
 
 
 def grade_one(path: Path, course: Course, timeout: float = TIMEOUT, cell_timeout: float = CELL_TIMEOUT,
-              env: dict | None = None, label: str | None = None) -> Grade:
+              env: dict | None = None, label: str | None = None, package: Path | None = None) -> Grade:
     """Grade one submission; every failure of the submission becomes its Grade's status, never an exception."""
     grade = Grade(submission=label or str(path), official=course.official)
     start = time.monotonic()
@@ -322,13 +323,16 @@ def grade_one(path: Path, course: Course, timeout: float = TIMEOUT, cell_timeout
     reference = course.notebooks[grade.exercise]
     assembled = assemble(reference, nb, official=course.official)
     grade.notes = assembled.notes
-    run = nbval_run.run(assembled.notebook, timeout=timeout, cell_timeout=min(cell_timeout, timeout),
-                        name=f"{grade.exercise}.ipynb", env=env)
+    run, notes = checks.run(assembled, reference, timeout=timeout, cell_timeout=min(cell_timeout, timeout), env=env,
+                            package=package)
+    grade.notes += notes
+    grade.sandboxed = not any(n.startswith("unsandboxed") for n in notes)
     return score(assembled, run, reference, timeout, cell_timeout, grade)
 
 
 def find_submissions(targets: list[str]) -> tuple[list[Path], list[Path]]:
-    """(notebooks to grade, other files skipped) for files and folders (searched recursively)."""
+    """(files to grade, files skipped) for files and folders (searched recursively). Every file gets a row:
+    one that is not a notebook is graded `error` with the reason; only hidden files and checkpoints are skipped."""
     found, skipped = [], []
     for target in map(Path, targets):
         if target.is_dir():
@@ -336,7 +340,7 @@ def find_submissions(targets: list[str]) -> tuple[list[Path], list[Path]]:
                 if not p.is_file() or ".ipynb_checkpoints" in p.parts or any(part.startswith(".") for part in
                                                                              p.relative_to(target).parts):
                     continue
-                (found if p.suffix == ".ipynb" else skipped).append(p)
+                found.append(p)
         elif target.is_file():
             found.append(target)
         else:
@@ -344,18 +348,57 @@ def find_submissions(targets: list[str]) -> tuple[list[Path], list[Path]]:
     return found, skipped
 
 
+def student_key(path: Path, exercise: str) -> tuple[str, str]:
+    """Who handed `path` in, as far as the names say: its folder and its file name without the exercise or
+    the marks of a second copy (`alice_01_x (1).ipynb`, `alice/01_x-copy.ipynb` -> alice)."""
+    stem = Path(path).stem.replace(exercise, " ")
+    stem = re.sub(r"\b(copy|final|v\d+|version\s*\d*|new|old|\d+)\b", " ", stem, flags=re.I)
+    return str(Path(path).parent), " ".join(re.sub(r"[\W_]+", " ", stem).split()).lower()
+
+
+def duplicates(paths: list[Path], course: Course) -> dict[Path, str]:
+    """{path: flag} for submissions of one student's exercise handed in more than once."""
+    groups: dict = {}
+    for path in paths:
+        try:
+            exercise = identify(read_submission(path), path, course)
+        except SubmissionError:
+            continue
+        groups.setdefault((exercise, *student_key(path, exercise)), []).append(path)
+    flags = {}
+    for (exercise, *_), group in groups.items():
+        if len(group) > 1:
+            for path in group:
+                others = ", ".join(str(p) for p in group if p != path)
+                flags[path] = f"DUPLICATE: the same student's {exercise} is also in {others}"
+    return flags
+
+
 def grade_many(paths: list[Path], course: Course, timeout: float = TIMEOUT, cell_timeout: float = CELL_TIMEOUT,
-               jobs: int = 1, progress=print) -> list[Grade]:
-    """Grade every path (`jobs` at a time); the result is in the order of `paths`."""
+               jobs: int = 1, progress=print, on_done=None) -> list[Grade]:
+    """Grade every path (`jobs` at a time); the result is in the order of `paths`. `on_done(grade)` is called
+    (under a lock) as each submission finishes: the report writes its row there, so a killed batch keeps it."""
+    import shutil
+    import tempfile
+    from par.course import sandbox
     env = {}
     if jobs > 1:  # share the cores between the notebooks running at once
         from par.runtime.dist import physical_cores
         env["OMP_NUM_THREADS"] = str(max(1, physical_cores() // jobs))
     lock, done = threading.Lock(), [0]
+    flags = duplicates(paths, course)
+    sandbox.sweep()     # the work folders of a grader killed earlier (its processes died with it)
+    package = sandbox.package_copy(Path(tempfile.mkdtemp(prefix=f"{sandbox.PREFIX}{os.getpid()}-pkg-"))) if sandbox.available() else None
 
     def one(path):
-        g = grade_one(path, course, timeout, cell_timeout, env=env)
+        g = grade_one(path, course, timeout, cell_timeout, env=env, package=package)
+        if path in flags:
+            g.flags.append(flags[path])
+        if not g.sandboxed:
+            g.flags.append("unsandboxed")
         with lock:
+            if on_done is not None:
+                on_done(g)
             done[0] += 1
             if progress:
                 pts = f"{_num(g.points)}/{_num(g.max_points)}" if g.checks else "-"
@@ -372,17 +415,68 @@ def grade_many(paths: list[Path], course: Course, timeout: float = TIMEOUT, cell
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        if package is not None:
+            for p in [package, *package.rglob("*")]:
+                if p.is_dir():
+                    p.chmod(0o700)
+            shutil.rmtree(package, ignore_errors=True)
 
 
-def write_report(grades: list[Grade], path: Path) -> None:
+def write_report(grades: list[Grade], path: Path, earlier: list[dict] = ()) -> None:
+    """The whole gradebook at once (rows of an earlier run kept first), replacing the file atomically."""
     path = Path(path)
     if path.parent and not path.parent.exists():
         path.parent.mkdir(parents=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
+        for row in earlier:
+            writer.writerow({k: row.get(k, "") for k in COLUMNS})
         for g in grades:
             writer.writerow(g.row())
+    os.replace(tmp, path)
+
+
+class RowWriter:
+    """Appends one row per finished submission to the report, flushed to disk at once (a killed batch keeps
+    every row written); with `resume`, the rows already in the file stay and their submissions are skipped."""
+
+    def __init__(self, path: Path, resume: bool = False):
+        self.path = Path(path)
+        self.earlier: list[dict] = []
+        if resume and self.path.exists():
+            with open(self.path, newline="", encoding="utf-8") as f:
+                self.earlier = [r for r in csv.DictReader(f) if r.get("submission")]
+        self.done = {r["submission"] for r in self.earlier}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_report([], self.path, self.earlier)
+        self.file = open(self.path, "a", newline="", encoding="utf-8")
+        self.writer = csv.DictWriter(self.file, fieldnames=COLUMNS)
+
+    def __call__(self, g: Grade) -> None:
+        self.writer.writerow(g.row())
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def check_writable(report: Path | None, feedback: Path | None) -> None:
+    """Refuse to start (SubmissionError) when the report or the feedback folder cannot be written."""
+    for folder, what in ((report.parent if report else None, "--report"), (feedback, "--feedback")):
+        if folder is None:
+            continue
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            probe = Path(folder) / f".par-grade-probe-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            raise SubmissionError(f"{what}: cannot write in {folder}: {e.strerror or e}") from None
+    if report is not None and report.exists() and (report.is_dir() or not os.access(report, os.W_OK)):
+        raise SubmissionError(f"--report: {report} cannot be written")
 
 
 def write_feedback(grades: list[Grade], course: Course, folder: Path) -> None:
@@ -392,6 +486,24 @@ def write_feedback(grades: list[Grade], course: Course, folder: Path) -> None:
     for g in grades:
         name = re.sub(r"[^\w.-]+", "__", str(Path(g.submission)).lstrip("./")) + ".txt"
         (folder / name).write_text(format_grade(g, course) + "\n", encoding="utf-8")
+
+
+def hidden_lines(course: Course) -> list[str]:
+    """The lines of the hidden checks (what feedback must never show), longest first."""
+    from par.course.markers import HIDDEN_BEGIN, HIDDEN_END
+    lines = set()
+    for nb in course.notebooks.values():
+        for cell in nb.cells:
+            for block in re.findall(re.escape(HIDDEN_BEGIN) + r"(.*?)" + re.escape(HIDDEN_END), cell.source, re.S):
+                lines |= {line.strip() for line in block.splitlines() if len(line.strip()) >= 8}
+    return sorted(lines, key=len, reverse=True)
+
+
+def scrub(text: str, course: Course) -> str:
+    """`text` with every line of a hidden check replaced (a student's code may have printed them)."""
+    for line in hidden_lines(course) if course.official else []:
+        text = text.replace(line, "[hidden check]")
+    return text
 
 
 # ---------------------------------------------------------------- what people read
@@ -415,10 +527,12 @@ def format_grade(g: Grade, course: Course, tracebacks: bool = True) -> str:
     for note in g.notes:
         lines.append(f"  note: {note}")
     pct = 100 * g.points / g.max_points if g.max_points else 0.0
+    for flag in g.flags:
+        lines.append(f"  flag: {flag}")
     lines.append(f"{Path(g.submission).name}: {_num(g.points)}/{_num(g.max_points)} points ({pct:.0f}%), "
                  f"status {g.status}{': ' + g.reason if g.status in ('timeout', 'error') else ''} "
                  f"[{g.seconds:.0f} s]")
-    return "\n".join(lines)
+    return scrub("\n".join(lines), course)
 
 
 def class_summary(grades: list[Grade]) -> str:
@@ -447,29 +561,43 @@ def main(argv=None) -> int:
     ap.add_argument("--solutions", type=Path, default=None,
                     help="the instructor's solutions/ folder (default: solutions/ of this checkout)")
     ap.add_argument("--practice", action="store_true", help="grade with the visible checks of exercises/ only")
+    ap.add_argument("--resume", action="store_true", help="keep the rows already in --report and grade only the "
+                                                           "submissions without one (after an interrupted batch)")
     args = ap.parse_args(argv)
     if args.timeout <= 0 or args.cell_timeout <= 0 or args.jobs < 1:
         ap.error("--timeout and --cell-timeout must be positive and --jobs at least 1")
+    if args.resume and args.report is None:
+        ap.error("--resume needs --report")
+    check_writable(args.report, args.feedback)      # before any grading: a grade is never lost at the end
     course = load_course(args.solutions, args.practice)
     paths, skipped = find_submissions(args.submissions)
     if skipped:
         print(f"note: {len(skipped)} file(s) that are not notebooks skipped: "
               + ", ".join(str(p) for p in skipped[:10]) + (" ..." if len(skipped) > 10 else ""))
     if not paths:
-        raise SubmissionError(f"no notebook (*.ipynb) in {' '.join(args.submissions)}")
+        raise SubmissionError(f"no file to grade in {' '.join(args.submissions)}")
     if args.report is None and len(paths) == 1:
         print(f"grading {paths[0]} ({describe(course)}) ...", flush=True)
         grades = grade_many(paths, course, args.timeout, args.cell_timeout, 1, progress=None)
         print(format_grade(grades[0], course))
         return 0 if grades[0].status == "ok" else 1
-    print(f"grading {len(paths)} notebook(s), {args.jobs} at a time ({describe(course)})", flush=True)
-    grades = grade_many(paths, course, args.timeout, args.cell_timeout, args.jobs)
+    rows = RowWriter(args.report, args.resume) if args.report is not None else None
+    if rows is not None and rows.done:
+        before = len(paths)
+        paths = [p for p in paths if str(p) not in rows.done]
+        print(f"resuming: {before - len(paths)} submission(s) already in {args.report}")
+    print(f"grading {len(paths)} file(s), {args.jobs} at a time ({describe(course)})", flush=True)
+    try:
+        grades = grade_many(paths, course, args.timeout, args.cell_timeout, args.jobs, on_done=rows)
+    finally:
+        if rows is not None:
+            rows.close()
     print(class_summary(grades))
     if args.feedback is not None:
         write_feedback(grades, course, args.feedback)
         print(f"wrote {len(grades)} feedback file(s) to {args.feedback}")
     if args.report is None:
         return 0 if all(g.status == "ok" for g in grades) else 1
-    write_report(grades, args.report)
-    print(f"wrote {args.report} ({len(grades)} rows)")
+    write_report(grades, args.report, rows.earlier)     # the same rows, in the order of the submissions
+    print(f"wrote {args.report} ({len(grades) + len(rows.earlier)} rows)")
     return 0

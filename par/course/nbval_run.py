@@ -75,6 +75,7 @@ def run(nb, *, timeout: float = 600, cell_timeout: float = 300, name: str = "not
     """Run the notebook node `nb` (see the module docstring); never raises for what the notebook does."""
     import nbformat
     from par.runtime.launch import _kill_tree
+    from par.runtime.lifeline import dies_with_parent   # the grader SIGKILLed: pytest, its kernel and ranks go too
     with tempfile.TemporaryDirectory(prefix="par-grade-") as tmp:
         tmp = Path(tmp)
         path, report, log = tmp / name, tmp / ".cells.jsonl", tmp / ".pytest.log"
@@ -91,7 +92,7 @@ def run(nb, *, timeout: float = 600, cell_timeout: float = 300, name: str = "not
         start = time.monotonic()
         with open(log, "w") as out:
             proc = subprocess.Popen(cmd, cwd=tmp, env=child_env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=dies_with_parent())
             with _LOCK:
                 _RUNNING.add(proc)
             timed_out = False

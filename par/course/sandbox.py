@@ -1,0 +1,194 @@
+"""A sandbox per graded submission: bubblewrap (`bwrap`) when this machine has it, else none ("unsandboxed").
+
+    box = Sandbox.create(workdir, cpu_seconds=600, memory_bytes=16 << 30)
+    subprocess.Popen(box.wrap([sys.executable, "-m", "ipykernel_launcher", "-f", conn]), ...)
+    box.close()                                       # kills whatever is left, removes its files
+
+What a sandboxed submission sees and may do (bwrap, no root needed where unprivileged user namespaces are on):
+
+* no network: a network namespace of its own with only a loopback (gloo ranks on 127.0.0.1 still work);
+* a pid namespace of its own: the grader, other submissions and their kernels are not in its /proc; when the
+  kernel's sandbox ends (killed at the timeout, or the grader dies: --die-with-parent) every process in it goes;
+* the file system: /usr, /etc and the Python installation read-only, a read-only private copy of the `par`
+  package (made once per batch, `package_copy`), its own work folder (the notebook's files, writable), and a
+  private /tmp and HOME that vanish with it. The checkout (solutions/, tests/), other submissions, the report
+  and feedback paths are not mounted;
+* limits per process: CPU seconds (RLIMIT_CPU) and address space (RLIMIT_AS), set before the kernel starts.
+
+What it does not do: it is not a container or VM; it shares the kernel and the CPUs with the grader (a
+fork bomb is capped only by RLIMIT_NPROC of the user), and the limits are per process, not per submission.
+Without bwrap (macOS, no user namespaces) the submission runs as the grader's user in a session of its own,
+killed as a group at the end (and, on Linux, by a parent-death signal if the grader dies), and its grade says
+"unsandboxed". Work folders are named after the grader's pid: `sweep` removes those of a killed grader.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MEMORY = int(os.environ.get("PAR_GRADE_MEMORY", 16 << 30))   # bytes of address space per process
+
+
+@functools.lru_cache(maxsize=None)
+def available() -> bool:
+    """bwrap exists and can make the namespaces we ask for on this machine."""
+    bwrap = shutil.which("bwrap")
+    if not bwrap or os.environ.get("PAR_GRADE_SANDBOX") == "off":
+        return False
+    try:
+        return subprocess.run([bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
+                               "--dev", "/dev", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def package_copy(dest: Path) -> Path:
+    """A private copy of the `par` package under `dest` (what a sandbox puts on its PYTHONPATH), read-only."""
+    target = Path(dest) / "par"
+    shutil.copytree(ROOT / "par", target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for path in [target, *target.rglob("*")]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    return Path(dest)
+
+
+def _system_binds() -> list[str]:
+    args = []
+    for top in ("/usr", "/etc", "/opt"):
+        if os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    pythons = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    pythons.add(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
+    for path in sorted(pythons):
+        if not any(path.startswith(top + "/") for top in ("/usr", "/opt")):
+            args += ["--ro-bind", path, path]
+    if os.path.realpath(sys.prefix) != sys.prefix:
+        args += ["--ro-bind", sys.prefix, sys.prefix]
+    args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
+    return args
+
+
+@dataclass
+class Sandbox:
+    workdir: Path            # the submission's folder: its notebook's files; the kernel's cwd
+    package: Path | None     # the folder holding the read-only copy of `par` (None: this checkout's)
+    cpu_seconds: int
+    memory_bytes: int
+    sandboxed: bool
+
+    @classmethod
+    def create(cls, workdir: Path, package: Path | None = None, cpu_seconds: float = 600,
+               memory_bytes: int = MEMORY, sandboxed: bool | None = None) -> "Sandbox":
+        return cls(Path(workdir), package, max(1, int(cpu_seconds)), int(memory_bytes),
+                   available() if sandboxed is None else sandboxed)
+
+    @property
+    def pythonpath(self) -> str:
+        return str(self.package or ROOT)
+
+    def env(self, extra: dict | None = None) -> dict:
+        """The environment of the submission's processes: no variable of the grader's beyond the basics."""
+        keep = ("PATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TERM")
+        env = {k: os.environ[k] for k in keep if k in os.environ}
+        home = "/tmp/home" if self.sandboxed else str(self.workdir / ".home")
+        env.update({"HOME": home, "IPYTHONDIR": f"{home}/.ipython", "MPLCONFIGDIR": f"{home}/.mpl",
+                    "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+                    "PYTHONPATH": self.pythonpath, "TMPDIR": "/tmp" if self.sandboxed else str(self.workdir / ".tmp"),
+                    "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_RUNTIME_DIR": f"{home}/.jupyter"})
+        if not self.sandboxed:
+            for sub in (".home", ".tmp"):
+                (self.workdir / sub).mkdir(exist_ok=True)
+        env.update(extra or {})
+        return env
+
+    def wrap(self, cmd: list[str]) -> list[str]:
+        """`cmd` run inside the sandbox, with the limits set (the limits also apply unsandboxed)."""
+        limited = [sys.executable, "-m", "par.course.sandbox", "limit", str(self.cpu_seconds),
+                   str(self.memory_bytes), "--", *cmd]
+        if not self.sandboxed:
+            return limited
+        work = str(self.workdir)
+        # every namespace but IPC (--unshare-ipc makes each kernel round trip ~15 ms slower here, for SysV IPC only)
+        args = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+                "--die-with-parent", "--new-session"]
+        args += _system_binds()
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/tmp/home"]
+        if self.package is not None:
+            args += ["--ro-bind", str(self.package), str(self.package)]
+        else:   # no private copy: this checkout's package only, read-only (never solutions/ or tests/)
+            args += ["--ro-bind", str(ROOT / "par"), str(ROOT / "par")]
+        args += ["--bind", work, work, "--chdir", work, "--"]
+        return args + limited
+
+
+def limit(argv: list[str]) -> None:
+    """`python -m par.course.sandbox limit CPU_SECONDS MEMORY_BYTES -- cmd...`: set the limits, exec cmd."""
+    cpu, memory, sep, *cmd = argv
+    assert sep == "--" and cmd, "usage: limit CPU_SECONDS MEMORY_BYTES -- cmd..."
+    resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu) + 5))
+    if int(memory) > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (int(memory), int(memory)))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if sys.platform.startswith("linux"):   # SIGKILL when the grader (our parent) dies, even unsandboxed
+        import ctypes
+        import signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
+    os.execvp(cmd[0], cmd)
+
+
+PREFIX = "par-grade-"
+
+
+def temporary_workdir() -> Path:
+    """A submission's work folder, named after the grader's pid (for `sweep` after a killed grader)."""
+    return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
+
+
+def sweep() -> list[Path]:
+    """Remove the work folders left by graders that were killed (their pid is gone); the folders removed."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        pid = path.name[len(PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or not path.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue                       # its grader is still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue                       # another user's grader
+        remove(path)
+        removed.append(path)
+    return removed
+
+
+def remove(path: Path) -> None:
+    """Remove a work folder whatever the submission left in it (read-only folders included)."""
+    def unlock(func, p, _):
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            os.chmod(p, 0o700)
+            func(p)
+        except OSError:
+            pass
+    shutil.rmtree(path, onerror=unlock)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["limit"]:
+        limit(sys.argv[2:])
+    else:
+        print(__doc__)

@@ -1,0 +1,344 @@
+"""A student who tries: every tampering technique of issue 23 gets the grade the honest work deserves.
+
+One class folder, graded once through the command line (`python -m par grade DIR --report --feedback`, 2 at a
+time): a notebook per technique (mostly on exercise 01, whose checks are fast), careless submissions (a .py
+file, nbformat 3, a duplicate, a file that is not UTF-8, a notebook of no exercise) and honest ones. Each test
+asserts one row, and fails if the defence it names is removed:
+
+    set_custom_exc, _showtraceback replaced        the checks run in the grader, not in the kernel
+    AST transformer wrapping cells in try/except    grader-side checks; kernel-side ones need their end token
+    an object equal to everything                   only plain data crosses from the kernel
+    shadowing a setup helper / patching the reference   the grader's own namespace and par
+    forging the nbval report                        no report file in the kernel's reach
+    reading solutions/, writing outside, a /tmp file, a detached process, killing the grader   the sandbox
+    careless submissions                            every file gets a row, nbformat 3 converted, duplicates flagged
+    hidden checks in feedback                       scrubbed
+    a killed grader                                 rows written as they finish; --resume grades the rest
+"""
+import csv
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import nbformat
+import pytest
+from tiers import slow
+
+import test_grading as tg
+from par.course import grade, sandbox
+
+ROOT = Path(__file__).resolve().parents[1]
+EX = "01_model_state_bytes"
+SANDBOX = sandbox.available()
+needs_sandbox = pytest.mark.skipif(not SANDBOX, reason="needs bubblewrap (bwrap) with user namespaces")
+MARK = f"{uuid.uuid4().hex[:8]}"
+
+
+def unsolved(name=EX, cells: dict | None = None, added: list[str] = ()):
+    """The exercise as handed out, with some answer cells replaced (by id) and cells added at the end."""
+    nb = tg.read(ROOT / "exercises" / f"{name}.ipynb")
+    for cell in nb.cells:
+        if cell.get("id") in (cells or {}):
+            cell.source = cells[cell.id]
+    for i, source in enumerate(added):
+        nb.cells.append(nbformat.v4.new_code_cell(source, id=f"mine-{i}"))
+    return nb
+
+
+STUB = tg.read(ROOT / "exercises" / f"{EX}.ipynb")
+STUB_SOURCE = {c.id: c.source for c in STUB.cells}
+
+CUSTOM_EXC = "get_ipython().set_custom_exc((Exception,), lambda *a, **k: [])"
+SHOWTRACEBACK = "ip = get_ipython()\nip._showtraceback = lambda *a, **k: None\nip.showtraceback = lambda *a, **k: None"
+AST_WRAP = '''import ast
+
+
+class Forgive(ast.NodeTransformer):
+    def visit_Module(self, node):
+        handler = ast.ExceptHandler(type=ast.Name("BaseException", ast.Load()), name=None, body=[ast.Pass()])
+        node.body = [ast.Try(body=node.body or [ast.Pass()], handlers=[handler], orelse=[], finalbody=[])]
+        return ast.fix_missing_locations(node)
+
+
+get_ipython().ast_transformers.append(Forgive())
+'''
+ANYTHING = '''class Anything:
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    def __lt__(self, other): return True
+    __le__ = __gt__ = __ge__ = __lt__
+    def __abs__(self): return 0
+    def __sub__(self, other): return self
+    __rsub__ = __add__ = __radd__ = __truediv__ = __rtruediv__ = __mul__ = __rmul__ = __sub__
+    def __iter__(self): return iter([self, self, self])
+    def __round__(self, n=None): return self
+    def __bool__(self): return True
+    def __float__(self): return 0.0
+    __hash__ = object.__hash__
+
+
+def bytes_per_param(precision, optimizer):
+    return Anything()
+
+
+def model_state_bytes_per_rank(psi, n_d, stage, w=2, g=2, k=12):
+    return Anything()
+
+
+def max_params(gpu_bytes, n_d, stage, w=2, g=2, k=12):
+    return Anything()
+'''
+ONLY_THE_ASSERTED = ('def bytes_per_param(precision, optimizer):\n'
+                     '    asserted = {("fp32", "adam"): (4, 4, 8), ("mixed", "adam"): (2, 2, 12)}\n'
+                     '    return asserted.get((precision, optimizer), (0, 0, 0))\n')
+SHADOW = ONLY_THE_ASSERTED + "\n\nproduct = lambda *a, **k: iter(())\n"
+PATCH_REFERENCE = ONLY_THE_ASSERTED + '''
+
+from types import SimpleNamespace
+import par.memory.accounting as accounting
+accounting.bytes_per_param = lambda p, o: SimpleNamespace(weights=bytes_per_param(p, o)[0],
+                                                          grads=bytes_per_param(p, o)[1], K=bytes_per_param(p, o)[2])
+'''
+READ_SOLUTIONS = f'''import json, pathlib
+for c in json.loads(pathlib.Path({str(ROOT / "solutions" / f"{EX}.ipynb")!r}).read_text())["cells"]:
+    if c["cell_type"] == "code" and "### BEGIN SOLUTION" in "".join(c["source"]):
+        exec("".join(c["source"]))
+'''
+REPLACE_LAUNCH = """import par.runtime.launch
+par.runtime.launch.run = lambda *a, **k: {"cases": [{"numel": 1, "max_error": 0.0, "in_place": True}]}
+"""
+FORGE_REPORT = '''import json, os, subprocess, sys
+path = os.environ.get("PAR_NBVAL_REPORT")      # where nbval's plugin recorded the cells for the old grader
+if path:
+    forged = "".join(json.dumps({"cell": c, "when": w, "outcome": "passed", "duration": 0}) + "\\n"
+                     for c in range(40) for w in ("setup", "call", "teardown"))
+    code = (f"import os, time\\nend = time.time() + 120\\n"
+            f"while time.time() < end and os.path.isdir({os.path.dirname(path)!r}):\\n"
+            f"    open({path!r}, 'w').write({forged!r})\\n    time.sleep(0.005)\\n")
+    subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+'''
+
+
+def outside(canary: Path, victim: Path) -> str:
+    return f'''import os, pathlib, subprocess
+for target in ({str(canary)!r}, {str(victim)!r}, {str(ROOT / "solutions" / f"{EX}.ipynb")!r}):
+    try:
+        pathlib.Path(target).write_text("overwritten by a student")
+    except OSError:
+        pass
+subprocess.Popen(["sleep", "1000.{MARK}"], start_new_session=True, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL)
+pathlib.Path("/tmp/par-tamper-{MARK}").write_text("left behind")
+'''
+
+
+KILL_GRADER = '''import os, signal
+if os.getpid() < 100:   # only ever inside a pid namespace of its own (the test runs this only when sandboxed)
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) not in (os.getpid(),):
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if b"pytest" in cmd or b"grade" in cmd:
+                os.kill(int(pid), signal.SIGKILL)
+    os.kill(os.getppid(), signal.SIGKILL)
+'''
+
+
+def build_class(folder: Path, canary: Path) -> dict:
+    """Write the class folder; {file name: what is expected of its row}."""
+    folder.mkdir(parents=True)
+    expect = {}
+
+    def put(file, nb, **want):
+        nbformat.write(nb, folder / file)
+        expect[file] = want
+
+    bpp = STUB_SOURCE["bytes-per-param"]
+    put(f"custom_exc_{EX}.ipynb", unsolved(cells={"bytes-per-param": bpp + "\n\n" + CUSTOM_EXC}), points="0")
+    put(f"showtraceback_{EX}.ipynb", unsolved(cells={"bytes-per-param": bpp + "\n\n" + SHOWTRACEBACK}), points="0")
+    put(f"ast_wrap_{EX}.ipynb", unsolved(cells={"bytes-per-param": bpp + "\n\n" + AST_WRAP}), points="0")
+    dispatch = tg.read(ROOT / "exercises" / "09_expert_dispatch.ipynb")
+    stub09 = next(c.source for c in dispatch.cells if c.get("id") == "dispatch-buffer")
+    put("ast_wrap_kernel_check_09_expert_dispatch.ipynb",
+        unsolved("09_expert_dispatch", cells={"dispatch-buffer": stub09 + "\n\n" + AST_WRAP}), points="0")
+    put(f"anything_{EX}.ipynb", unsolved(cells={"bytes-per-param": ANYTHING}), points="0")
+    put(f"shadow_helper_{EX}.ipynb", unsolved(cells={"bytes-per-param": SHADOW}), points="0")
+    put(f"patch_reference_{EX}.ipynb", unsolved(cells={"bytes-per-param": PATCH_REFERENCE}), points="0")
+    put(f"read_solutions_{EX}.ipynb", unsolved(cells={"bytes-per-param": READ_SOLUTIONS}),
+        **({"points": "0"} if SANDBOX else {"reason": "unsandboxed"}))     # only the sandbox hides solutions/
+    put(f"forge_report_{EX}.ipynb", unsolved(cells={"bytes-per-param": bpp + "\n\n" + FORGE_REPORT}), points="0")
+    ring = tg.read(ROOT / "exercises" / "00_ring_chunks.ipynb")
+    stub00 = next(c.source for c in ring.cells if c.get("id") == "ring-lists")
+    put("replace_launch_00_ring_chunks.ipynb",
+        unsolved("00_ring_chunks", cells={"ring-lists": stub00 + "\n\n" + REPLACE_LAUNCH}), points="0")
+    put(f"zz_victim_{EX}.ipynb", tg.solved(EX), points="7", status="ok")
+    if SANDBOX:
+        escape = outside(canary, folder / f"zz_victim_{EX}.ipynb")
+        put(f"aa_outside_{EX}.ipynb", unsolved(cells={"bytes-per-param": bpp + "\n\n" + escape}), points="0")
+        put(f"kill_grader_{EX}.ipynb", unsolved(cells={"bytes-per-param": bpp + "\n\n" + KILL_GRADER}),
+            points="0")
+    # careless
+    (folder / "my_answers.py").write_text("def bytes_per_param(p, o):\n    return 4, 4, 8\n")
+    expect["my_answers.py"] = {"status": "error", "reason": "not a notebook file"}
+    old = nbformat.writes(nbformat.convert(tg.solved(EX), 3), version=3)
+    (folder / f"v3_{EX}.ipynb").write_text(old)
+    expect[f"v3_{EX}.ipynb"] = {"status": "ok", "points": "7"}
+    (folder / "bob").mkdir()
+    nbformat.write(tg.solved(EX), folder / "bob" / f"{EX}.ipynb")
+    nbformat.write(STUB, folder / "bob" / f"{EX} (1).ipynb")
+    expect[f"bob/{EX}.ipynb"] = {"status": "ok", "reason": "DUPLICATE"}
+    expect[f"bob/{EX} (1).ipynb"] = {"status": "failed", "reason": "DUPLICATE"}
+    (folder / f"latin1_{EX}.ipynb").write_bytes(b'{"cells": [], "note": "caf\xe9"}')
+    expect[f"latin1_{EX}.ipynb"] = {"status": "error", "reason": "cannot read the file"}
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]), folder / "mystery.ipynb")
+    expect["mystery.ipynb"] = {"status": "error", "reason": "belongs to no exercise"}
+    return expect
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tamper")
+    canary = tmp / "canary.txt"
+    canary.write_text("the instructor's file")
+    folder = tmp / "class"
+    expect = build_class(folder, canary)
+    report, feedback = tmp / "out" / "grades.csv", tmp / "out" / "feedback"
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "par", "grade", str(folder), "--report", str(report), "--feedback",
+                          str(feedback), "--timeout", "240", "--cell-timeout", "60", "--jobs", "2"],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    print(f"\ntamper class: {len(expect)} files in {time.monotonic() - start:.0f} s")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = {str(Path(r["submission"]).relative_to(folder)): r for r in csv.DictReader(report.open())}
+    return {"rows": rows, "expect": expect, "canary": canary, "folder": folder, "feedback": feedback, "run": run}
+
+
+TECHNIQUES = ["custom_exc", "showtraceback", "ast_wrap", "ast_wrap_kernel_check", "anything", "shadow_helper",
+              "patch_reference", "read_solutions", "forge_report", "replace_launch"]
+
+
+def row_of(graded, prefix):
+    (name, row), = [(k, r) for k, r in graded["rows"].items()
+                    if k.startswith(prefix + "_") and k[len(prefix) + 1:] in {f"{n}.ipynb" for n in tg.NAMES}]
+    return name, row
+
+
+@slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("technique", TECHNIQUES)
+def test_tampering_in_the_kernel_earns_nothing(graded, technique):
+    if technique == "read_solutions" and not SANDBOX:
+        pytest.skip("reading solutions/ is stopped by the sandbox only")
+    name, row = row_of(graded, technique)
+    assert row["points"] == graded["expect"][name]["points"] == "0", row
+    assert row["status"] in ("failed", "error"), row
+    if technique == "ast_wrap_kernel_check":   # the kernel-side check ran to "ok" but without its end token
+        assert "check-dispatch-buffer" in row["failed_checks"]
+    if technique == "replace_launch":          # the grader launched the ranks: the stub failed on a rank
+        assert "check-ring-ranks" in row["failed_checks"]
+        feedback = next(graded["feedback"].glob(f"*{name.replace('.ipynb', '')}*.txt")).read_text()
+        line = next(line for line in feedback.splitlines() if "check-ring-ranks" in line)
+        assert "NotImplementedError: your code here (rank" in line, line
+
+
+@slow
+@needs_sandbox
+@pytest.mark.timeout(600)
+def test_the_sandbox_keeps_the_submission_inside_and_ends_it(graded):
+    _, row = row_of(graded, "aa_outside")
+    assert row["points"] == "0"
+    assert graded["canary"].read_text() == "the instructor's file"
+    victim = graded["rows"][f"zz_victim_{EX}.ipynb"]
+    assert (victim["status"], victim["points"]) == ("ok", "7"), victim
+    assert "overwritten" not in (graded["folder"] / f"zz_victim_{EX}.ipynb").read_text()
+    assert "overwritten" not in (ROOT / "solutions" / f"{EX}.ipynb").read_text()
+    assert not Path(f"/tmp/par-tamper-{MARK}").exists(), "a /tmp file outlived its submission"
+    alive = [p for p in Path("/proc").iterdir() if p.name.isdigit() and MARK.encode() in _cmdline(p)]
+    assert not alive, "a detached process outlived its submission"
+    _, killer = row_of(graded, "kill_grader")
+    assert killer["points"] == "0" and killer["status"] in ("failed", "error"), killer
+    assert len(graded["rows"]) == len(graded["expect"]), "the batch went on after it"
+
+
+def _cmdline(p: Path) -> bytes:
+    try:
+        return (p / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@slow
+@pytest.mark.timeout(600)
+def test_every_file_gets_a_row_and_careless_submissions_are_handled(graded):
+    rows, expect = graded["rows"], graded["expect"]
+    assert set(rows) == set(expect), set(rows) ^ set(expect)
+    for name, want in expect.items():
+        for key, value in want.items():
+            assert (value in rows[name][key]) if key == "reason" else rows[name][key] == value, (name, key, rows[name])
+
+
+@slow
+@pytest.mark.timeout(600)
+def test_feedback_never_shows_hidden_checks(graded):
+    course = grade.load_course()
+    hidden = grade.hidden_lines(course)
+    assert 'cases = [*cases, *product([12_345, 6.7e9], [5, 1024], range(4), [("mixed", "sgd"), ("fp32", "sgd")])]' \
+        in hidden
+    g = grade.Grade(submission="x.ipynb", exercise=EX, status="failed",
+                    checks=[grade.Check("check-states-per-rank", 3, error=f"AssertionError: {hidden[0]}",
+                                        traceback=hidden[0])])
+    assert hidden[0] not in grade.format_grade(g, course) and "[hidden check]" in grade.format_grade(g, course)
+    for path in graded["feedback"].glob("*.txt"):
+        text = path.read_text()
+        assert not any(line in text for line in hidden), path
+
+
+@slow
+@pytest.mark.timeout(300)
+def test_a_killed_grader_keeps_its_rows_and_resume_grades_the_rest(tmp_path):
+    folder, report = tmp_path / "class", tmp_path / "grades.csv"
+    folder.mkdir()
+    nbformat.write(tg.solved(EX), folder / f"a_{EX}.ipynb")
+    nbformat.write(STUB, folder / f"b_{EX}.ipynb")
+    hang = "def bytes_per_param(precision, optimizer):\n    import time\n    while True:\n        time.sleep(0.05)"
+    nbformat.write(tg.solved(EX, {"bytes-per-param": hang}), folder / f"c_{EX}.ipynb")
+    cmd = [sys.executable, "-m", "par", "grade", str(folder), "--report", str(report), "--timeout", "60",
+           "--cell-timeout", "10", "--jobs", "1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if report.exists() and len(list(csv.DictReader(report.open()))) >= 2:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(1)
+    mine = f"{sandbox.PREFIX}{proc.pid}-".encode()        # its submissions' work folders are named after it
+    alive = [p for p in Path("/proc").iterdir() if p.name.isdigit() and mine in _cmdline(p)]
+    assert not alive, "a kernel outlived its killed grader"
+    kept = [r["submission"] for r in csv.DictReader(report.open())]
+    assert [Path(k).name for k in kept] == [f"a_{EX}.ipynb", f"b_{EX}.ipynb"], kept
+    again = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=200)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "resuming: 2 submission(s) already" in again.stdout and "grading 1 file(s)" in again.stdout
+    rows = {Path(r["submission"]).name: r for r in csv.DictReader(report.open())}
+    assert [rows[f"{k}_{EX}.ipynb"]["status"] for k in "abc"] == ["ok", "failed", "timeout"], rows
+    assert not list(Path(tempfile.gettempdir()).glob(f"{sandbox.PREFIX}{proc.pid}-*")), "the next batch sweeps them"
+
+
+def test_output_paths_are_checked_before_grading(tmp_path, monkeypatch, capsys):
+    from par.__main__ import main as python_m_par
+    monkeypatch.delenv("PAR_DEBUG", raising=False)
+    nbformat.write(tg.solved(EX), tmp_path / f"{EX}.ipynb")
+    (tmp_path / "a_file").write_text("")
+    start = time.monotonic()
+    assert python_m_par(["grade", str(tmp_path), "--report", str(tmp_path / "a_file" / "grades.csv")]) == 2
+    assert python_m_par(["grade", str(tmp_path), "--feedback", str(tmp_path / "a_file" / "fb")]) == 2
+    assert time.monotonic() - start < 10, "refused before grading anything"
+    assert "cannot write" in capsys.readouterr().err
