@@ -44,6 +44,7 @@ import traceback as tb_module
 from pathlib import Path
 
 from par.course import nbval_run, sandbox
+from par.runtime.lifeline import dies_with_parent
 from par.course.nbval_run import CellResult, Run
 
 MIME = "application/x-par-grader+json"
@@ -199,7 +200,8 @@ class Kernel:
         cmd = box.wrap([sys.executable, "-m", "ipykernel_launcher", "-f", conn, "--HistoryManager.enabled=False"])
         self.log = open(box.workdir / ".kernel.log", "w")
         self.proc = subprocess.Popen(cmd, cwd=box.workdir, env=box.env(env), stdout=self.log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=dies_with_parent())   # a SIGKILLed grader takes its kernel along
         with nbval_run._LOCK:
             nbval_run._RUNNING.add(self.proc)
         self.signer = Signer(key=key.encode(), signature_scheme=info.get("signature_scheme", "hmac-sha256"))
@@ -433,7 +435,8 @@ def sandboxed_launch(box: sandbox.Sandbox, env: dict | None, session: "Session")
                 "quiet": True, "threads_per_rank": int(threads_per_rank)}
         cmd = box.wrap([sys.executable, "-m", "par.course.checks", "launch", json.dumps(spec)])
         proc = subprocess.Popen(cmd, cwd=box.workdir, env=box.env(env), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, text=True)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, text=True,
+                                preexec_fn=dies_with_parent())
         with nbval_run._LOCK:
             nbval_run._RUNNING.add(proc)
         try:
