@@ -342,3 +342,16 @@ def test_output_paths_are_checked_before_grading(tmp_path, monkeypatch, capsys):
     assert python_m_par(["grade", str(tmp_path), "--feedback", str(tmp_path / "a_file" / "fb")]) == 2
     assert time.monotonic() - start < 10, "refused before grading anything"
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_a_checkout_and_venv_under_tmp_stay_visible_in_the_sandbox(monkeypatch, tmp_path):
+    """bwrap mounts in order: the private /tmp must come before the Python and package binds, or a checkout in
+    /tmp (as CI's clean checkout may be) loses its .venv and every kernel fails to start."""
+    venv = "/tmp/some-checkout/.venv"
+    monkeypatch.setattr(sys, "prefix", venv)
+    args = sandbox.Sandbox.create(tmp_path, package=Path("/tmp/some-checkout"), sandboxed=True).wrap(["true"])
+    private_tmp = args.index("--tmpfs")
+    assert args[private_tmp + 1] == "/tmp"
+    binds = [i for i, a in enumerate(args) if a in ("--ro-bind", "--bind") and args[i + 1].startswith("/tmp/")]
+    assert {args[i + 1] for i in binds} >= {venv, "/tmp/some-checkout", str(tmp_path)}
+    assert all(i > private_tmp for i in binds), "a bind under /tmp placed before the private /tmp is hidden by it"

@@ -69,6 +69,14 @@ def _system_binds() -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
+    args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
+    return args
+
+
+def _python_binds() -> list[str]:
+    """The Python installation and its virtual environment, read-only, wherever they are: mounted after the
+    private /tmp, so that a checkout (and its .venv) under /tmp stays visible."""
+    args = []
     pythons = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     pythons.add(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
     for path in sorted(pythons):
@@ -76,7 +84,6 @@ def _system_binds() -> list[str]:
             args += ["--ro-bind", path, path]
     if os.path.realpath(sys.prefix) != sys.prefix:
         args += ["--ro-bind", sys.prefix, sys.prefix]
-    args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
     return args
 
 
@@ -125,6 +132,7 @@ class Sandbox:
                 "--die-with-parent", "--new-session"]
         args += _system_binds()
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/tmp/home"]
+        args += _python_binds()        # after the private /tmp: bwrap mounts in order, a later mount hides an earlier
         if self.package is not None:
             args += ["--ro-bind", str(self.package), str(self.package)]
         else:   # no private copy: this checkout's package only, read-only (never solutions/ or tests/)
