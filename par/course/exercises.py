@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import os
 import re
 import shutil
 import subprocess
@@ -247,8 +248,9 @@ def strict_nbval(path: Path, root: Path = ROOT, timeout: float = 600) -> subproc
         copy_ = Path(tmp) / Path(path).name
         shutil.copy(path, copy_)
         (Path(tmp) / "pytest.ini").write_text("[pytest]\n")  # no ini or conftest from the repository
+        env = {**os.environ, "TMPDIR": tmp}    # the kernel's connection file too: nothing outlives the folder
         return subprocess.run(nbval_command(copy_, strict=True, root=root), cwd=tmp, capture_output=True,
-                              text=True, timeout=timeout)
+                              text=True, timeout=timeout, env=env)
 
 
 def record(root: Path = ROOT, names=()) -> int:

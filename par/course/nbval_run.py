@@ -86,6 +86,7 @@ def run(nb, *, timeout: float = 600, cell_timeout: float = 300, name: str = "not
                "-p", "par.course.nbval_run", "-q", "-rN", "--color=no", path.name]
         child_env = {**os.environ, REPORT_ENV: str(report), "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
                      "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                     "TMPDIR": str(tmp),   # nbval's kernel connection file: removed with the folder, even after a kill
                      **(env or {})}
         child_env.pop("PYTEST_ADDOPTS", None)
         child_env.pop("PYTEST_CURRENT_TEST", None)
