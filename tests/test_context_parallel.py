@@ -82,6 +82,32 @@ def test_one_rank_is_dense_attention():
     assert q.grad is not None and k.grad is not None
 
 
+def test_flash_attention_keeps_no_scores_and_equals_dense():
+    from par.memory import accounting as memory
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(2, 3, 16, 8, requires_grad=True) for _ in range(3))
+    pos = torch.arange(16)
+    out, saved = memory.saved_activation_bytes(lambda *t: cp.flash_attention(*t, pos, pos), q, k, v)
+    ref = causal_attention(q, k, v)
+    w = torch.randn_like(out)
+    mine, dense = torch.autograd.grad((out * w).sum(), (q, k, v)), torch.autograd.grad((ref * w).sum(), (q, k, v))
+    assert (out - ref).abs().max() <= TOL and all((a - b).abs().max() <= TOL for a, b in zip(mine, dense))
+    assert saved == 4 * (4 * q.numel() + 2 * 3 * 16)       # Q, K, V, O and one log-sum-exp per row: no T² scores
+
+
+def test_ulysses_bytes_are_two_over_c_of_the_rings():
+    from par.cp import ulysses
+    for c in (2, 4, 8):
+        ring, uly = cp.ring_attention_bytes_even(1, 64, 32, c), ulysses.ulysses_bytes_even(1, 64, 32, c)
+        assert uly["forward"] == pytest.approx(ring["forward"] * 2 / c)
+    assert ulysses.ulysses_bytes([4, 4], 4, 0, 1, 8) == ulysses.ulysses_bytes_even(1, 8, 32, 2)
+    # 3 heads on 2 ranks: rank 0 attends to heads 0-1; it sends Q, K, V of head 2 for its 5 tokens, and the output
+    # of its 2 heads for rank 1's 4 tokens
+    assert ulysses.ulysses_bytes([5, 4], 3, 0, 1, 1, 1) == {"forward": 3 * 5 + 2 * 4, "backward": 5 + 3 * 2 * 4}
+    with pytest.raises(ValueError, match="at least one head"):
+        ulysses.head_groups(3, 4)
+
+
 def test_byte_formulas():
     assert cp.ring_attention_bytes([4, 4, 4, 4], 1, 2, 8) == cp.ring_attention_bytes_even(2, 16, 8, 4)
     # uneven: rank 0 of [5, 4, 4] sends its own block (5) then rank 2's (4), K and V
@@ -100,10 +126,17 @@ def _check_ranks(ranks, n):
                 assert c[key] <= TOL, (r, case, key, c[key])
             assert c["bytes"] == c["formula"], (r, case)
             assert c["tags"] == ["cp/bwd", "cp/fwd"]
-        g = res["gpt"]
-        assert g["logits"] <= TOL and g["grads"] <= TOL and g["loss"] <= TOL and g["params"] <= 1e-5, g
+        for case in ("ulysses balanced", "ulysses naive"):      # DeepSpeed-Ulysses: two all-to-alls
+            c = res[case]
+            for key in ("forward", "dq", "dk", "dv"):
+                assert c[key] <= TOL, (r, case, key, c[key])
+            assert c["bytes"] == c["formula"], (r, case)
+            assert c["tags"] == ["ulysses/bwd", "ulysses/fwd"]
+        for g in (res["gpt"], res["ulysses gpt"]):
+            assert g["logits"] <= TOL and g["grads"] <= TOL and g["loss"] <= TOL and g["params"] <= 1e-5, g
         assert res["timeline"] == {"compute": n, "comm": n - 1}
         assert "at least" in res["errors"]["short"]
+        assert "at least one head" in res["errors"]["heads"]
 
 
 @pytest.mark.parametrize("n", tiered([2, 4]))

@@ -8,10 +8,12 @@ the slowest rank's seconds per TP+SP step, per_rank):
 
     memory      per sequence length, the bytes autograd keeps for one transformer block on one rank
                 (`par.memory.accounting.saved_activation_bytes`, the largest over the ranks) for DP (the whole
-                sequence, a replica per rank), TP, TP+SP and CP (ring attention), each beside
-                `par.memory.accounting.activation_bytes_per_layer`
-    sp_losses, cp_losses    the same training with TP+SP and with CP (each loss of the whole batch);
-                max_param_diff {"sp", "cp"}: the largest gap to the dense weights afterwards
+                sequence, a replica per rank; plain attention and `flash_attention`), TP, TP+SP, CP (ring
+                attention) and Ulysses, each beside `par.memory.accounting.activation_bytes_per_layer`
+    sp_losses, cp_losses, ulysses_losses    the same training with TP+SP, CP and Ulysses (each loss of the
+                whole batch); max_param_diff {"sp", "cp", "ulysses"}: the largest gap to the dense weights
+    attention_bytes  per kernel (ring, ulysses): the bytes each rank sent in one attention forward and
+                backward at the training shape, counted by `par.comm.commlog`, beside the formulas
     timeline    per layout (balanced, naive): the spans of one ring-attention forward (compute per
                 block, K/V transfers), every rank's, and the scores each rank computes (`computed_pairs`)
     oversubscribed  more ranks than physical cores (then the timeline's times are not to be trusted)
@@ -25,7 +27,8 @@ import torch.nn.functional as F
 
 import par.runtime.dist
 from par.runtime.job_args import JobArgs, arg
-from par.cp import ring_attention as cp
+from par.comm import commlog
+from par.cp import ring_attention as cp, ulysses
 from par.memory import accounting as memory
 from par.tp import sequence as sp, layers as tp
 from par.tp.ops import my_sequence_slice
@@ -65,12 +68,16 @@ def block_memory(cfg, n: int, r: int, seq: int, batch: int, device) -> dict:
     dense = Block(cfg).to(device)
     x = torch.randn(batch, seq, cfg.d_model, device=device)
     e = x.element_size()
-    positions = cp.all_positions(seq, n)
+    positions, whole = cp.all_positions(seq, n), [torch.arange(seq)]
+    flash = lambda q, k, v, pos, group, rec: cp.flash_attention(q, k, v, pos[0], pos[0])   # noqa: E731
+    mine = cp.shard_sequence(x, positions[r])
     runs = {
         "DP": (dense, lambda t: dense(t), x),
+        "DP flash": (dense, lambda t: cp.block_forward(dense, t, whole, attend=flash), x),
         "TP": (tp.TensorParallelBlock.from_dense(dense), None, x),
         "TP+SP": (sp.SequenceParallelBlock.from_dense(dense), None, my_sequence_slice(x)),
-        "CP": (dense, lambda t: cp.block_forward(dense, t, positions), cp.shard_sequence(x, positions[r])),
+        "CP": (dense, lambda t: cp.block_forward(dense, t, positions), mine),
+        "Ulysses": (dense, lambda t: cp.block_forward(dense, t, positions, attend=ulysses.ulysses_attention), mine),
     }
     out = {}
     for name, (module, fn, inp) in runs.items():
@@ -79,7 +86,8 @@ def block_memory(cfg, n: int, r: int, seq: int, batch: int, device) -> dict:
         out[name] = saved
     f = lambda **kw: memory.activation_bytes_per_layer(seq, batch, cfg.d_model, cfg.n_head, "none", e,
                                                        dropout=False, **kw)
-    formula = {"DP": f(), "TP": f(tp=n), "TP+SP": f(tp=n, sequence_parallel=True), "CP": f(cp=n) if n > 1 else f()}
+    formula = {"DP": f(), "DP flash": f(flash=True), "TP": f(tp=n), "TP+SP": f(tp=n, sequence_parallel=True),
+               "CP": f(cp=n) if n > 1 else f(flash=True), "Ulysses": f(cp=n) if n > 1 else f(flash=True)}
     return {"seq": seq, "measured": out, "formula": formula}
 
 
@@ -87,12 +95,12 @@ def train(cfg, n: int, r: int, args, device) -> dict:
     """The dense model, TP+SP and CP trained on the same batches; losses and the final weight gaps."""
     dense = build(cfg, seed=args.seed).to(device)
     spm = sp.SequenceParallelGPT.from_dense(dense)
-    cpm = build(cfg, seed=args.seed).to(device)
     seq = cfg.block_size - cfg.block_size % n          # SP cuts the sequence into n equal slices
     positions = cp.all_positions(seq, n)
-    opts = {k: make_optimizer(m.parameters(), "adam", args.lr, eps=1e-6) for k, m in
-            (("dense", dense), ("sp", spm), ("cp", cpm))}
-    losses = {"dense": [], "sp": [], "cp": []}
+    kernels = {"cp": cp.ring_attention, "ulysses": ulysses.ulysses_attention}
+    models = {"dense": dense, "sp": spm} | {k: build(cfg, seed=args.seed).to(device) for k in kernels}
+    opts = {k: make_optimizer(m.parameters(), "adam", args.lr, eps=1e-6) for k, m in models.items()}
+    losses = {k: [] for k in models}
     step_s = []
     for x, y in global_batches(CharDataset(block_size=seq), args.batch_size, args.steps, seed=args.seed):
         x, y = x.to(device), y.to(device)
@@ -107,20 +115,47 @@ def train(cfg, n: int, r: int, args, device) -> dict:
             sp.sync_grads(spm)
         step_s.append(clock.seconds)
         losses["sp"].append(loss.item())
-        logits = cp.gpt_forward(cpm, cp.shard_sequence(x, positions[r]), positions)
-        mine = F.cross_entropy(logits.reshape(-1, logits.size(-1)), cp.shard_sequence(y, positions[r]).reshape(-1),
-                               reduction="sum") / y.numel()
-        mine.backward()
-        cp.sync_grads(cpm)
-        total = mine.detach().clone()
-        torch.distributed.all_reduce(total) if n > 1 else None
-        losses["cp"].append(total.item())
+        for name, attend in kernels.items():
+            losses[name].append(sequence_split_step(models[name], x, y, positions, r, attend))
         for o in opts.values():
             o.step()
     gaps = {"sp": max((a - b).abs().max().item() for a, b in
-                      zip(spm.state_dict().values(), tp.TensorParallelGPT.from_dense(dense).state_dict().values())),
-            "cp": max((a - b).abs().max().item() for a, b in zip(cpm.parameters(), dense.parameters()))}
+                      zip(spm.state_dict().values(), tp.TensorParallelGPT.from_dense(dense).state_dict().values()))}
+    gaps |= {k: max((a - b).abs().max().item() for a, b in zip(models[k].parameters(), dense.parameters()))
+             for k in kernels}
     return {"losses": losses, "step_s": step_s, "max_param_diff": gaps}
+
+
+def sequence_split_step(model, x, y, positions, r: int, attend) -> float:
+    """Forward and backward of this rank's tokens with `attend` (ring or Ulysses), gradients summed; the batch's loss."""
+    logits = cp.gpt_forward(model, cp.shard_sequence(x, positions[r]), positions, attend=attend)
+    mine = F.cross_entropy(logits.reshape(-1, logits.size(-1)), cp.shard_sequence(y, positions[r]).reshape(-1),
+                           reduction="sum") / y.numel()
+    mine.backward()
+    cp.sync_grads(model)
+    total = mine.detach().clone()
+    torch.distributed.all_reduce(total) if len(positions) > 1 else None
+    return total.item()
+
+
+def attention_bytes(cfg, n: int, r: int, batch: int, device) -> dict:
+    """Bytes this rank sends in one attention forward and backward, ring vs Ulysses, counted beside the formulas."""
+    seq = cfg.block_size - cfg.block_size % n
+    positions, hd = cp.all_positions(seq, n), cfg.d_model // cfg.n_head
+    lengths = [len(p) for p in positions]
+    g = torch.Generator().manual_seed(2)
+    qkv = [torch.randn(batch, cfg.n_head, lengths[r], hd, generator=g).to(device).requires_grad_() for _ in range(3)]
+    formulas = {"ring": cp.ring_attention_bytes(lengths, r, batch, cfg.d_model),
+                "ulysses": ulysses.ulysses_bytes(lengths, cfg.n_head, r, batch, hd)}
+    out = {}
+    for name, attend in (("ring", cp.ring_attention), ("ulysses", ulysses.ulysses_attention)):
+        with commlog.capture() as fwd:
+            y = attend(*qkv, positions)
+        with commlog.capture() as bwd:
+            y.sum().backward()
+        out[name] = {"counted": {"forward": fwd.total_bytes(), "backward": bwd.total_bytes()},
+                     "formula": formulas[name]}
+    return out
 
 
 def timeline(n: int, r: int, args, device) -> dict:
@@ -154,13 +189,15 @@ def main(argv=None) -> None:
         for i, row in enumerate(mem):
             row["measured"] = {k: max(w[i]["measured"][k] for w in worst) for k in row["measured"]}
     trained = train(cfg, n, r, args, env.device)
+    sent = par.runtime.dist.gather_object(attention_bytes(cfg, n, r, args.batch_size, env.device))
     every_step_s = par.runtime.dist.gather_object(trained["step_s"])
     spans = timeline(n, r, args, env.device)
     per_rank = par.runtime.dist.gather_object({"rank": r, "memory": [m["measured"] for m in mem]})
     par.runtime.dist.save_result({
         "world_size": n, "backend": env.backend, "preset": args.preset, "batch_size": args.batch_size,
         "losses": trained["losses"]["dense"], "sp_losses": trained["losses"]["sp"],
-        "cp_losses": trained["losses"]["cp"], "max_param_diff": trained["max_param_diff"],
+        "cp_losses": trained["losses"]["cp"], "ulysses_losses": trained["losses"]["ulysses"],
+        "max_param_diff": trained["max_param_diff"], "attention_bytes": sent,
         "step_s": slowest(every_step_s) if every_step_s else [], "per_rank": per_rank,
         "memory": mem, "timeline": spans, "oversubscribed": n > physical_cores(),
         "timeline_shape": [1, args.timeline_heads, args.timeline_seq, args.timeline_head_dim]})

@@ -121,6 +121,43 @@ def finish(m, l, o):
     return o / l, m + torch.log(l)
 
 
+def softmax_shift(d_out, out):
+    """delta_i = Σ_j P_ij dP_ij = Σ_d dO_id · O_id: the shift of the softmax backward, one number per row."""
+    return (d_out * out).sum(dim=-1, keepdim=True)
+
+
+def block_grads(q, k, v, d_out, lse, delta, pos_q, pos_k, scale: float):
+    """dQ, dK, dV of one block of keys, the probabilities rebuilt from the saved log-sum-exp:
+
+        P = exp(S - lse),   dS = P ∘ (dO Vᵀ - delta),   dQ = dS K · scale,   dK = dSᵀ Q · scale,   dV = Pᵀ dO"""
+    p = torch.exp(block_scores(q, k, pos_q, pos_k, scale) - lse)
+    ds = p * (d_out @ v.transpose(-2, -1) - delta)
+    return (ds @ k) * scale, (ds.transpose(-2, -1) @ q) * scale, p.transpose(-2, -1) @ d_out
+
+
+class _FlashAttention(torch.autograd.Function):
+    """Causal attention that keeps Q, K, V, the output and the log-sum-exp, never the scores (as flash attention)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pos_q, pos_k):
+        scale = 1.0 / math.sqrt(q.size(-1))
+        out, lse = finish(*block_state(block_scores(q, k, pos_q, pos_k, scale), v))
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.pos, ctx.scale = (pos_q, pos_k), scale
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        d_out = d_out.contiguous()
+        return (*block_grads(q, k, v, d_out, lse, softmax_shift(d_out, out), *ctx.pos, ctx.scale), None, None)
+
+
+def flash_attention(q, k, v, pos_q, pos_k) -> torch.Tensor:
+    """softmax(Q Kᵀ/√d + causal mask by position) V; saves e·(4·|Q| + B·h·T) bytes, no B·h·T² scores."""
+    return _FlashAttention.apply(q, k, v, pos_q, pos_k)
+
+
 # ---------------------------------------------------------------- the ring
 def _pass_on(tensors, shapes, group, like):
     """Post: send `tensors` to the right neighbour, receive `shapes` from the left; return (works, buffers)."""
@@ -200,7 +237,7 @@ class _RingAttention(torch.autograd.Function):
         me, n, _, _ = ring_neighbours(group)
         shape = lambda j: (*k.shape[:-2], len(positions[j]), k.size(-1))
         pos_q, d_out = positions[me], d_out.contiguous()
-        delta = (d_out * out).sum(dim=-1, keepdim=True)          # Σ_j P_ij dP_ij, the softmax backward's shift
+        delta = softmax_shift(d_out, out)
         dq = torch.zeros_like(q)
         kj, vj, dkj, dvj = k, v, torch.zeros_like(k), torch.zeros_like(v)
         for i in range(n):
@@ -210,12 +247,11 @@ class _RingAttention(torch.autograd.Function):
             seen = visible(pos_q, positions[src])
             if seen:
                 a, b = seen
-                qa, do, kb, vb = q[..., a:, :], d_out[..., a:, :], kj[..., :b, :], vj[..., :b, :]
-                p = torch.exp(block_scores(qa, kb, pos_q[a:], positions[src][:b], scale) - lse[..., a:, :])
-                ds = p * (do @ vb.transpose(-2, -1) - delta[..., a:, :])
-                dq[..., a:, :] += (ds @ kb) * scale
-                dkj[..., :b, :] += (ds.transpose(-2, -1) @ qa) * scale
-                dvj[..., :b, :] += p.transpose(-2, -1) @ do
+                dq_b, dk_b, dv_b = block_grads(q[..., a:, :], kj[..., :b, :], vj[..., :b, :], d_out[..., a:, :],
+                                               lse[..., a:, :], delta[..., a:, :], pos_q[a:], positions[src][:b], scale)
+                dq[..., a:, :] += dq_b
+                dkj[..., :b, :] += dk_b
+                dvj[..., :b, :] += dv_b
             if n == 1:
                 break
             grads, (dk_next, dv_next) = _pass_on([dkj, dvj], [shape((src - 1) % n)] * 2, group, q)
@@ -247,6 +283,8 @@ def ring_attention_bytes(lengths, rank: int, batch: int, width: int, itemsize: i
 
         forward  2·Σ_{i<N-1} |K_{r-i}|,   backward  2·Σ_{i<N-1} |K_{r-i}| + 2·Σ_{i<N} |K_{r-i}|."""
     n = len(lengths)
+    if n == 1:                                    # one rank: nothing travels
+        return {"forward": 0, "backward": 0}
     block = lambda i: batch * lengths[(rank - i) % n] * width * itemsize
     kv = 2 * sum(block(i) for i in range(n - 1))
     return {"forward": kv, "backward": kv + 2 * sum(block(i) for i in range(n))}
@@ -259,22 +297,23 @@ def ring_attention_bytes_even(batch: int, seq: int, width: int, n: int, itemsize
 
 
 # ---------------------------------------------------------------- a GPT-lite with its sequence split
-def attention_forward(attn, x, positions, group=None, recorder=None) -> torch.Tensor:
-    """`par.model.Attention`'s forward with its core replaced by ring attention (weights replicated)."""
+def attention_forward(attn, x, positions, group=None, recorder=None, attend=None) -> torch.Tensor:
+    """`par.model.Attention`'s forward with its core replaced by ring attention (or `attend`, e.g.
+    `par.cp.ulysses.ulysses_attention`, with the same arguments); weights replicated."""
     from par.model import merge_heads, split_heads
     q, k, v = attn.qkv(x).chunk(3, dim=-1)
     h = attn.n_head
     q, k, v = (split_heads(t, h).contiguous() for t in (q, k, v))   # own storages: the ring keeps only these
-    return attn.proj(merge_heads(ring_attention(q, k, v, positions, group, recorder)))
+    return attn.proj(merge_heads((attend or ring_attention)(q, k, v, positions, group, recorder)))
 
 
-def block_forward(block, x, positions, group=None, recorder=None) -> torch.Tensor:
+def block_forward(block, x, positions, group=None, recorder=None, attend=None) -> torch.Tensor:
     """`par.model.Block` on this rank's tokens: x + Attn_ring(LN(x)), then x + MLP(LN(x))."""
-    x = x + attention_forward(block.attn, block.ln1(x), positions, group, recorder)
+    x = x + attention_forward(block.attn, block.ln1(x), positions, group, recorder, attend)
     return x + block.mlp(block.ln2(x))
 
 
-def gpt_forward(model, idx, positions, group=None, recorder=None) -> torch.Tensor:
+def gpt_forward(model, idx, positions, group=None, recorder=None, attend=None) -> torch.Tensor:
     """Logits of this rank's tokens `idx` (B, T_r) of a `par.model.GPTLite` whose weights every rank holds whole.
 
     Embedding, LayerNorm, MLP and head act token by token; only attention talks to the other ranks."""
@@ -282,7 +321,7 @@ def gpt_forward(model, idx, positions, group=None, recorder=None) -> torch.Tenso
     pos = positions[me].to(idx.device)
     x = model.embed.tok(idx) + model.embed.pos(pos)
     for block in model.blocks:
-        x = block_forward(block, x, positions, group, recorder)
+        x = block_forward(block, x, positions, group, recorder, attend)
     return model.head(x)
 
 

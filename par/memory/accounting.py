@@ -300,7 +300,8 @@ def calculator(params: float, dp: int = 1, precision: str = "mixed", optimizer: 
 # ---------------------------------------------------------------- activations
 def activation_bytes_per_layer(seq: int, batch: int, d_model: int, n_heads: int, recompute: str = "none",
                                bytes_per_value: int = 2, dropout: bool = True, tp: int = 1,
-                               partitioned: bool = False, sequence_parallel: bool = False, cp: int = 1) -> float:
+                               partitioned: bool = False, sequence_parallel: bool = False, cp: int = 1,
+                               flash: bool = False) -> float:
     """Bytes of activations one transformer layer keeps for backward (Korthikanti et al. 2022,
     no sequence parallelism). s = seq, b = batch, h = d_model, a = n_heads, e = bytes_per_value,
     t = tp (the tensor-parallel degree).
@@ -319,9 +320,13 @@ def activation_bytes_per_layer(seq: int, batch: int, d_model: int, n_heads: int,
         it before recomputing). The rest is rebuilt during backward at the cost of one more forward.
     sequence_parallel=True (Megatron SP on TP, `par.tp.sequence`): the LayerNorm/dropout regions
         are split along the sequence too, so everything is divided by t: s·b·h·(34 + 5as/h) / t.
-    cp = c > 1 (ring attention, `par.cp.ring_attention`, no dropout, t = 1): every per-token tensor is
-        divided by c and the as²b score matrix is never kept (backward recomputes it from the saved
-        log-sum-exp): e·(17·sbh + a·s·b) / c, the 17th sbh being the attention output the ring keeps.
+    flash=True (scores never kept, `par.cp.ring_attention.flash_attention`, no dropout): the as²b score
+        matrix is replaced by one log-sum-exp per row, and the attention keeps its own output beside the
+        projection's input: e·(17·sbh + a·s·b) on one device; with tp = t, e·(4 + 13/t)·sbh + e·a·s·b/t;
+        with sequence parallelism, all of it / t. The s² term is the attention kernel's, not a parallelism's.
+    cp = c > 1 (ring attention `par.cp.ring_attention` or Ulysses `par.cp.ulysses`, no dropout, t = 1):
+        every per-token tensor is divided by c and the scores are never kept: the flash form / c,
+        e·(17·sbh + a·s·b) / c.
     """
     s, b, h, a, e, t = seq, batch, d_model, n_heads, bytes_per_value, tp
     if t < 1 or int(t) != t:
@@ -331,7 +336,12 @@ def activation_bytes_per_layer(seq: int, batch: int, d_model: int, n_heads: int,
     if cp > 1:
         if t > 1 or dropout or recompute != "none":
             raise ValueError("the context-parallel formula covers tp=1, dropout=False, recompute='none' only")
-        return e * (17 * s * b * h + a * s * b) / cp
+        return activation_bytes_per_layer(s, b, h, a, "none", e, False, flash=True) / cp
+    if flash:
+        if dropout or recompute != "none":
+            raise ValueError("the flash-attention formula covers dropout=False, recompute='none' only")
+        return e * (17 * s * b * h + a * s * b) / t if sequence_parallel or t == 1 else \
+            e * (4 + 13 / t) * s * b * h + e * a * s * b / t
     if sequence_parallel:
         return activation_bytes_per_layer(s, b, h, a, recompute, e, dropout) / t
     if recompute == "full":

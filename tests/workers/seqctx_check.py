@@ -24,7 +24,7 @@ import par.runtime.dist
 from par.comm import commlog
 from par.memory import accounting as memory
 from par.runtime import nccl_emulation
-from par.cp import ring_attention as cp
+from par.cp import ring_attention as cp, ulysses
 from par.tp import sequence as sp, layers as tp
 from par.tp.ops import my_sequence_slice
 from par.data import CharDataset, global_batches
@@ -37,9 +37,9 @@ B, H, D = 2, 3, 8
 CFG = GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=4, d_model=32)
 
 
-def attention_case(n: int, r: int, seq: int, layout: str) -> dict:
+def attention_case(n: int, r: int, seq: int, layout: str, attend=cp.ring_attention, heads: int = H) -> dict:
     g = torch.Generator().manual_seed(seq)
-    q, k, v, w = (torch.randn(B, H, seq, D, generator=g) for _ in range(4))
+    q, k, v, w = (torch.randn(B, heads, seq, D, generator=g) for _ in range(4))
     dense = [t.clone().requires_grad_() for t in (q, k, v)]
     y = causal_attention(*dense)
     (y * w).sum().backward()
@@ -47,20 +47,23 @@ def attention_case(n: int, r: int, seq: int, layout: str) -> dict:
     mine = positions[r]
     local = [cp.shard_sequence(t, mine, dim=2).requires_grad_() for t in (q, k, v)]
     with commlog.capture() as fwd:
-        out = cp.ring_attention(*local, positions)
+        out = attend(*local, positions)
     with commlog.capture() as bwd:
         (out * cp.shard_sequence(w, mine, dim=2)).sum().backward()
     res = {"forward": (out - cp.shard_sequence(y, mine, dim=2)).abs().max().item()}
     for name, a, b in zip("qkv", local, dense):
         res[f"d{name}"] = (a.grad - cp.shard_sequence(b.grad, mine, dim=2)).abs().max().item()
-    formula = cp.ring_attention_bytes([len(p) for p in positions], r, B, H * D)
-    res["bytes"] = {"forward": fwd.total_bytes("send"), "backward": bwd.total_bytes("send")}
+    lengths = [len(p) for p in positions]
+    formula = (cp.ring_attention_bytes(lengths, r, B, heads * D) if attend is cp.ring_attention else
+               ulysses.ulysses_bytes(lengths, heads, r, B, D))
+    kind = "send" if attend is cp.ring_attention else "all_to_all"
+    res["bytes"] = {"forward": fwd.total_bytes(kind), "backward": bwd.total_bytes(kind)}
     res["formula"] = formula
     res["tags"] = sorted({e.tag for e in fwd.events + bwd.events})
     return res
 
 
-def gpt_case(n: int, r: int, seq: int, steps: int = 3) -> dict:
+def gpt_case(n: int, r: int, seq: int, steps: int = 3, attend=None) -> dict:
     dense, model = build(CFG, seed=2), build(CFG, seed=2)
     positions = cp.all_positions(seq, n, "balanced")
     mine = positions[r]
@@ -73,7 +76,7 @@ def gpt_case(n: int, r: int, seq: int, steps: int = 3) -> dict:
         logits = dense(x)
         ld = lm_loss(logits, y)
         ld.backward()
-        local = cp.gpt_forward(model, cp.shard_sequence(x, mine), positions)
+        local = cp.gpt_forward(model, cp.shard_sequence(x, mine), positions, attend=attend)
         yl = cp.shard_sequence(y, mine)
         lc = F.cross_entropy(local.reshape(-1, local.size(-1)), yl.reshape(-1), reduction="sum") / y.numel()
         lc.backward()
@@ -189,6 +192,9 @@ def main() -> int:
         for layout in cp.LAYOUTS:
             res[f"attention {layout} T={seq}"] = attention_case(n, r, seq, layout)
     res["gpt"] = gpt_case(n, r, 4 * n + 3)
+    for layout in cp.LAYOUTS:                   # 5 heads: uneven head groups on 2, 3 and 4 ranks
+        res[f"ulysses {layout}"] = attention_case(n, r, 6 * n + 1, layout, ulysses.ulysses_attention, heads=5)
+    res["ulysses gpt"] = gpt_case(n, r, 4 * n + 3, attend=ulysses.ulysses_attention)
     res["timeline"] = timeline_case(n, 4 * n)
     for regather in (True, False):
         res[f"sp block regather={regather}"] = sp_block_case(n, r, regather)
@@ -199,6 +205,11 @@ def main() -> int:
         errors["short"] = "no error"
     except ValueError as e:
         errors["short"] = str(e)
+    try:
+        ulysses.head_groups(n - 1, n)
+        errors["heads"] = "no error"
+    except ValueError as e:
+        errors["heads"] = str(e)
     res["errors"] = errors
     allres = par.runtime.dist.gather_object(res)
     if r == 0:
