@@ -17,6 +17,7 @@ Result (the job contract of `par.measure`): {"world_size", "backend", "device", 
                 bytes (sent in the last step, by collective), cuda_peak, offload_bytes_per_step
     memory      the rank with the most model-state bytes; formula: `par.memory.accounting.model_state_bytes`
     bytes, bytes_total, bytes_formula   rank 0's last step beside 2(N-1)/N·Ψ·itemsize (3(N-1)/N: stage 3)
+    collectives_per_step   how many collectives rank 0 issued in its last step (`collectives_issued`)
     timeline    (`--timeline-runs`) every rank's spans of the last step
     offload: offload_bytes_per_step, placement, transfer_s_formula (the same bytes over PCIe)
     fsdp2: max_diff_vs_stage3 (max |parameter difference| from the "3" run of the same launch)
@@ -77,6 +78,14 @@ class Run:
                              f"or +fp16 (e.g. 3+offload, 2+bf16), or 'fsdp2'")
         precision = next((e for e in extras if e in ("bf16", "fp16")), None)
         return cls(int(stage), "offload" in extras, "prefetch" in extras, "resume" in extras, precision)
+
+
+def collectives_issued(events) -> int:
+    """Collectives one step issued: a coalesced one (tag "... (every unit)", one message per ring step for all
+    units) counts once, every per-unit one once. Each pays the ring's 2(N-1) latency steps α whatever its size;
+    the 4-byte overflow flag of mixed precision is left out."""
+    coalesced = {e.tag for e in events if "(every unit)" in e.tag}
+    return len(coalesced) + sum("(every unit)" not in e.tag and "overflow flag" not in e.tag for e in events)
 
 
 @dataclass(frozen=True)
@@ -158,7 +167,7 @@ def train_run(run: Run, args: Args, env, batches, finals: dict) -> dict:
             engine.zero_grad()
         times.append(clock.seconds)
         losses.append(loss.item())
-        step_bytes = {}
+        step_bytes, calls = {}, collectives_issued(log.events)
         for e in log.events:   # the model's traffic; the 4-byte overflow flag of mixed precision is apart
             key = "overflow flag" if "overflow flag" in e.tag else e.kind
             step_bytes[key] = step_bytes.get(key, 0) + e.bytes_sent
@@ -166,7 +175,9 @@ def train_run(run: Run, args: Args, env, batches, finals: dict) -> dict:
                 s + 1 == (args.checkpoint_step or len(batches)):
             checkpoint.save(engine, args.checkpoint, step=s + 1)
     out = {"losses": losses, "times": times, "memory": mem, "cuda_peak": memory.cuda_peak_bytes(env.device),
-           "bytes": step_bytes, "start_step": start}
+           "bytes": step_bytes, "calls": calls, "start_step": start}
+    if rec is not None:     # the last step only: before the full-state gathers below, which are no part of it
+        out["timeline"] = rec.gather()
     if run == Run(3) and any(r.fsdp2 for r in args.runs):
         finals["3"] = engine.full_state_dict()
     if run.fsdp2:
@@ -180,8 +191,6 @@ def train_run(run: Run, args: Args, env, batches, finals: dict) -> dict:
             out["offload_bytes_per_step"] = {"to_host": engine.updater.to_host_bytes / steps,
                                              "to_device": engine.updater.to_device_bytes / steps}
             out["placement"] = engine.updater.placement()
-    if rec is not None:
-        out["timeline"] = rec.gather()
     engine.close()          # the hooks point back at the engine: without this the next run's peak includes it
     del engine, model
     return out
@@ -203,6 +212,7 @@ def merge(run: Run, ranks: list[dict], args: Args, n: int, numel: int) -> dict:
            "formula": memory.model_state_bytes(numel, n, run.stage, "fp32" if precision == "fp32" else "mixed",
                                                args.optimizer).to_dict(),
            "bytes": mine["bytes"], "bytes_total": sum(mine["bytes"].values()), "overflow_flag_bytes": flag_bytes,
+           "collectives_per_step": mine["calls"],
            "bytes_formula": zero_bytes_per_step(numel, n, run.stage, 1, itemsize)}
     for k in ("skipped", "offload_bytes_per_step", "placement", "timeline", "max_diff_vs_stage3"):
         if k in mine:
