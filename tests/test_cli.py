@@ -145,3 +145,13 @@ def test_a_missing_dependency_is_one_line_naming_the_environment(monkeypatch, ca
     assert err.count("\n") == 1 and err.startswith("error: torch is not installed") and "pip install -r requirements.txt" in err
     with pytest.raises(ModuleNotFoundError):          # --debug shows the traceback
         cli.main(["--debug", "batch"])
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """`python -m par plan | head`: the pipe closes before par writes; no traceback, the shell's SIGPIPE status."""
+    proc = subprocess.Popen([sys.executable, "-m", "par", "plan", "--model", "100,96,12288", "--world", "800"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()               # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
