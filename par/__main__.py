@@ -8,7 +8,8 @@ the line (or PAR_DEBUG=1) shows the traceback instead, and is exported as PAR_DE
 command runs, so that what it starts (ranks, notebooks, another `python -m par`) inherits it. A
 launched job that failed (`par.runtime.launch.LaunchError`) prints its root cause and the failing
 rank's details, and exits 1. Ctrl-C prints `error: interrupted` and exits 130 (the traceback with
---debug). Any other exception is a bug in par: its traceback is shown.
+--debug). Output piped into a reader that stops early (`| head`) ends quietly with 141, as a shell
+reports SIGPIPE. Any other exception is a bug in par: its traceback is shown.
 
 Before a command that starts ranks (`STARTS_RANKS`) is imported, `par.runtime.preflight` checks its
 --backend and that this machine holds its ranks; `--oversubscribe` anywhere on its line (removed before
@@ -37,6 +38,8 @@ COMMANDS = {
                            "(--dry-run: check a GPU batch without a GPU)"),
     "train": ("par.train.cli", "train GPT-lite from a DeepSpeed-style JSON config: --config configs/3d.json --nproc 8"),
     "plan": ("par.train.planner", "rank 3D layouts by predicted memory and step time: --model 100,96,12288 --world 800"),
+    "site": ("par.site.build", "the executed course as a static website: python -m par site [RUN_DIR] [--out DIR] "
+                               "[--compare RUN_A RUN_B]"),
     "memory": ("par.memory.accounting", "per-rank model-state memory per ZeRO stage (--params 7.5e9 --dp 64 | --model llama-7b)"),
 }
 
@@ -163,6 +166,9 @@ def main(argv=None) -> int:
             raise
         print(f"error: {str(e) or 'interrupted'}", file=sys.stderr, flush=True)
         return getattr(e, "exit_code", 130)
+    except BrokenPipeError:          # the reader left (`python -m par plan | head`): not an error, nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # so the exit's flush cannot fail again
+        return 141                   # 128 + SIGPIPE, what a shell reports for a command stopped by a closed pipe
     except Exception as e:
         if debug:
             raise

@@ -8,7 +8,8 @@ checks what a person would look at: a plot image, a widget that answers a change
 Needs Debian's `chromium` (apt-get install chromium) and the `playwright` package (requirements.txt); no
 browser download. Without Chromium the test is skipped with the reason printed in the pytest summary, except
 on CI (the environment has CI=true, as .ci/run sets it): there a missing browser fails the test, because CI
-machines install it (.ci/run does, as root) and a skipped browser test would pass unseen.
+machines install it (.ci/run does, as root) and a skipped browser test would pass unseen (tests/chromium.py,
+shared with the website's test).
 """
 from __future__ import annotations
 
@@ -22,20 +23,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from chromium import launched, needs_chromium
 from tiers import slow
 
 from par.runtime.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 LECTURE = "01_memory.ipynb"
 EXERCISE = "01_model_state_bytes.ipynb"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-MISSING = "Chromium not installed: `apt-get install chromium` to run the JupyterLab browser test"
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None and not IN_CI, reason=MISSING)
-
-pytestmark = slow   # the whole module is in the full suite only
+pytestmark = [needs_chromium, slow]   # skipped without Chromium (failed on CI); the full suite only
 
 
 @pytest.fixture(scope="module")
@@ -87,16 +84,8 @@ def lab(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    if CHROMIUM is None:   # only reached on CI (elsewhere the module is skipped)
-        pytest.fail(f"CI={os.environ.get('CI')}: the browser test must run here. {MISSING} (.ci/run does it as root)")
-    if IN_CI:
-        import playwright.sync_api as sync_api   # CI: a missing package fails too
-    else:
-        sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (see requirements.txt)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+    with launched() as b:
         yield b
-        b.close()
 
 
 def open_and_run_all(browser, lab, path: str, timeout_s: float = 240):

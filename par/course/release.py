@@ -10,6 +10,7 @@ DIR receives what a student needs to follow the course and do the exercises:
     exercises/                                    generated from solutions/ right now: answers stubbed,
                                                   hidden checks removed, cell ids kept
     configs/                                      the DeepSpeed-style configs lecture 07 reads
+    docs/                                         the instructor, TA and cluster pages the README links to
     par-release.json                              when, from which commit, which exercises
 
 and never solutions/ or tests/ (the answers, and the wrong answers the tests keep). In the bundle,
@@ -34,7 +35,7 @@ from par.course.markers import LEAKING
 from par.runtime.checks import check_writable
 
 FILES = ("README.md", "requirements.txt", "pyproject.toml", ".gitignore")
-FOLDERS = {"par": "*", "notebooks": "*.ipynb", "configs": "*.json"}
+FOLDERS = {"par": "*", "notebooks": "*.ipynb", "configs": "*.json", "docs": "*.md"}   # docs: the README links there
 MARKER = "par-release.json"
 NEVER = ("solutions", "tests")
 

@@ -19,6 +19,8 @@ default a notebook's cell timeout scales with its launches (`par.course.launches
 The folder gets `summary.json` and `summary.md`: per notebook its status (ok, FAILED with
 the error's first line, or not run), its duration, and the key numbers it left with
 `par.course.notebook.record`; `summary.json` also merges every notebook's numbers under `records`.
+`summary.json`'s `provenance` says where the run came from (date, machine, CPU, GPUs, backend chosen,
+world size, preset, steps, torch, commit): `python -m par site` shows it on every page.
 The exit code is 1 when any notebook failed or was not run.
 
 `--dry-run` runs nothing: it checks every launch of every notebook for a server of
@@ -89,15 +91,20 @@ def run_one(notebook: Path, output: Path, parameters: dict, timeout: float) -> d
             "duration_s": round(time.perf_counter() - start, 1), "records": found, "output": str(output)}
 
 
+CONCATENATED = ("profiler_traces",)   # records whose lists add up over the notebooks (02 and 03 save traces)
+
+
 def merge_records(rows: list[dict]) -> dict:
     """Every notebook's records in one dict, in notebook order. Records of the same name that are dicts
-    are merged key by key (02, 03 and 06 each add their part of `torch_api_max_diff`); otherwise the
-    later notebook's value wins."""
+    are merged key by key (02, 03, 04, 05, 06 and 09 each add their part of `torch_api_max_diff`), the lists
+    of a name in CONCATENATED are joined; otherwise the later notebook's value wins."""
     merged: dict = {}
     for row in rows:
         for name, value in row["records"].items():
             if isinstance(value, dict) and isinstance(merged.get(name), dict):
                 merged[name] = {**merged[name], **value}
+            elif name in CONCATENATED and isinstance(value, list) and isinstance(merged.get(name), list):
+                merged[name] = merged[name] + value
             else:
                 merged[name] = value
     return merged
@@ -147,6 +154,35 @@ def known_failures(notebook: Path, parameters: dict) -> tuple[list, float | None
     return problems + kernel, timeout
 
 
+def provenance(parameters: dict) -> dict:
+    """Where a run comes from, for whoever reads its numbers later: when, on what machine, with which backend
+    (the one `auto` chose here), ranks, preset and steps, torch and the course's commit. Never raises."""
+    import os
+    import platform
+    import subprocess
+    from importlib.metadata import version
+
+    from par.runtime.preflight import choose_backend, visible_gpus
+
+    def attempt(fn, default=None):
+        try:
+            return fn()
+        except Exception:
+            return default
+    cpu = attempt(lambda: next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                               if line.startswith("model name")), platform.processor() or platform.machine())
+    gpus = attempt(lambda: [__import__("torch").cuda.get_device_name(i) for i in range(visible_gpus())], [])
+    commit = attempt(lambda: subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                            timeout=10, cwd=Path(__file__).parent).stdout.strip() or None)
+    backend = attempt(lambda: choose_backend(parameters["world_size"], parameters["backend"]), parameters["backend"])
+    machine = f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs ({cpu})" + (
+        f", {len(gpus)} x {gpus[0]}" if gpus else ", no GPU")
+    return {"date": datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine,
+            "gpus": gpus, "backend": backend, "world_size": parameters["world_size"],
+            "preset": parameters["preset"], "steps": parameters["steps"], "python": platform.python_version(),
+            "torch": attempt(lambda: version("torch")), "commit": commit}
+
+
 def run(notebooks, out_root: Path, parameters: dict, timeout: float | None = None) -> dict:
     """Execute `notebooks` in order into a new timestamped folder under `out_root`; return the summary.
 
@@ -161,6 +197,7 @@ def run(notebooks, out_root: Path, parameters: dict, timeout: float | None = Non
         folder = folder.with_name(f"{folder.name.split('_')[0]}_{suffix}")
         suffix += 1
     folder.mkdir(parents=True)
+    origin = provenance(parameters)
     rows = []
     bar = tqdm(list(notebooks), desc="notebooks", unit="nb")
     for notebook in bar:
@@ -176,7 +213,8 @@ def run(notebooks, out_root: Path, parameters: dict, timeout: float | None = Non
         if row["error"]:
             bar.write(f"{row['status'].upper()} {notebook.name}: {row['error']}")
     bar.close()
-    summary = {"folder": str(folder), "parameters": parameters, "timeout_s": timeout, "notebooks": rows,
+    summary = {"folder": str(folder), "parameters": parameters, "provenance": origin, "timeout_s": timeout,
+               "notebooks": rows,
                "failed": sum(r["status"] != "ok" for r in rows),
                "duration_s": round(sum(r["duration_s"] for r in rows), 1), "records": merge_records(rows)}
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -1,0 +1,105 @@
+"""A batch's folder as the site reads it: `summary.json`, its executed notebooks, and where it came from.
+
+    runs/<time>/summary.json     per notebook: status, duration, records; `provenance` (batches since it exists)
+    runs/<time>/NN_topic.ipynb   the executed notebooks
+
+`latest(runs)` is the folder whose summary was written last; a folder that is not a batch's is refused in one
+line (`SiteError`, a `CheckError`: `python -m par` prints `error: ...` and exits 2).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from par.runtime.checks import CheckError
+
+SUMMARY = "summary.json"
+
+
+class SiteError(CheckError):
+    """A site that cannot be built from what was given (no run, not a run, an output folder in the way)."""
+
+
+def latest(runs: Path = Path("runs")) -> Path:
+    """The batch folder under `runs` whose summary.json was written last."""
+    found = sorted(runs.glob(f"*/{SUMMARY}"), key=lambda p: (p.stat().st_mtime, p.parent.name)) \
+        if runs.is_dir() else []
+    if not found:
+        raise SiteError(f"no executed run under {runs}/: run `python -m par batch` first "
+                        f"(or name a run folder: python -m par site RUN_DIR)")
+    return found[-1].parent
+
+
+@dataclass
+class Lecture:
+    """One notebook of the batch: its row of the summary, and the executed file when there is one."""
+    stem: str
+    status: str
+    error: str | None
+    duration_s: float
+    records: dict
+    path: Path | None            # the executed notebook (None when the batch did not run it)
+
+    @property
+    def number(self) -> str:
+        """"03" for 03_pipelines: the key of the lecture's key numbers."""
+        return self.stem.split("_", 1)[0]
+
+
+@dataclass
+class Run:
+    folder: Path
+    summary: dict
+    lectures: list[Lecture] = field(default_factory=list)
+
+    @property
+    def provenance(self) -> dict:
+        """Where the run came from. Batches older than `provenance` in summary.json: what their parameters and
+        folder name say (the date from the folder's timestamp)."""
+        p = dict(self.summary.get("provenance") or {})
+        params = self.summary.get("parameters", {})
+        for key in ("world_size", "backend", "preset", "steps"):
+            p.setdefault(key, params.get(key))
+        if "date" not in p:
+            try:
+                p["date"] = datetime.strptime(self.folder.name[:15], "%Y%m%d-%H%M%S").isoformat()
+            except ValueError:
+                p["date"] = None
+        p.setdefault("machine", None)
+        return p
+
+    def label(self) -> str:
+        """A short name for a column: `gloo x 2, tiny, 20 steps`."""
+        p = self.provenance
+        return f"{p['backend']} × {p['world_size']}, {p['preset']}, {p['steps']} steps"
+
+    def lecture(self, stem: str) -> Lecture | None:
+        return next((l for l in self.lectures if l.stem == stem), None)
+
+
+def load(folder: Path) -> Run:
+    """The run in `folder`, or a one-line SiteError saying why it is not one."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SiteError(f"no run folder {folder}: pass a folder `python -m par batch` wrote (runs/<time>/), "
+                        f"or nothing for the latest")
+    path = folder / SUMMARY
+    if not path.is_file():
+        raise SiteError(f"{folder} has no {SUMMARY}: it is not a folder `python -m par batch` wrote "
+                        f"(runs/<time>/); run the batch, or pass its folder")
+    try:
+        summary = json.loads(path.read_text())
+        rows = summary["notebooks"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise SiteError(f"{path} is not a batch summary ({type(e).__name__}: {e}); run `python -m par batch` "
+                        f"again") from None
+    lectures = []
+    for row in rows:
+        stem = Path(row["notebook"]).stem
+        executed = folder / f"{stem}.ipynb"
+        lectures.append(Lecture(stem=stem, status=row.get("status", "?"), error=row.get("error"),
+                                duration_s=float(row.get("duration_s") or 0.0), records=row.get("records") or {},
+                                path=executed if executed.is_file() else None))
+    return Run(folder=folder, summary=summary, lectures=lectures)
