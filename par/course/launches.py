@@ -285,9 +285,11 @@ def torch_pipeline_work(args: vs_torch_job.Args, nproc: int) -> list:
 def tp_work(args: tp_job.Args, nproc: int) -> list:
     """TP training on nproc ranks, the dense model trained beside (unless --no-reference)."""
     sizes = {k: v for k, v in (("n_head", args.n_head), ("d_model", args.d_model)) if v is not None}
-    return [Training(model_preset(args.preset, **sizes), args.batch_size, tp=nproc, optimizer=args.optimizer,
-                     steps=args.steps, reference_batch=0 if args.no_reference else args.batch_size,
-                     label=f"TP {nproc}")]
+    one = Training(model_preset(args.preset, **sizes), args.batch_size, tp=nproc, optimizer=args.optimizer,
+                   steps=args.steps, reference_batch=0 if args.no_reference else args.batch_size, label=f"TP {nproc}")
+    # --torch-api: par's TP and torch's DTensor TP trained side by side for a few steps
+    return [one] + ([replace(one, steps=2 * args.torch_api, reference_batch=0, label=f"TP {nproc}: par and DTensor")]
+                    if args.torch_api else [])
 
 
 @work.register
@@ -368,13 +370,20 @@ COUNTED_SIZES = (1, 5, 7, 1001, 4096, 65536)                      # bytes counte
 SWEEP_NUMEL = 4096                                                # bytes counted on every world size
 
 
+def ring_step_sizes(sizes=COLLECTIVE_SIZES, ranks=(2, 3, 4)) -> tuple[int, ...]:
+    """The chunks (elements) a ring of N ranks sends per step for every timed size S: ceil(S/N), so that
+    `ring_time_from_steps` can simulate N = 3 and 4 from steps measured on the ranks there are cores for."""
+    return tuple(sorted({-(-s // n) for s in sizes for n in ranks}))
+
+
 def launches_00(W, backend, preset, steps):
     """Lecture 00. On one rank (a one-GPU server) no "show": every collective of one rank is the identity, and
     its send/recv around the ring would have no neighbour but the rank itself (the notebook says so)."""
     nb = "00_distributed_basics"
     out = [launch(nb, "collectives", W, comm_job.Args(
-        parts=("env", "show", "trace", "bytes", "timing") if W > 1 else ("env", "trace", "bytes", "timing"),
-        sizes=COLLECTIVE_SIZES, bytes_sizes=COUNTED_SIZES, reps=9, warmup=2), backend)]
+        parts=("env", "show", "trace", "bytes", "timing", "steps") if W > 1 else ("env", "trace", "bytes", "timing"),
+        sizes=COLLECTIVE_SIZES, bytes_sizes=COUNTED_SIZES, reps=9, warmup=2, step_sizes=ring_step_sizes()),
+        backend)]
     gpus = on_gpus(backend, W)
     for n in world_sizes({2, 3, 4}, W, backend):
         if n != W:          # timings only where each rank has a core (or GPU) of its own, else the latency point
@@ -414,7 +423,7 @@ def launches_02(W, backend, preset, steps):
         steps=timeline_steps, batch=batch, micro_batch=micro), backend)]
     out.append(launch(nb, "torch DDP", W, dp_job.Args(
         dp=("bucketed", "ddp"), impl="ring", bucket_kb=bucket_kb(cfg), preset=preset, steps=steps, batch=batch,
-        micro_batch=micro, compare=True), backend))
+        micro_batch=micro, compare=True, profile_dir="{trace_dir}"), backend))   # the notebook fills in a folder
     for n in world_sizes({1, 2, 4}, W, backend):
         if n != W and batch % n == 0:    # the same micro-batches on every world size: the same losses
             out.append(launch(nb, "loss curves", n, dp_job.Args(
@@ -502,7 +511,8 @@ def launches_04(W, backend, preset, steps):
     cfg = model_preset(preset)
     dense = cfg.block_size <= 256        # the dense model beside the TP one: only where it is small
     return [launch("04_tensor_parallel", "TP training", tp_degree(cfg, W), tp_job.Args(
-        preset=preset, steps=steps, batch_size=per_rank_batch(cfg, 8), eps=1e-6, no_reference=not dense), backend)]
+        preset=preset, steps=steps, batch_size=per_rank_batch(cfg, 8), eps=1e-6, no_reference=not dense,
+        torch_api=3), backend)]
 
 
 def launches_05(W, backend, preset, steps):
@@ -513,7 +523,7 @@ def launches_05(W, backend, preset, steps):
     return [
         launch(nb, "loss scaling", W, precision_job.Args(
             dtype=("fp16",), preset=preset, steps=steps, batch=batch, window=5, inject=tuple(inject), inject_rank=0,
-            warmup=4, max_grad_norm=1.0), backend),
+            warmup=4, max_grad_norm=2.0), backend),   # above the norms of a trained step: clips the first ones only
         launch(nb, "fp32 / fp16 / bf16", W, precision_job.Args(
             dtype=dtypes, preset=preset, steps=steps, batch=batch, init_scale=2.0 ** 13), backend),
     ]
@@ -586,7 +596,8 @@ def launches_09(W, backend, preset, steps):
     b = per_rank_batch(cfg, 4)
     check = cfg.block_size <= 256        # the single-process reference beside: only where it is small
     out = [launch(nb, "EP training", W, moe_job.Args(     # ep = W: at least one expert per rank
-        preset=preset, steps=steps, batch=b, experts=max(4, W), k=2, check=check, alphas=(0.0, 0.1)), backend)]
+        preset=preset, steps=steps, batch=b, experts=max(4, W), k=2, check=check, alphas=(0.0, 0.1), torch_api=True),
+                  backend)]
     if 4 in world_sizes({4}, W, backend):
         out.append(launch(nb, "EP inside DP", 4, moe_job.Args(
             preset=preset, steps=max(1, min(steps, 3)), batch=b, experts=4, k=2, ep=2, alphas=(0.1,), check=check),

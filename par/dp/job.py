@@ -17,6 +17,7 @@ for comparison). Rank 0 saves {"world_size", "backend", "runs": [...]} (the job 
     timeline, overlap       one step's recorded spans, and the share of communication hidden behind backward
     launched_in_backward    buckets the last step sent from a gradient hook, before backward ended (bucketed)
     max_param_diff_vs_first with --compare: max |parameters - the first run's parameters| over every rank
+    profile_traces          with --profile-dir: the torch.profiler traces of step --profile-step, one per rank
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 import par.runtime.dist
+from par.runtime import profile
 from par.runtime.job_args import JobArgs, arg
 from par.comm import collectives, commlog
 from par.dp import compression
@@ -61,6 +63,9 @@ class Args(JobArgs):
     seed: int = arg(0)
     compare: bool = arg(False, "report each run's largest parameter difference from the first run "
                                "(e.g. --dp bucketed,ddp)")
+    profile_dir: str = arg("", "profile step --profile-step of every run with torch.profiler: a Chrome/Perfetto "
+                               "trace per run and rank in this folder (par.runtime.profile)")
+    profile_step: int = arg(1, minimum=0)
 
 
 def expected_bytes(dp, comp, n: int, rank: int) -> dict:
@@ -98,7 +103,7 @@ def train_one(args, variant: str, comp_name: str, env) -> dict:
         raise ValueError(f"{args.steps} steps of {sizes.train_batch_size} sequences need more data than the "
                          f"{len(data)} windows of the corpus: lower --steps or --batch")
     tl_step = min(args.timeline_step if args.timeline_step is not None else 2, args.steps - 1)
-    losses, times, sent, timeline = [], [], [], None
+    losses, times, sent, timeline, traces = [], [], [], None, []
     for step, (x, y) in zip(range(args.steps), loader):
         recording = step == tl_step
         if recording:
@@ -106,15 +111,17 @@ def train_one(args, variant: str, comp_name: str, env) -> dict:
         if hasattr(dp, "recorder"):
             dp.recorder = rec if recording else None
         micro = split_micro(x.to(env.device), y.to(env.device), sizes.grad_accum)
-        with timed_step(env.device) as clock, commlog.capture() as log:
+        with profile.step(args.profile_dir, f"dp_{variant}_rank{env.rank}", on=step == args.profile_step) as trace, \
+                timed_step(env.device) as clock, commlog.capture() as log:
             losses.append(train_step(dp, opt, micro, lm_loss, rec if recording else None))
+        traces += [str(trace.path)] if trace.path else []
         times.append(clock.seconds)
         sent.append(log.total_bytes())
         if recording:
             timeline = rec.gather()
     numel = sum(p.numel() for p in model.parameters())
     per_rank = par.runtime.dist.gather_object({"losses": losses, "step_s": times, "bytes_sent_per_step": sent,
-                                               "param_hash": param_hash(model)})
+                                               "param_hash": param_hash(model), "traces": traces})
     result = {
         "dp": variant, "compression": comp_name, "impl": args.impl, "world_size": n, "backend": env.backend,
         "batch": asdict(sizes) | {"per_rank": sizes.per_rank}, "preset": args.preset, "numel": numel,
@@ -131,6 +138,7 @@ def train_one(args, variant: str, comp_name: str, env) -> dict:
         result.update(merge_ranks(per_rank))
         result["per_rank"] = per_rank
         result["replicas_identical"] = len({r["param_hash"] for r in per_rank}) == 1
+        result["profile_traces"] = [t for r in per_rank for t in r["traces"]]
         result["overlap"] = [overlap_fraction(timeline, r) for r in range(n)]
     final = torch.cat([p.detach().reshape(-1) for p in model.parameters()]) if args.compare else None
     return result, final

@@ -14,6 +14,8 @@ bytes sent per step) and
     alltoall_bytes      rank 0's bytes in all-to-alls per step (measured by par.comm.commlog) and its formula
     reference_losses    (--check) the single-process model on the same batches, ranks as routing groups
     max_loss_diff, max_param_diff   (--check) against it
+and, with --torch-api, beside "runs": torch_api = par's all-to-all vs torch's all_to_all_single on the same tokens
+(`par.moe.torch_api.compare`: dispatched rows, layer output, gradients; the split sizes of every rank)
 """
 from __future__ import annotations
 
@@ -46,6 +48,8 @@ class Args(JobArgs):
     ep: int = arg(0, "ranks per EP group (default: all)")
     lr: float = arg(3e-3)
     check: bool = arg(False, "train the single-process model beside and compare")
+    torch_api: bool = arg(False, "before the first run: dispatch one batch's tokens with par's all-to-all and with "
+                                 "torch's all_to_all_single, and run a MoE layer with each (result['torch_api'])")
 
 
 def device_of(model) -> torch.device:
@@ -112,12 +116,35 @@ def run(args, alpha: float, env) -> dict:
     return out
 
 
+def torch_api(args, env) -> dict:
+    """par's all-to-all vs torch's all_to_all_single on the first MoE layer, this rank's tokens of the first batch
+    (`par.moe.torch_api.compare`): the worst rank's differences, and every rank's split sizes."""
+    from par.moe import torch_api as moe_torch
+    cfg = preset(args.preset)
+    groups = ep.make_groups(args.ep or env.world_size)
+    model = ep.to_expert_parallel(build_moe_gpt(cfg, args.experts, args.k, args.capacity_factor, seed=0), groups,
+                                  args.impl).to(env.device)
+    x, _ = next(global_batches(CharDataset(block_size=cfg.block_size), args.batch * env.world_size, 1, seed=1))
+    mine = slice(env.rank * args.batch, (env.rank + 1) * args.batch)
+    with torch.no_grad():
+        h = model.embed(x[mine].to(env.device))          # the tokens the first MoE layer would see, roughly
+    every = par.runtime.dist.gather_object(moe_torch.compare(ep.ep_layers(model)[0], h))
+    if every is None:
+        return {}
+    return {**{k: max(r[k] for r in every) for k in ("dispatch", "output", "grads", "max")},
+            "split_sizes": [r["split_sizes"] for r in every], "dispatched_rows": [r["dispatched_rows"] for r in every]}
+
+
 def main(argv=None) -> int:
     args = Args.parse(argv)
     env = par.runtime.dist.init()
     torch.manual_seed(0)
-    runs = [run(args, a, env) for a in args.alphas]
-    par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "runs": runs})
+    result = {"world_size": env.world_size, "backend": env.backend}
+    if args.torch_api:
+        result["torch_api"] = torch_api(args, env)
+    result["runs"] = [run(args, a, env) for a in args.alphas]
+    runs = result["runs"]
+    par.runtime.dist.save_result(result)
     for run_ in runs:
         par.runtime.dist.print0(f"alpha {run_['alpha']}: loss {run_['losses'][0]:.3f} -> {run_['losses'][-1]:.3f}, "
                                 f"dropped {run_['dropped'][-1]:.1%}, all-to-all {run_['alltoall_bytes']['measured']} B/step "

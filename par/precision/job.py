@@ -45,7 +45,8 @@ class Args(JobArgs):
     steps: int = arg(20, minimum=1)
     optimizer: str = arg("adam")
     lr: float = arg(3e-3)
-    warmup: int = arg(0, "linear warm-up steps, then cosine decay (0: constant lr)")
+    warmup: int = arg(0, "linear warm-up steps, then cosine decay (0: constant lr); counted in steps the optimizer "
+                         "took: a skipped (overflow) step does not advance the schedule")
     max_grad_norm: float = arg(0.0, "clip the gradient norm (0: off)")
     loss_scale: str = arg("dynamic", "'dynamic', or a number for a static scale (1: none)")
     init_scale: float = arg(2.0 ** 16)
@@ -95,7 +96,8 @@ def train_one(args, dtype: str, env) -> dict:
     mem = None
     for step, (x, y) in enumerate(global_batches(data, args.batch, args.steps, args.seed)):
         x, y = x[rank::n].to(env.device), y[rank::n].to(env.device)
-        lr = warmup_cosine_lr(step, args.lr, args.warmup, args.steps) if args.warmup else args.lr
+        taken = step - sum(log["skipped"])        # the schedule counts the steps the optimizer took (as DeepSpeed's):
+        lr = warmup_cosine_lr(taken, args.lr, args.warmup, args.steps) if args.warmup else args.lr   # a skip waits
         set_lr(opt, lr)
         with timed_step(env.device) as clock:
             loss = lm_loss(model(x).float(), y)                      # steps 1-2: 16-bit forward, fp32 loss

@@ -14,6 +14,9 @@ step_s = the slowest rank's seconds per step, per_rank):
     comm              the collectives of one step per layer (count and bytes vs the formula)
     memory            live parameter bytes per rank (measured vs formula, for every TP degree that
                       divides the world size) and model states after training
+    torch_api         with --torch-api K: torch's DTensor `parallelize_module` trained K steps beside par's TP
+                      from the same weights on the same batches; the largest |difference| over every rank of
+                      the logits, loss, first gradients and final parameter shards (`par.tp.torch_api.compare`)
 """
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ class Args(JobArgs):
     preset: str = arg("tiny")
     n_head: int | None = arg(None, "override the preset's number of heads")
     d_model: int | None = arg(None, "override the preset's hidden size")
+    torch_api: int = arg(0, "also train torch's DTensor parallelize_module beside par's TP for this many steps on "
+                            "the same weights and data (par.tp.torch_api.compare): result['torch_api']", minimum=0)
     steps: int = arg(20, minimum=1)
     batch_size: int = arg(8, minimum=1)
     lr: float = arg(3e-3)
@@ -103,6 +108,13 @@ def main(argv=None) -> int:
     ds = CharDataset(block_size=cfg.block_size)
     batches = list(global_batches(ds, args.batch_size, args.steps, seed=args.seed))
 
+    if args.torch_api:   # before training: both start from the dense weights
+        from torch.distributed.device_mesh import init_device_mesh
+        from par.tp import torch_api
+        mesh = init_device_mesh(device.type, (n,))
+        mine_torch = torch_api.compare(dense, mesh, [(x.to(device), y.to(device)) for x, y in batches[:args.torch_api]],
+                                       lr=args.lr, eps=args.eps)
+        every = par.runtime.dist.gather_object(mine_torch)
     losses, times, first, opt = train(model, batches, args.optimizer, args.lr, device, args.eps)
     every_time = par.runtime.dist.gather_object(times)
     result = {"world_size": n, "backend": env.backend, "device": str(device), "config": cfg.to_dict(),
@@ -132,6 +144,8 @@ def main(argv=None) -> int:
                                                   optimizer=args.optimizer).to_dict(),
     }
 
+    if args.torch_api and every is not None:   # the worst rank, key by key
+        result["torch_api"] = {k: max(r[k] for r in every) for k in every[0]}
     mine = {"step_s": times, "param_bytes": tp.param_bytes(model)}
     if not args.no_reference:
         dense_losses, _, _, _ = train(dense, batches, args.optimizer, args.lr, device, args.eps)
