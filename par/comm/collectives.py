@@ -113,6 +113,15 @@ def ring_all_reduce_time(size_bytes: float, n: int, alpha: float, beta: float) -
     return 2 * (n - 1) * alpha + all_reduce_formula_bytes(size_bytes, n) * beta
 
 
+def ring_time_from_steps(n: int, reduce_step_s: float, gather_step_s: float) -> float:
+    """The ring simulated from its steps: T(N, S) = (N-1)·t_rs(S/N) + (N-1)·t_ag(S/N).
+
+    t_rs(b), t_ag(b): the measured seconds of one reduce-scatter step (send b bytes right, receive b from
+    the left, add them) and one all-gather step (the same, stored instead of added), with each rank on a
+    core of its own. What the sum leaves out: the skew between ranks, which grows with N."""
+    return (n - 1) * (reduce_step_s + gather_step_s)
+
+
 def fit_alpha_beta(samples) -> tuple[float, float]:
     """alpha and beta of `ring_all_reduce_time` fitted to measured (n, size_bytes, seconds) samples.
 

@@ -15,7 +15,10 @@ Each part returns plain data (lists, dicts) that rank 0 saves as JSON:
           (each call from the last rank's entry to the last rank's exit, see `_elapsed`): every repetition (ring_all, torch_all), the
           medians (ring_s, torch_s), the ratio ring / torch of each turn (ratios: a pair of calls run
           back to back, so load drifts hit both alike) and its median (ratio), and [q1, median, q3]
-          of each (ring_q, torch_q, ratio_q).
+          of each (ring_q, torch_q, ratio_q);
+* steps:  seconds of one ring step per chunk size (`--step-sizes`): a reduce-scatter step (send a chunk right,
+          receive one from the left, add it) and an all-gather step (store it), the medians and [q1, median, q3]:
+          what `par.comm.collectives.ring_time_from_steps` adds up to simulate rings of more ranks than cores.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from par.comm import collectives as C
 from par.comm import commlog
 from par.measure import sync
 
-PARTS = ("env", "show", "trace", "bytes", "timing")
+PARTS = ("env", "show", "trace", "bytes", "timing", "steps")
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                  "TORCHELASTIC_RUN_ID")
 
@@ -189,6 +192,31 @@ def time_all_reduce(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> li
     return rows
 
 
+def time_ring_steps(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> list[dict]:
+    """One reduce-scatter step and one all-gather step of the ring (`_ring_reduce_scatter`'s and
+    `_ring_all_gather`'s loop bodies) per chunk size, timed like `time_all_reduce`."""
+    me, n, right, left = C.ring_neighbours()
+    rows = []
+    for numel in sizes:
+        send, acc, buf = (torch.randn(numel, device=env.device) for _ in range(3))
+        times = {"reduce_scatter": [], "all_gather": []}
+        for i in range(warmup + reps):
+            for phase in times:
+                dist.barrier()
+                start = time.perf_counter()
+                piece = C.PIECE if phase == "reduce_scatter" else max(numel, 1)
+                for a, b in C._exchange(send, right, buf, left, None, piece):
+                    if phase == "reduce_scatter":
+                        acc[a:b].add_(buf[a:b])
+                sync(env.device)
+                seconds = _elapsed(start, time.perf_counter(), env, one_host())
+                if i >= warmup:
+                    times[phase].append(seconds)
+        rows.append({"numel": numel, **{f"{k}_s": statistics.median(v) for k, v in times.items()},
+                     **{f"{k}_q": quartiles(v) for k, v in times.items()}})
+    return rows
+
+
 @dataclass(frozen=True)
 class Args(JobArgs):
     parts: tuple[str, ...] = arg(PARTS, f"comma-separated subset of {PARTS}")
@@ -196,6 +224,7 @@ class Args(JobArgs):
     trace_numel: int = arg(0, "default: 2 elements per rank")
     bytes_sizes: tuple[int, ...] = arg((1, 5, 7, 1001, 4096, 65536), "element counts whose bytes are counted")
     sizes: tuple[int, ...] = arg((1024, 65536, 1048576), "element counts timed", minimum=1)
+    step_sizes: tuple[int, ...] = arg((256, 16384), "chunk sizes (elements) of the timed ring steps", minimum=1)
     reps: int = arg(5, minimum=1)
     warmup: int = arg(2)
 
@@ -218,6 +247,8 @@ def main(argv=None) -> None:
         result["bytes"] = count_bytes(env, list(args.bytes_sizes))
     if "timing" in parts:
         result["timing"] = time_all_reduce(env, list(args.sizes), args.reps, args.warmup)
+    if "steps" in parts and env.world_size > 1:
+        result["steps"] = time_ring_steps(env, list(args.step_sizes), args.reps, args.warmup)
     par.runtime.dist.save_result(result)
     par.runtime.dist.teardown()
 

@@ -461,14 +461,17 @@ def median_with_spread(ax, x, quartiles, fmt="o", scale=1.0, **kw):
     return ax.errorbar(x, mid, yerr=spread, fmt=fmt, capsize=3, **kw)
 
 
-def alpha_beta_fit(timing: dict, alpha: float, beta: float, cores: int, small: int | None = None, axes=None):
-    """The ring all-reduce's time against T = 2(N-1)·alpha + 2(N-1)/N·S·beta, fitted on the N <= cores runs.
+def alpha_beta_fit(timing: dict, alpha: float, beta: float, cores: int, small: int | None = None, axes=None,
+                   simulated: dict | None = None):
+    """The ring all-reduce's time against T = 2(N-1)·alpha + 2(N-1)/N·S·beta, fitted on the N <= cores runs
+    (and the `simulated` ones).
 
     `timing`: {N: rows of `par.comm.job` timing part} (each row: numel, ring_q = [q1, median,
     q3] seconds). Left: time vs message size S for every N with a core per rank, the median
     with its q1-q3 spread, and the model's curve. Right: the smallest message's time vs N, which is
     all latency: 2(N-1) steps of alpha. N > cores are drawn hollow, marked oversubscribed, and are
-    not in the fit. Returns the two axes.
+    not in the fit. `simulated`: {N: rows of numel, ring_s} from `ring_time_from_steps`, drawn as
+    diamonds and labelled simulated. Returns the two axes.
     """
     from par.comm.collectives import ring_all_reduce_time
     if axes is None:
@@ -482,6 +485,15 @@ def alpha_beta_fit(timing: dict, alpha: float, beta: float, cores: int, small: i
                            label=f"measured, N = {n} (median, q1–q3)")
         grid = [x[0] * (x[-1] / x[0]) ** (k / 60) for k in range(61)]
         left.plot(grid, [ring_all_reduce_time(s, n, alpha, beta) * 1e3 for s in grid], "-", color=f"C{i}",
+                  alpha=0.7, label=f"fit, N = {n}")
+    simulated = simulated or {}
+    for i, (n, rows) in enumerate(sorted(simulated.items()), start=len(fitted)):
+        rows = sorted(rows, key=lambda t: t["numel"])
+        x = [4 * t["numel"] for t in rows]
+        left.plot(x, [t["ring_s"] * 1e3 for t in rows], "D", color=f"C{i}", mfc="white",
+                  label=f"simulated from measured steps, N = {n}")
+        grid = [x[0] * (x[-1] / x[0]) ** (k / 60) for k in range(61)]
+        left.plot(grid, [ring_all_reduce_time(s, n, alpha, beta) * 1e3 for s in grid], "--", color=f"C{i}",
                   alpha=0.7, label=f"fit, N = {n}")
     left.set_xscale("log")
     left.set_yscale("log")
@@ -507,6 +519,11 @@ def alpha_beta_fit(timing: dict, alpha: float, beta: float, cores: int, small: i
         median_with_spread(right, [n], [t["ring_q"]], scale=1e3, color="C3" if hollow else "C0",
                            mfc="white" if hollow else "C0",
                            label=("oversubscribed: N > cores, not fitted" if hollow else "measured, a core per rank"))
+    for n, rows in simulated.items():
+        t = next((t for t in rows if t["numel"] == small), None)
+        if t is not None:
+            right.plot([n], [t["ring_s"] * 1e3], "D", color="C2", mfc="white",
+                       label="simulated from steps measured with a core per rank")
     handles, labels = right.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     right.legend(unique.values(), unique.keys(), fontsize=7, loc="upper left")
