@@ -32,8 +32,10 @@ one line per problem; exit 0 when everything fits, else 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import time
 from dataclasses import replace
 from datetime import datetime
@@ -198,6 +200,33 @@ def run(notebooks, out_root: Path, parameters: dict, timeout: float | None = Non
         suffix += 1
     folder.mkdir(parents=True)
     origin = provenance(parameters)
+    with traces_into(folder / "traces"):
+        rows = run_all(notebooks, folder, parameters, timeout)
+    summary = {"folder": str(folder), "parameters": parameters, "provenance": origin, "timeout_s": timeout,
+               "notebooks": rows,
+               "failed": sum(r["status"] != "ok" for r in rows),
+               "duration_s": round(sum(r["duration_s"] for r in rows), 1), "records": merge_records(rows)}
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (folder / "summary.md").write_text(markdown(summary))
+    return summary
+
+
+@contextlib.contextmanager
+def traces_into(folder: Path):
+    """The profiler traces the notebooks save (`par.runtime.profile.trace_dir`) go into the run's own folder."""
+    previous = os.environ.get("PAR_TRACE_DIR")
+    os.environ["PAR_TRACE_DIR"] = str(folder)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("PAR_TRACE_DIR", None)
+        else:
+            os.environ["PAR_TRACE_DIR"] = previous
+
+
+def run_all(notebooks, folder: Path, parameters: dict, timeout: float | None) -> list[dict]:
+    """Each notebook in order into `folder`: its summary row (a failure is reported and the batch goes on)."""
     rows = []
     bar = tqdm(list(notebooks), desc="notebooks", unit="nb")
     for notebook in bar:
@@ -213,13 +242,7 @@ def run(notebooks, out_root: Path, parameters: dict, timeout: float | None = Non
         if row["error"]:
             bar.write(f"{row['status'].upper()} {notebook.name}: {row['error']}")
     bar.close()
-    summary = {"folder": str(folder), "parameters": parameters, "provenance": origin, "timeout_s": timeout,
-               "notebooks": rows,
-               "failed": sum(r["status"] != "ok" for r in rows),
-               "duration_s": round(sum(r["duration_s"] for r in rows), 1), "records": merge_records(rows)}
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (folder / "summary.md").write_text(markdown(summary))
-    return summary
+    return rows
 
 
 def short(value) -> str:

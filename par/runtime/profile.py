@@ -8,7 +8,7 @@ Open the file in https://ui.perfetto.dev (or chrome://tracing): one row per thre
 (aten::mm, autograd's backward nodes, gloo's all-reduce, par's own `record_function` spans), CUDA kernels too
 on a GPU. `check(path)` reads a trace back and says how many events it holds (a trace-event JSON is an object
 with a "traceEvents" list). `trace_dir(name)` is a fresh folder for a notebook's traces under the repository's
-runs/traces/ (git-ignored), or under $PAR_TRACE_DIR.
+runs/traces/ (git-ignored), or under $PAR_TRACE_DIR (the batch sets it to its run folder's traces/).
 """
 from __future__ import annotations
 
