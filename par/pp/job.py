@@ -22,7 +22,7 @@ contract (losses, step_s, per_rank) and adds: schedule, m, v, dp, batch, micro_b
 bounds, spans (every action of the last timed step, wall clock, with its cost `cpu_s`: CPU time, on a GPU
 CUDA-event time, `par.pp.pipeline.ActionCosts`), bubble (median over the timed steps of the measured idle
 fraction) and bubble_steps, bubble_formula, costs (median `cpu_s` of each stage's forward and backward, for
-the simulator), memory (per rank: activation peak, micro-batches in flight), bytes (per rank and step, by
+the simulator), action_costs (the same for F, B, I, W: the zero-bubble schedules split B), memory (per rank: activation peak, micro-batches in flight), bytes (per rank and step, by
 kind: pipeline sends, data-parallel gradients) and the max_*diff of --check.
 """
 from __future__ import annotations
@@ -49,7 +49,8 @@ from par.timeline import Recorder
 
 @dataclass(frozen=True)
 class Args(JobArgs):
-    schedules: tuple[str, ...] = arg(("1f1b",), "comma-separated: naive, gpipe, 1f1b, interleaved")
+    schedules: tuple[str, ...] = arg(("1f1b",), "comma-separated: naive, gpipe, 1f1b, interleaved, zb_h1, zb_v, "
+                                                "dualpipe_v")
     microbatches: tuple[int, ...] = arg((4,), "comma-separated numbers of micro-batches m", minimum=1)
     virtual: int = arg(2, "chunks per rank for 'interleaved'")
     micro_batch_size: int = arg(4, "sequences per micro-batch", minimum=1)
@@ -155,7 +156,7 @@ def run_one(args, cfg, kind, m, env, ds, warmup):
     if parts is None:
         return None
     step_s = slowest(p["times"] for p in parts)
-    record = {"schedule": kind, "m": m, "v": v, "dp": args.dp, "pp": pp, "batch": batch,
+    record = {"schedule": kind, "m": m, "v": sched.virtual, "dp": args.dp, "pp": pp, "batch": batch,
               "micro_batch_size": batch // (args.dp * m), "text": sched.text(), "bounds": parts[0]["bounds"],
               "losses": next((p["losses"] for p in parts if p["losses"]), []),   # from a last stage
               "step_s": step_s, "median_step_s": statistics.median(step_s) if step_s else None,
@@ -167,6 +168,7 @@ def run_one(args, cfg, kind, m, env, ds, warmup):
         record["bubble_steps"] = bubbles
         record["bubble"] = statistics.median(bubbles) if bubbles else None
         record["costs"] = dict(zip(("forward", "backward"), pipeline_sim.stage_costs(spans, sched, clock="cpu")))
+        record["action_costs"] = pipeline_sim.action_costs(spans, sched, clock="cpu")   # F, B, I, W per stage
     if args.check:
         record.update({"max_diff": max(p["diff"] for p in parts), "max_grad_diff": max(p["grad_diff"] for p in parts),
                        "max_loss_diff": max(p["loss_diff"] for p in parts)})

@@ -22,12 +22,12 @@ posts a group and goes on computing; it waits for the group's Work before the fi
 reads a tensor the group receives, before it posts its next group, and at the end of the step.
 
 How the groups are chosen. Replay the schedule with sends that never block, a forward costing 1
-and a backward 2 (`earliest_times`): each action gets a start and an end. Each message gets the
-time t at which its producer ends. On the sender and on the receiver alike the message goes into
-the gap before the first action that starts at t or later, and everything a rank has in one gap
-is one group: an activation going forward and a gradient coming back travel together, as in
-Megatron-LM's `send_forward_recv_backward`. Both ranks order a pair's messages by t, so rule 3
-pairs every send with the right receive.
+and a backward 2 (its halves I and W 1 each) (`earliest_times`): each action gets a start and an
+end. Each message gets the time t at which its producer ends. On the sender and on the receiver
+alike the message goes into the gap before the first action that starts at t or later, and
+everything a rank has in one gap is one group: an activation going forward and a gradient coming
+back travel together, as in Megatron-LM's `send_forward_recv_backward`. Both ranks order a pair's
+messages by t, so rule 3 pairs every send with the right receive.
 
 Why this never deadlocks. Label a group with the largest t in it. Before a group completes, its
 peers must post their groups; a rank posts a group after its previous group completed and after
@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from par.pp.schedules import Action, Schedule, ScheduleError
 
 FORWARD_COST, BACKWARD_COST = 1.0, 2.0   # only used to order the messages
+SENDS_UPSTREAM = ("B", "I")              # the actions that compute (and send) dL/d input: B whole, or its half I
 
 
 # ---------------------------------------------------------------- messages
@@ -52,22 +53,23 @@ def message_in(schedule: Schedule, rank: int, a: Action):
     """(message, source rank) that action `a` must receive before it runs, or None.
 
     A message is (what, micro-batch, stage that produced it): the activation of micro-batch i out
-    of stage s, or the gradient with respect to the input of stage s.
+    of stage s, or the gradient with respect to the input of stage s. B and I need (and make) the same
+    gradient: I is the half of B that computes it; W, the weight half, needs nothing from another stage.
     """
     s, last = schedule.stage(rank, a), schedule.num_stages - 1
     if a.kind == "F" and s > 0:
         return ("activation", a.microbatch, s - 1), schedule.owner(s - 1)[0]
-    if a.kind == "B" and s < last:
+    if a.kind in SENDS_UPSTREAM and s < last:
         return ("gradient", a.microbatch, s + 1), schedule.owner(s + 1)[0]
     return None
 
 
 def message_out(schedule: Schedule, rank: int, a: Action):
-    """(message, destination rank) that action `a` sends when it is done, or None."""
+    """(message, destination rank) that action `a` sends when it is done, or None (always for W)."""
     s, last = schedule.stage(rank, a), schedule.num_stages - 1
     if a.kind == "F" and s < last:
         return ("activation", a.microbatch, s), schedule.owner(s + 1)[0]
-    if a.kind == "B" and s > 0:
+    if a.kind in SENDS_UPSTREAM and s > 0:
         return ("gradient", a.microbatch, s), schedule.owner(s - 1)[0]
     return None
 
@@ -148,7 +150,7 @@ def earliest_times(schedule: Schedule, forward=FORWARD_COST, backward=BACKWARD_C
                     if need[0] not in ready:
                         break
                     start = max(start, ready[need[0]])
-                end = start + (forward if a.kind == "F" else backward)
+                end = start + {"F": forward, "B": backward}.get(a.kind, backward / 2)
                 times[(r, pos[r])] = (start, end)
                 clock[r], pos[r], moved = end, pos[r] + 1, True
                 out = message_out(schedule, r, a)

@@ -1,7 +1,7 @@
 """The pipeline runtime: every rank executes its part of a `Schedule`'s communication plan.
 
 Setup. The layer list (`model.to_layers()`) is cut into p·v stages (`par.pp.partition`);
-rank r keeps stages r, r+p, ... (its chunks). Before the first step the ranks agree on
+rank r keeps the stages the schedule places on it (its chunks: r, r+p, ... or, in a V, r and 2p-1-r). Before the first step the ranks agree on
 the shape of every activation that crosses a stage boundary: the owner of stage k runs
 it once on a dummy input and broadcasts the output's shape.
 
@@ -16,6 +16,19 @@ One step = the rank's actions, in order:
 
 Because loss_i is divided by m and .grad accumulates over the micro-batches, the
 gradients equal those of one process training on the whole batch: ∇(1/m Σ loss_i).
+
+Zero-bubble schedules (`par.pp.schedules.zb_h1`, `zb_v`, `dualpipe_v`) split B into I and W
+(`_Step.backward_input`, `_Step.backward_weight`):
+
+    F(i), split:      as F, and remember where every layer that owns weights put its output y_l
+                      (a `GradientEdge`: a place in the autograd graph, not the tensor)
+    I(i) on stage k:  dL/dx and every dL/dy_l in one autograd.grad(out, [x, y_1, ...], g, retain_graph=True):
+                      a backward that skips every weight gradient; dL/dx goes to stage k-1 at once
+    W(i) on stage k:  for each weight layer l: dL/dθ_l = autograd.grad(y_l, θ_l, dL/dy_l), added to .grad:
+                      only that layer's own local backward (g_lᵀ x_l for a Linear), nothing recomputed
+
+The price: W needs what autograd saved in F (x_l for g_lᵀ x_l), so the graph stays alive until W, not
+until I, and dL/dy_l of every weight layer waits beside it (`_MemoryMeter` counts both).
 
 Communication. The sends and receives between the actions follow the plan of
 `par.pp.p2p_plan.build(schedule)`, the very plan `par.pp.sim.check` replayed under NCCL's rule
@@ -34,8 +47,10 @@ share cores and wall time does not tell; on a GPU the seconds between CUDA event
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -44,7 +59,7 @@ import torch.nn as nn
 from par.comm import collectives, commlog
 from par.pp import partition, sim as pipeline_sim
 from par.pp.p2p_plan import Group, message_in
-from par.pp.schedules import Schedule
+from par.pp.schedules import Action, Schedule, from_lists, parse_action
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32]
 MAX_DIMS = 8
@@ -137,6 +152,7 @@ class Pipeline:
         self.device = torch.device(device) if device is not None else _default_device(layers)
         self.chunks = [nn.Sequential(*layers[slice(*self.bounds[self.stage_of(c)])]).to(self.device)
                        for c in range(self.v)]
+        self.weight_layers = [weight_layers(chunk) for chunk in self.chunks]
         self.loss_fn = loss_fn
         self.track_memory = track_memory
         self._shapes = {}
@@ -151,8 +167,8 @@ class Pipeline:
         return self.schedule.owner(self.p * self.v - 1)[0]
 
     def stage_of(self, chunk: int) -> int:
-        """Global stage of this rank's chunk `chunk`: chunk·p + rank."""
-        return chunk * self.p + self.rank
+        """Global stage of this rank's chunk `chunk` (chunk·p + rank, or the schedule's V placement)."""
+        return self.schedule.stage_of(self.rank, chunk)
 
     def parameters(self):
         return itertools.chain.from_iterable(c.parameters() for c in self.chunks)
@@ -215,13 +231,12 @@ class Pipeline:
                     continue
                 run.wait_for(item)
                 with span(str(item)), run.costs.action(str(item)):
-                    if item.kind == "F":
-                        run.forward(item)
-                    else:
-                        run.backward(item)
+                    {"F": run.forward, "B": run.backward, "I": run.backward_input, "W": run.backward_weight}[
+                        item.kind](item)
             run.wait()
-        if run.saved or run.inbox or run.outbox:
+        if run.saved or run.inbox or run.outbox or run.weights_owed:
             raise RuntimeError(f"rank {self.rank}: step ended with work left: saved {sorted(run.saved)}, "
+                               f"weight gradients owed {sorted(run.weights_owed)}, "
                                f"unread messages {sorted(run.inbox)}, unsent {sorted(run.outbox)}")
         self.executed, self.cpu_s = run.executed, run.costs.seconds()
         if run.mem:
@@ -236,7 +251,9 @@ class _Step:
         self.pipe, self.xs, self.ys = pipe, xs, ys
         self.shapes = pipe._boundary_shapes(xs[0].to(pipe.device))
         self.last = pipe.p * pipe.v - 1
-        self.saved = {}                   # (micro-batch, stage) -> (input, output or loss)
+        self.saved = {}                   # (micro-batch, stage) -> (input, output or loss, weight layers' outputs)
+        self.weights_owed = {}            # (micro-batch, stage) -> (weight layers' outputs, dL/d those), I done, W not
+        self.split = {(a.microbatch, a.chunk) for a in pipe.schedule.ranks[pipe.rank] if a.kind == "I"}
         self.inbox = {}                   # message -> tensor received (and waited for) or handed over locally
         self.outbox = {}                  # message -> tensor computed here, waiting for its group
         self.in_flight = None             # (works, {message: buffer}, tensors sent) of the group posted last
@@ -283,11 +300,13 @@ class _Step:
             inp = self.inbox.pop(("activation", a.microbatch, k - 1))
             if inp.is_floating_point():
                 inp.requires_grad_(True)
-        with self.mem.forward(a.microbatch, k) if self.mem else nullcontext():
+        split = (a.microbatch, a.chunk) in self.split
+        with self.mem.forward(a.microbatch, k) if self.mem else nullcontext(), \
+                output_edges(pipe.weight_layers[a.chunk] if split else []) as edges:
             out = pipe.chunks[a.chunk](inp)
             if k == self.last:
                 out = pipe.loss_fn(out, self.ys[a.microbatch].to(pipe.device)) / pipe.m
-        self.saved[(a.microbatch, k)] = (inp, out)
+        self.saved[(a.microbatch, k)] = (inp, out, edges)
         if k == self.last:
             self.loss = out.detach() if self.loss is None else self.loss + out.detach()
         else:
@@ -296,7 +315,7 @@ class _Step:
     def backward(self, a) -> None:
         """y.backward(dL/dy) (the loss's own backward on the last stage); send x.grad to the stage before."""
         k = self.pipe.stage_of(a.chunk)
-        inp, out = self.saved.pop((a.microbatch, k))
+        inp, out, _ = self.saved.pop((a.microbatch, k))
         if k == self.last:
             out.backward()
         else:
@@ -306,12 +325,85 @@ class _Step:
         if k > 0:
             self.hand_over(("gradient", a.microbatch, k), inp.grad, k - 1)
 
+    def backward_input(self, a) -> None:
+        """I: dL/dx for the stage before (sent at once) and dL/dy_l for this stage's W (`input_gradients`)."""
+        k = self.pipe.stage_of(a.chunk)
+        inp, out, edges = self.saved.pop((a.microbatch, k))
+        grad = None if k == self.last else self.inbox.pop(("gradient", a.microbatch, k + 1))
+        dx, dys = input_gradients(out, grad, inp if inp.requires_grad else None, edges)
+        self.weights_owed[(a.microbatch, k)] = (edges, dys)
+        if self.mem:
+            self.mem.keep(a.microbatch, k, dys)
+        if k > 0:
+            self.hand_over(("gradient", a.microbatch, k), dx, k - 1)
+
+    def backward_weight(self, a) -> None:
+        """W: every weight layer's dL/dθ from its saved dL/dy_l, added to .grad (`weight_gradients`)."""
+        k = self.pipe.stage_of(a.chunk)
+        edges, dys = self.weights_owed.pop((a.microbatch, k))
+        weight_gradients(edges, dys)
+        if self.mem:
+            self.mem.backward(a.microbatch, k)
+
     def hand_over(self, message, tensor, stage) -> None:
         """`tensor` for the owner of `stage`: into this rank's inbox if it owns it, else out with the plan's next group."""
         if self.pipe.schedule.owner(stage)[0] == self.pipe.rank:
             self.inbox[message] = tensor.detach()
         else:
             self.outbox[message] = tensor.detach().contiguous()
+
+
+def weight_layers(module: nn.Module) -> list[nn.Module]:
+    """The modules inside `module` that own parameters themselves (Linear, LayerNorm, Embedding, ...)."""
+    return [m for m in module.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
+
+
+@contextmanager
+def output_edges(layers):
+    """Collect [(layer, GradientEdge of its output)] of every call of `layers` inside the block.
+
+    A `GradientEdge` names the place in the autograd graph where the output's gradient arrives,
+    without holding the output tensor itself.
+    """
+    edges = []
+
+    def hook(layer, args, out):
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                edges.append((layer, torch.autograd.graph.get_gradient_edge(t)))
+
+    handles = [layer.register_forward_hook(hook) for layer in layers]
+    try:
+        yield edges
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def input_gradients(out, grad, inp, edges):
+    """I: (dL/d inp, [dL/dy_l for every weight layer's output]) in one backward pass that computes no
+    weight gradient (autograd runs only what the requested gradients need); the graph is retained for W.
+    `inp` None (the first stage: token ids) asks for the dL/dy_l only."""
+    wanted = ([inp] if inp is not None else []) + [edge for _, edge in edges]
+    if not wanted:
+        return None, []
+    grads = torch.autograd.grad(out, wanted, grad, retain_graph=True, allow_unused=True)
+    return (grads[0], list(grads[1:])) if inp is not None else (None, list(grads))
+
+
+def weight_gradients(edges, dys) -> None:
+    """W: for each weight layer l, dL/dθ_l = (dy_l/dθ_l)ᵀ dL/dy_l, added to θ_l.grad.
+
+    autograd.grad from the layer's output edge to its own parameters runs that layer's local
+    backward only (for a Linear: dW = g_lᵀ x_l, db = Σ g_l, with x_l saved by the forward).
+    """
+    for (layer, edge), dy in zip(edges, dys):
+        params = [p for p in layer.parameters(recurse=False) if p.requires_grad]
+        if dy is None or not params:
+            continue
+        for param, g in zip(params, torch.autograd.grad(edge, params, dy, retain_graph=True, allow_unused=True)):
+            if g is not None:
+                param.grad = g if param.grad is None else param.grad + g
 
 
 def _default_device(layers) -> torch.device:
@@ -329,7 +421,10 @@ class _MemoryMeter:
     """Bytes of activations autograd keeps for backward, per micro-batch in flight (parameters excluded).
 
     Counted with saved-tensor hooks, so it works on any device: a tensor saved by several
-    operations is counted once. `summary()` gives the peak over the step.
+    operations is counted once. A split backward keeps them until W, and from I on also the dL/dy_l
+    W will need (`keep`; their largest sum per micro-batch is `bytes_kept_for_w`): an upper bound, as
+    what only ops after the stage's last weight layer saved (the loss's softmax) is freed at I already.
+    `summary()` gives the peak over the step.
     """
 
     def __init__(self, params):
@@ -338,6 +433,8 @@ class _MemoryMeter:
         self.held = self.peak = 0
         self.in_flight = self.peak_in_flight = 0
         self.per_microbatch = []
+        self.kept_for_w = 0
+        self.per_stage = {}         # stage -> (largest activations of one micro-batch, largest dL/dy_l kept for W)
 
     @contextmanager
     def forward(self, mb: int, stage: int):
@@ -355,15 +452,115 @@ class _MemoryMeter:
         self.live[(mb, stage)] = storages
         got = sum(storages.values())
         self.per_microbatch.append(got)
+        act, kept = self.per_stage.get(stage, (0, 0))
+        self.per_stage[stage] = (max(act, got), kept)
         self.held += got
         self.in_flight += 1
         self.peak = max(self.peak, self.held)
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
 
+    def keep(self, mb: int, stage: int, tensors) -> None:
+        """After I: micro-batch `mb` on `stage` also holds `tensors` (the dL/dy_l) until its W."""
+        storages, added = self.live[(mb, stage)], 0
+        for t in tensors:
+            if t is not None and t.untyped_storage().data_ptr() not in storages:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+                added += t.untyped_storage().nbytes()
+        self.kept_for_w = max(self.kept_for_w, added)
+        act, kept = self.per_stage[stage]
+        self.per_stage[stage] = (act, max(kept, added))
+        self.held += added
+        self.peak = max(self.peak, self.held)
+
     def backward(self, mb: int, stage: int) -> None:
+        """After B (or W): the micro-batch's activations are free."""
         self.held -= sum(self.live.pop((mb, stage)).values())
         self.in_flight -= 1
 
     def summary(self) -> dict:
         return {"peak_bytes": self.peak, "peak_in_flight": self.peak_in_flight,
-                "bytes_per_microbatch": max(self.per_microbatch, default=0)}
+                "bytes_per_microbatch": max(self.per_microbatch, default=0), "bytes_kept_for_w": self.kept_for_w,
+                "per_stage": {s: {"activations": a, "kept_for_w": k} for s, (a, k) in sorted(self.per_stage.items())}}
+
+
+# ---------------------------------------------------------------- what each action costs
+# What each action of a stage costs, measured in one process: the numbers the simulator needs.
+#
+# On a machine with fewer cores than ranks, the wall clock of a p-rank run times the waiting for a core,
+# not the schedule. So measure every stage on one rank instead: `measure_costs(layers, stages, x, y, loss_fn)`
+# cuts the layers into `stages` chunks of a one-rank `Pipeline` and runs, micro-batch after
+# micro-batch, the forward through every chunk, then the backward: split (I, then W) for the first
+# micro-batches, whole (B) for the rest. Each action's cost is its thread's CPU time (`ActionCosts`), with
+# torch on one thread while measuring, so no work hides on another core. The memory meter gives each
+# stage's activations per micro-batch and the dL/dy_l its W keeps.
+#
+#     costs = measure_costs(layers, 2 * p, x, y, lm_loss)       # 2p chunks: a V schedule's stages
+#     sim.simulate(schedules.zb_v(p, m), **costs.simulator())
+#     sim.simulate(schedules.zb_h1(p, m), **costs.merged(2).simulator())   # p stages of two chunks each
+
+
+def measuring_schedule(stages: int, m: int, whole: int) -> Schedule:
+    """One rank, `stages` chunks: for each micro-batch F@0 .. F@(stages-1), then its backward from the last
+    chunk down, split (I, W) for the first m - whole micro-batches and whole (B) for the last `whole`."""
+    acts = []
+    for mb in range(m):
+        acts += [Action("F", mb, c) for c in range(stages)]
+        for c in reversed(range(stages)):
+            acts += [Action("B", mb, c)] if mb >= m - whole else [Action("I", mb, c), Action("W", mb, c)]
+    return from_lists([acts], m, stages, name="measure")
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Per stage: median seconds of F, B, I, W, and the bytes a micro-batch holds (activations, from F to B
+    or W) and adds at I (the dL/dy_l kept for W)."""
+    forward: list[float]
+    backward: list[float]
+    backward_input: list[float]
+    backward_weight: list[float]
+    activations: list[int]
+    kept_for_w: list[int]
+
+    def merged(self, k: int) -> "StageCosts":
+        """Every k consecutive stages as one: the costs of a pipeline with k times fewer, longer stages."""
+        def group(xs):
+            return [sum(xs[i:i + k]) for i in range(0, len(xs), k)]
+        return StageCosts(*(group(getattr(self, f)) for f in self.__dataclass_fields__))
+
+    def uniform(self) -> "StageCosts":
+        """Every stage the median of the measured ones: the equal stages the bubble formulas assume
+        (a real model's first and last stages also embed and compute the loss)."""
+        return StageCosts(*([statistics.median(getattr(self, f))] * len(self.forward)
+                            for f in self.__dataclass_fields__))
+
+    def simulator(self) -> dict:
+        """The keyword arguments of `par.pp.sim.simulate` with these costs."""
+        return {"forward": self.forward, "backward": self.backward, "backward_input": self.backward_input,
+                "backward_weight": self.backward_weight}
+
+
+def measure_costs(layers, stages: int, x: torch.Tensor, y: torch.Tensor, loss_fn, m: int = 5, whole: int = 2,
+            method: str = "parameters") -> StageCosts:
+    """Cut `layers` into `stages` chunks on one rank and time every chunk's F, B, I, W (module docstring).
+
+    The first micro-batch warms up (its actions are not counted); the medians are over the others.
+    """
+    if not 0 < whole < m - 1:
+        raise ValueError(f"measuring needs micro-batches split into I/W and whole (B) after a warm-up one: "
+                         f"use 0 < whole < m - 1, got m={m}, whole={whole}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        pipe = Pipeline(layers, measuring_schedule(stages, m, whole), loss_fn, method=method, track_memory=True)
+        pipe.step(x, y)
+    finally:
+        torch.set_num_threads(threads)
+    samples = {}
+    for name, seconds in pipe.cpu_s.items():
+        a = parse_action(name)
+        if a.microbatch > 0:
+            samples.setdefault((a.kind, a.chunk), []).append(seconds)
+    per_stage = pipe.memory["per_stage"]
+    return StageCosts(*([statistics.median(samples[(k, c)]) for c in range(stages)] for k in "FBIW"),
+                      [per_stage[c]["activations"] for c in range(stages)],
+                      [per_stage[c]["kept_for_w"] for c in range(stages)])

@@ -2,8 +2,10 @@
 
 `check(schedule)` proves a schedule can run the way `par.pp.pipeline` runs it:
 
-1. complete: every micro-batch gets exactly one F and one B on every stage;
-2. on each stage, B(i) comes after F(i) (backward needs the forward's saved activations);
+1. complete: every micro-batch gets exactly one F on every stage, and one backward: either B, or its
+   two halves I (input gradient) and W (weight gradient), never both;
+2. on each stage, B(i) and I(i) come after F(i) (backward needs the forward's saved activations), and
+   W(i) after I(i) (the weight gradient needs the gradient at each layer's output, which I computes);
 3. it terminates under NCCL's rule. `par.pp.p2p_plan.build` turns the schedule into each rank's
    communication plan (its actions, and between them the groups of sends and receives posted
    together), and `replay` runs that plan the way NCCL would: a group completes only when every
@@ -14,14 +16,17 @@
    message sent after it was computed and received before it is read. If no rank can move, the
    error names what every stuck rank waits for.
 
-`simulate(schedule, forward, backward)` is the same replay with costs and returns the timeline.
+`simulate(schedule, forward, backward)` is the same replay with costs and returns the timeline
+(`backward_input`, `backward_weight`: the costs of I and W, by default half of `backward` each).
 With equal costs f, b on every stage, GPipe and 1F1B both idle
 
     bubble = (p-1)/(m+p-1)      of the step (p stages, m micro-batches),
 
-interleaving with v chunks per rank idles (p-1)/(v·m) of the ideal time m(f+b), and the peak
+interleaving with v chunks per rank idles (p-1)/(v·m) of the ideal time m(f+b), ZB-H1 idles
+(p-1)(f+i-w) per rank instead of 1F1B's (p-1)(f+i+w) (`zb_h1_bubble_formula`), and the peak
 number of micro-batches in flight (forward done, backward not yet) on stage s is m for GPipe
-but min(p-s, m) for 1F1B: activation memory ∝ that peak.
+but min(p-s, m) for 1F1B: activation memory ∝ that peak. A split backward holds its micro-batch
+until W: `par.pp.pipeline` keeps the autograd graph from F to W.
 """
 from __future__ import annotations
 
@@ -31,12 +36,13 @@ from dataclasses import dataclass, field
 
 from par.pp import p2p_plan
 from par.pp.p2p_plan import Group, Plan, describe, message_in, message_out
-from par.pp.schedules import Action, Schedule, ScheduleError
+from par.pp.schedules import KINDS, Action, Schedule, ScheduleError
 
 __all__ = ["ScheduleError", "check", "check_complete", "verified_plan", "replay", "simulate", "Timeline",
-           "bubble_formula", "interleaved_bubble_ratio", "step_time_formula", "best_microbatches", "fit_step_time",
-           "p2p_bytes_formula", "peak_in_flight_formula", "peak_in_flight",
-           "peak_in_flight_per_rank", "step_time", "busy_times", "bubble_fraction", "bubble_ratio", "stage_costs"]
+           "bubble_formula", "interleaved_bubble_ratio", "zb_h1_bubble_formula", "zb_v_bubble_formula",
+           "action_costs", "step_time_formula", "best_microbatches", "fit_step_time", "p2p_bytes_formula",
+           "peak_in_flight_formula", "peak_in_flight", "peak_in_flight_per_rank", "peak_bytes_per_rank",
+           "step_time", "busy_times", "bubble_fraction", "bubble_ratio", "stage_costs"]
 
 
 # ---------------------------------------------------------------- formulas
@@ -48,6 +54,37 @@ def bubble_formula(p: int, m: int) -> float:
 def interleaved_bubble_ratio(p: int, m: int, v: int) -> float:
     """Idle time of interleaved 1F1B over the ideal (bubble-free) time: (p-1)/(v·m)."""
     return (p - 1) / (v * m)
+
+
+def zb_h1_bubble_formula(p: int, m: int, f: float = 1.0, i: float = 1.0, w: float = 1.0) -> float:
+    """Idle fraction of a ZB-H1 step: every rank idles (p-1)(f+i-w) of
+
+        T = m(f+i+w) + (p-1)(f+i-w),   so   bubble = (p-1)(f+i-w) / (m(f+i+w) + (p-1)(f+i-w)).
+
+    Why: 1F1B idles (p-1)(f+b) = (p-1)(f+i+w) per rank (`bubble_formula`'s time). ZB-H1 keeps
+    1F1B's order of F and I, so the gradients travel up as fast; but rank r postpones its first r
+    weight halves W to the end of the step, where 1F1B's rank r idles (the last rank longest): every
+    rank's wait shrinks by (p-1)·2w. With f = i = w: (p-1)·f, a third of 1F1B's (p-1)·3f, and
+    bubble = (p-1)/(3m+p-1).
+
+    Exact (the simulator agrees) when w = f, whatever i. With w != f it is exact only in special cases
+    (m <= p; p = 2 with w < f): in general the steady state itself stalls (rank r runs F I W while its
+    neighbours' slots are shifted by one action, so a W of one rank faces an F of the next) and the
+    idle time grows with m: there the simulator, fed with the measured costs, is the answer.
+    """
+    return (p - 1) * (f + i - w) / (m * (f + i + w) + (p - 1) * (f + i - w))
+
+
+def zb_v_bubble_formula(p: int, m: int) -> float:
+    """Idle fraction of a ZB-V step when every chunk's F, I and W cost the same f (m >= 2p-1):
+
+        bubble = (p-1)f / (2m·3f + (p-1)f) = (p-1)/(6m+p-1).
+
+    Rank p-1 runs the turn of the V, so its first activation arrives after p-1 chunk forwards: (p-1)f
+    idle that no schedule avoids. ZB-V fills every other gap with W, so that is all: half of ZB-H1's
+    (p-1)·2f (a stage is two chunks), a sixth of 1F1B's (p-1)·6f.
+    """
+    return (p - 1) / (6 * m + p - 1)
 
 
 def step_time_formula(p: int, m: int, work: float, overhead: float) -> float:
@@ -99,14 +136,18 @@ def peak_in_flight_formula(name: str, p: int, m: int, stage: int) -> int:
 
 
 # ---------------------------------------------------------------- structure
+NEEDS = {"B": "F", "I": "F", "W": "I"}    # an action and the one that must come before it (same micro-batch, chunk)
+
+
 def check_complete(schedule: Schedule) -> None:
-    """Every (F|B, micro-batch, stage) exactly once, each B after its F on the same rank."""
+    """Every (F, micro-batch, stage) exactly once and one backward: B, or I then W (never both);
+    B and I after their F, W after its I, on the same rank."""
     p, m, v = schedule.num_ranks, schedule.microbatches, schedule.virtual
     for r, acts in enumerate(schedule.ranks):
         seen = {}
         for i, a in enumerate(acts):
-            if a.kind not in ("F", "B"):
-                raise ScheduleError(f"rank {r}, action {i}: unknown kind {a.kind!r} (use F or B)")
+            if a.kind not in KINDS:
+                raise ScheduleError(f"rank {r}, action {i}: unknown kind {a.kind!r} (use F, B, I or W)")
             if not 0 <= a.microbatch < m:
                 raise ScheduleError(f"rank {r}, action {i} ({a}): micro-batch {a.microbatch} is not in 0..{m - 1}")
             if not 0 <= a.chunk < v:
@@ -114,13 +155,19 @@ def check_complete(schedule: Schedule) -> None:
             if a in seen:
                 raise ScheduleError(f"rank {r} runs {a} twice (actions {seen[a]} and {i})")
             seen[a] = i
-            if a.kind == "B" and Action("F", a.microbatch, a.chunk) not in seen:
-                where = seen_later(acts, Action("F", a.microbatch, a.chunk), i)
-                raise ScheduleError(f"rank {r}, action {i}: backward {a} comes before its forward "
-                                    f"{Action('F', a.microbatch, a.chunk)}{where}")
+            before = Action(NEEDS[a.kind], a.microbatch, a.chunk) if a.kind in NEEDS else None
+            if before is not None and before not in seen:
+                what = {"B": "backward", "I": "input gradient", "W": "weight gradient"}[a.kind]
+                whose = "forward" if before.kind == "F" else "input gradient"
+                raise ScheduleError(f"rank {r}, action {i}: {what} {a} comes before its {whose} "
+                                    f"{before}{seen_later(acts, before, i)}")
         for c in range(v):
             for mb in range(m):
-                for kind in ("F", "B"):
+                whole, half = Action("B", mb, c) in seen, Action("I", mb, c) in seen
+                if whole and (half or Action("W", mb, c) in seen):
+                    raise ScheduleError(f"rank {r} runs both {Action('B', mb, c)} and its halves I/W: run the "
+                                        f"backward whole (B) or split (I then W), not both")
+                for kind in ("F",) + (("I", "W") if half else ("B",)):
                     if Action(kind, mb, c) not in seen:
                         raise ScheduleError(f"incomplete: rank {r} never runs {Action(kind, mb, c)} "
                                             f"(stage {schedule.stage(r, Action(kind, mb, c))}, micro-batch {mb})")
@@ -133,26 +180,50 @@ def seen_later(acts, action, after: int) -> str:
     return " (which is missing)"
 
 
+HOLDS = {"F": 1, "B": -1, "I": 0, "W": -1}   # micro-batches whose activations an action takes or releases
+
+
 def peak_in_flight(schedule: Schedule) -> list[int]:
-    """For each global stage, the most micro-batches with F done and B not yet done at once."""
+    """For each global stage, the most micro-batches held at once: F done, and B (or W, when the
+    backward is split: the runtime keeps the graph until W) not yet done."""
     peaks = [0] * schedule.num_stages
     for r, acts in enumerate(schedule.ranks):
         live = defaultdict(int)
         for a in acts:
             s = schedule.stage(r, a)
-            live[s] += 1 if a.kind == "F" else -1
+            live[s] += HOLDS[a.kind]
             peaks[s] = max(peaks[s], live[s])
     return peaks
 
 
 def peak_in_flight_per_rank(schedule: Schedule) -> list[int]:
-    """For each rank, the most micro-batch activations held at once over all its chunks."""
+    """For each rank, the most micro-batch activations held at once over all its chunks (F to B or W)."""
     peaks = []
     for acts in schedule.ranks:
         live = peak = 0
         for a in acts:
-            live += 1 if a.kind == "F" else -1
+            live += HOLDS[a.kind]
             peak = max(peak, live)
+        peaks.append(peak)
+    return peaks
+
+
+def peak_bytes_per_rank(schedule: Schedule, activations, kept_for_w=0.0) -> list[float]:
+    """For each rank, the most bytes it holds at once when F(i) on stage s keeps `activations[s]` until its
+    B or W, and I(i) adds `kept_for_w[s]` (the dL/dy_l its W needs) until that W (numbers or per-stage lists)."""
+    act = _costs(activations, schedule.num_stages, "activations")
+    kept = _costs(kept_for_w, schedule.num_stages, "kept_for_w")
+    peaks = []
+    for r, acts in enumerate(schedule.ranks):
+        held, peak, mine = 0.0, 0.0, {}
+        for a in acts:
+            s, key = schedule.stage(r, a), (a.microbatch, a.chunk)
+            if a.kind in "FI":
+                mine[key] = mine.get(key, 0.0) + (act[s] if a.kind == "F" else kept[s])
+                held += act[s] if a.kind == "F" else kept[s]
+            else:
+                held -= mine.pop(key)
+            peak = max(peak, held)
         peaks.append(peak)
     return peaks
 
@@ -231,8 +302,10 @@ def _partners(plan: Plan) -> dict:
     return partners
 
 
-def replay(plan: Plan, forward=1.0, backward=2.0, latency: float = 0.0) -> Timeline:
-    """Run `plan` under NCCL's rule with per-stage `forward`/`backward` costs (numbers or lists, one per stage).
+def replay(plan: Plan, forward=1.0, backward=2.0, latency: float = 0.0, backward_input=None,
+           backward_weight=None) -> Timeline:
+    """Run `plan` under NCCL's rule with per-stage `forward`/`backward` costs (numbers or lists, one per stage);
+    `backward_input`/`backward_weight`, the costs of I and W, default to half of `backward` each.
 
     A group completes `latency` after the last of its peers posted the matching operations.
     Raises ScheduleError if the plan deadlocks, pairs messages wrongly, sends what was not
@@ -241,6 +314,9 @@ def replay(plan: Plan, forward=1.0, backward=2.0, latency: float = 0.0) -> Timel
     schedule = plan.schedule
     p, S = schedule.num_ranks, schedule.num_stages
     cost = {"F": _costs(forward, S, "forward"), "B": _costs(backward, S, "backward")}
+    half = [b / 2 for b in cost["B"]]
+    cost["I"] = half if backward_input is None else _costs(backward_input, S, "backward_input")
+    cost["W"] = half if backward_weight is None else _costs(backward_weight, S, "backward_weight")
     for r, items in enumerate(plan.ranks):
         if [x for x in items if isinstance(x, Action)] != list(schedule.ranks[r]):
             raise ScheduleError(f"the plan of rank {r} does not run the schedule's actions in their order")
@@ -330,11 +406,13 @@ def check(schedule: Schedule) -> Schedule:
     return schedule
 
 
-def simulate(schedule: Schedule, forward=1.0, backward=2.0, latency: float = 0.0) -> Timeline:
-    """The timeline of `schedule` with per-stage `forward`/`backward` costs (numbers or lists, one per stage):
-    its communication plan replayed under NCCL's rule (`replay`). Raises ScheduleError like `check`."""
+def simulate(schedule: Schedule, forward=1.0, backward=2.0, latency: float = 0.0, backward_input=None,
+             backward_weight=None) -> Timeline:
+    """The timeline of `schedule` with per-stage costs (numbers or lists, one per stage) of F, B and of B's
+    halves I (`backward_input`) and W (`backward_weight`), by default half of `backward` each: its
+    communication plan replayed under NCCL's rule (`replay`). Raises ScheduleError like `check`."""
     check_complete(schedule)
-    return replay(p2p_plan.build(schedule), forward, backward, latency)
+    return replay(p2p_plan.build(schedule), forward, backward, latency, backward_input, backward_weight)
 
 # ---------------------------------------------------------------- measures (simulated or recorded spans)
 def step_time(spans: list[dict], lane: str = "compute") -> float:
@@ -366,7 +444,7 @@ def bubble_ratio(spans: list[dict], lane: str = "compute") -> float:
 
 
 def stage_costs(spans: list[dict], schedule: Schedule, clock: str = "wall") -> tuple[list[float], list[float]]:
-    """Median duration of the F and of the B actions of every stage in a recorded timeline.
+    """Median duration of the F and of the B actions of every stage in a recorded timeline (`action_costs`).
 
     `clock="wall"` uses each span's start and end; `clock="cpu"` the action's own cost (`cpu_s`, recorded
     by `par.pp.pipeline.ActionCosts`): on the CPU the time the rank's thread spent in it
@@ -375,10 +453,18 @@ def stage_costs(spans: list[dict], schedule: Schedule, clock: str = "wall") -> t
     `simulate` to get the timeline the schedule would have with those costs and nothing else
     (no waiting for messages, no noise): simulated next to executed.
     """
+    costs = action_costs(spans, schedule, clock)
+    return costs["F"], costs["B"]
+
+
+def action_costs(spans: list[dict], schedule: Schedule, clock: str = "wall") -> dict[str, list[float]]:
+    """{kind: median duration of that kind's actions on every stage} for F, B, I, W (0.0 where none ran):
+    `simulate(forward=c["F"], backward=c["B"], backward_input=c["I"], backward_weight=c["W"])` replays
+    the schedule with the measured costs. `clock` as in `stage_costs`."""
     from par.pp.schedules import parse_action
     if clock not in ("wall", "cpu"):
         raise ValueError(f"unknown clock {clock!r}: use 'wall' or 'cpu'")
-    sums = {"F": defaultdict(list), "B": defaultdict(list)}
+    sums = {k: defaultdict(list) for k in KINDS}
     for x in spans:
         if x["lane"] == "compute":
             a = parse_action(x["name"])
@@ -386,5 +472,4 @@ def stage_costs(spans: list[dict], schedule: Schedule, clock: str = "wall") -> t
 
     def median(xs):  # robust to an action that was descheduled half-way
         return statistics.median(xs) if xs else 0.0
-    return ([median(sums["F"][s]) for s in range(schedule.num_stages)],
-            [median(sums["B"][s]) for s in range(schedule.num_stages)])
+    return {k: [median(sums[k][s]) for s in range(schedule.num_stages)] for k in KINDS}

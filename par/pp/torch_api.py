@@ -61,3 +61,49 @@ class TorchPipeline:
             self.schedule.step()
             return None
         return float(torch.stack([l.detach() for l in losses]).mean())
+
+
+V_SCHEDULES = {"zb_v": "ScheduleZBVZeroBubble", "dualpipe_v": "ScheduleDualPipeV"}
+
+
+class TorchVPipeline:
+    """This rank's two stages r and 2p-1-r (a V: `par.pp.schedules` placement "v") under torch's
+    `ScheduleZBVZeroBubble` or `ScheduleDualPipeV`, cut at par's boundaries `bounds` (2p stages).
+
+    Rank 0 holds both the first stage (it cuts x into m micro-batches) and the last (it computes the
+    losses): it calls `schedule.step(x, target=y, losses=ls)`, every other rank `schedule.step()`.
+    """
+
+    def __init__(self, layers, bounds, loss_fn, microbatches: int, schedule: str = "zb_v",
+                 rank: int = 0, world_size: int = 1, device=None, group=None):
+        from torch.distributed import pipelining
+        if schedule not in V_SCHEDULES:
+            raise ValueError(f"unknown V schedule {schedule!r} for torch.distributed.pipelining: "
+                             f"use one of {', '.join(V_SCHEDULES)}")
+        if len(bounds) != 2 * world_size:
+            raise ValueError(f"torch's {V_SCHEDULES[schedule]} runs two stages per rank: got {len(bounds)} stages "
+                             f"for {world_size} ranks (use {2 * world_size})")
+        layers = list(layers)
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        mine = (rank, 2 * world_size - 1 - rank)
+        self.modules = [nn.Sequential(*layers[slice(*bounds[s])]).to(self.device) for s in mine]
+        stages = [pipelining.PipelineStage(mod, s, 2 * world_size, self.device, group=group)
+                  for mod, s in zip(self.modules, mine)]
+        self.schedule = getattr(pipelining, V_SCHEDULES[schedule])(stages, n_microbatches=microbatches,
+                                                                   loss_fn=loss_fn)
+
+    def named_parameters(self):
+        """(name, parameter) of both chunks, chunk 0 first ('<chunk>.<name in the chunk>')."""
+        for c, mod in enumerate(self.modules):
+            for name, param in mod.named_parameters():
+                yield f"{c}.{name}", param
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float | None:
+        """Forward and backward of the batch (x, y); .grad accumulates. The mean loss on rank 0."""
+        if self.rank != 0:
+            self.schedule.step()
+            return None
+        losses = []
+        self.schedule.step(x, target=y, losses=losses)
+        return float(torch.stack([l.detach() for l in losses]).mean())
