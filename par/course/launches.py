@@ -490,10 +490,13 @@ def launches_03(W, backend, preset, steps):
     check = s.chart_cfg.block_size <= 256     # a single-process reference of a long-context model would not fit
     out = [launch(nb, "gantt", s.p_chart, pp_job.Args(
         schedules=("gpipe", "1f1b"), microbatches=(m_chart,), **model_args(s.chart_cfg),
-        micro_batch_size=s.chart_mbs, check=check, steps=1), s.backend)]
+        micro_batch_size=s.chart_mbs, check=check, steps=1, profile_dir="{trace_dir}"), s.backend)]  # filled by 03
     out.append(launch(nb, "bubble vs m", s.p_time, pp_job.Args(
         schedules=("1f1b",), microbatches=ms, **model_args(s.time_cfg), micro_batch_size=s.time_mbs,
         warmup_once=True, record_comm=True, steps=s.timed_steps), s.backend))
+    out.append(launch(nb, "zero bubble measured", s.p_time, pp_job.Args(     # section 11: ZB-H1 and ZB-V executed
+        schedules=("zb_h1", "zb_v"), microbatches=tuple(m for m in ms if m >= max(4, s.p_time)),
+        **model_args(s.time_cfg), micro_batch_size=s.time_mbs, warmup_once=True, steps=s.timed_steps), s.backend))
     out.append(launch(nb, "fixed batch", s.p_time, pp_job.Args(
         schedules=("1f1b",), microbatches=tuple(m for m in ms if s.trade_batch % m == 0), **model_args(s.trade_cfg),
         batch=s.trade_batch, steps=max(3, s.timed_steps)), s.backend))
@@ -624,7 +627,7 @@ CELLS = {
     "00_distributed_basics": ("collectives", "world-size sweep"),
     "01_memory": ("measured model states",),
     "02_data_parallel": ("bucketed timeline", "torch DDP", "loss curves", "compression"),
-    "03_pipelines": ("gantt", "bubble vs m", "fixed batch", "torch pipelining", "dp x pp"),
+    "03_pipelines": ("gantt", "bubble vs m", "zero bubble measured", "fixed batch", "torch pipelining", "dp x pp"),
     "04_tensor_parallel": ("TP training",),
     "05_mixed_precision": ("loss scaling", "fp32 / fp16 / bf16"),
     "06_zero": ("stages", "ZeRO-R"),

@@ -23,7 +23,8 @@ bounds, spans (every action of the last timed step, wall clock, with its cost `c
 CUDA-event time, `par.pp.pipeline.ActionCosts`), bubble (median over the timed steps of the measured idle
 fraction) and bubble_steps, bubble_formula, costs (median `cpu_s` of each stage's forward and backward, for
 the simulator), action_costs (the same for F, B, I, W: the zero-bubble schedules split B), memory (per rank: activation peak, micro-batches in flight), bytes (per rank and step, by
-kind: pipeline sends, data-parallel gradients) and the max_*diff of --check.
+kind: pipeline sends, data-parallel gradients) and the max_*diff of --check; with --profile-dir, profile_traces:
+the torch.profiler traces of the first timed step, one per rank.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ import torch.distributed as dist
 import par.runtime.dist
 from par.runtime.job_args import JobArgs, arg
 from par.comm import commlog
+from par.runtime import profile
 from par.pp import sim as pipeline_sim, schedules
 from par.data import CharDataset, global_batches
 from par.runtime.grid import Grid
@@ -64,6 +66,8 @@ class Args(JobArgs):
     vocab_size: int | None = arg(None, "override the preset's vocabulary")
     partition: str = arg("parameters", choices=("parameters", "uniform"))
     steps: int = arg(2, "timed steps per combination", minimum=1)
+    profile_dir: str = arg("", "profile the first timed step of every run with torch.profiler: a Chrome/Perfetto "
+                               "trace per run and rank in this folder (par.runtime.profile)")
     warmup: int = arg(1, "untimed steps before each combination's timed ones")
     warmup_once: bool = arg(False, "warm up before the first combination only (when all have the same "
                                    "micro-batch shapes)")
@@ -120,13 +124,14 @@ def run_one(args, cfg, kind, m, env, ds, warmup):
         engine, opt = None, make_optimizer(pipe.parameters(), "adam", args.lr)
     ref = Reference(cfg, args.seed, args.lr, env.device, args.dp * m) if args.check else None
     rec = Recorder()
-    losses, times, bubbles, steps_bytes = [], [], [], []
+    losses, times, bubbles, steps_bytes, traces = [], [], [], [], []
     loss_diff = grad_diff = 0.0
     for step, (x, y) in enumerate(global_batches(ds, batch, warmup + args.steps, seed=args.seed)):
         x, y = x.to(env.device), y.to(env.device)
         timed = step >= warmup
         rec.reset()                                   # a barrier: every rank starts the step together
-        with commlog.capture() as log, timed_step(env.device) as clock:
+        with profile.step(args.profile_dir, f"pp_{kind}_m{m}_rank{env.rank}", on=step == warmup) as trace, \
+                commlog.capture() as log, timed_step(env.device) as clock:
             if engine is not None:
                 loss = engine.step(x, y)
             else:
@@ -141,6 +146,8 @@ def run_one(args, cfg, kind, m, env, ds, warmup):
             if step == 0:
                 grad_diff = ref.max_diff(pipe.named_parameters(), grads=True)
             ref.opt.step()
+        if trace.path is not None:
+            traces.append(str(trace.path))
         if timed:
             times.append(clock.seconds)
             steps_bytes.append({k: e["bytes_sent"] for k, e in _bytes_by_tag(log).items()})
@@ -151,7 +158,7 @@ def run_one(args, cfg, kind, m, env, ds, warmup):
     diff = ref.max_diff(pipe.named_parameters(), grads=False) if ref is not None else None
     mine = {"losses": losses, "times": times, "memory": pipe.memory, "diff": diff, "grad_diff": grad_diff,
             "loss_diff": loss_diff, "bounds": pipe.bounds, "cpu_s": pipe.cpu_s,
-            "bytes": steps_bytes[-1] if steps_bytes else {}}
+            "bytes": steps_bytes[-1] if steps_bytes else {}, "traces": traces}
     parts = par.runtime.dist.gather_object(mine)
     if parts is None:
         return None
@@ -162,13 +169,18 @@ def run_one(args, cfg, kind, m, env, ds, warmup):
               "step_s": step_s, "median_step_s": statistics.median(step_s) if step_s else None,
               "per_rank": [{k: p[k] for k in ("memory", "bytes", "cpu_s")} for p in parts],
               "memory": [p["memory"] for p in parts],
-              "bubble_formula": pipeline_sim.bubble_formula(pp, m)}
+              "bubble_formula": pipeline_sim.bubble_formula(pp, m)}     # ZB-H1/ZB-V: theirs, below
+    if args.profile_dir:
+        record["profile_traces"] = [t for p in parts for t in p["traces"]]
     if engine is None:
         record["spans"] = spans
         record["bubble_steps"] = bubbles
         record["bubble"] = statistics.median(bubbles) if bubbles else None
         record["costs"] = dict(zip(("forward", "backward"), pipeline_sim.stage_costs(spans, sched, clock="cpu")))
         record["action_costs"] = pipeline_sim.action_costs(spans, sched, clock="cpu")   # F, B, I, W per stage
+        if kind in ("zb_h1", "zb_v", "dualpipe_v"):    # the schedule's own formula, with this run's F, I, W
+            f, i, w = (statistics.median(record["action_costs"][k]) for k in "FIW")
+            record["bubble_formula"] = pipeline_sim.bubble_formula_of(kind, pp, m, f, i, w)
     if args.check:
         record.update({"max_diff": max(p["diff"] for p in parts), "max_grad_diff": max(p["grad_diff"] for p in parts),
                        "max_loss_diff": max(p["loss_diff"] for p in parts)})
@@ -215,8 +227,8 @@ def main(argv=None):
             runs.append(r)
             if r is not None:
                 bubble = f"bubble measured {r['bubble']:.3f}, " if r.get("bubble") is not None else ""
-                print(f"{kind:>11} m={m:<3} step {r['median_step_s'] * 1e3:8.1f} ms   "
-                      f"{bubble}formula {r['bubble_formula']:.3f}", flush=True)
+                formula = f"formula {r['bubble_formula']:.3f}" if r["bubble_formula"] is not None else "no formula"
+                print(f"{kind:>11} m={m:<3} step {r['median_step_s'] * 1e3:8.1f} ms   {bubble}{formula}", flush=True)
     par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "preset": args.preset,
                                   "config": cfg.to_dict(), "runs": runs})
     if dist.is_initialized():

@@ -87,6 +87,19 @@ def zb_v_bubble_formula(p: int, m: int) -> float:
     return (p - 1) / (6 * m + p - 1)
 
 
+def bubble_formula_of(kind: str, p: int, m: int, f: float = 1.0, i: float = 1.0, w: float = 1.0) -> float | None:
+    """The formula a schedule's measured bubble is compared with (None where it has none):
+    GPipe, 1F1B: (p-1)/(m+p-1); ZB-H1: `zb_h1_bubble_formula` with the costs f, i, w; ZB-V and DualPipeV:
+    (p-1)/(6m+p-1), from m >= 2p-1 (2p for DualPipeV)."""
+    if kind in ("gpipe", "1f1b", "naive"):
+        return bubble_formula(p, m) if kind != "naive" else None
+    if kind == "zb_h1":
+        return zb_h1_bubble_formula(p, m, f, i, w)
+    if kind in ("zb_v", "dualpipe_v"):
+        return zb_v_bubble_formula(p, m) if m >= 2 * p - (1 if kind == "zb_v" else 0) else None
+    return None
+
+
 def step_time_formula(p: int, m: int, work: float, overhead: float) -> float:
     """1F1B step time at a fixed batch: (m+p-1)·(work/m + overhead).
 
