@@ -219,3 +219,22 @@ def test_a_failing_benchmark_launch_raises_its_own_error_in_one_line(monkeypatch
     rows = run_suite(["single", "DDP"], nproc=2)
     assert all("RuntimeError: Gloo connectFullMesh failed" in r["error"] for r in rows)
     assert "error" in format_table(rows)
+
+
+def test_the_planner_knows_the_zero_bubble_schedules():
+    """ZB-H1 idles a third of 1F1B's bubble, ZB-V a sixth (equal costs), at 1F1B's activation memory, read off the
+    schedules themselves; a V needs m >= pp."""
+    from par.train import planner
+    from par.model import preset
+    w = planner.Workload(preset("gpt3-small"), 64)
+    plans = {s: planner.predict(w, 1, 4, 2, 1, 8, schedule=s) for s in planner.PIPELINE_SCHEDULES}
+    ratio = {s: p.time["bubble"] / p.time["compute"] for s, p in plans.items()}
+    assert ratio["1f1b"] == pytest.approx(3 / 8) and ratio["zb_h1"] == pytest.approx(3 / 24)
+    assert ratio["zb_v"] == pytest.approx(3 / 48)
+    assert len({p.memory["activations"] for p in plans.values()}) == 1
+    assert plans["zb_v"].label.endswith("zb_v") and plans["1f1b"].label.endswith("m=8")
+    short = planner.predict(w, 1, 4, 2, 1, 2, schedule="zb_v")
+    assert not short.valid and "m >= pp" in short.reason
+    assert not planner.predict(w, 1, 4, 2, 1, 8, schedule="zb_x").valid
+    # where no closed form holds (ZB-V below m = 2p - 1) the simulator answers
+    assert planner.pipeline_bubble("zb_v", 4, 4) > planner.pipeline_bubble("zb_v", 4, 8) > 0

@@ -11,8 +11,10 @@ memory per device (bytes)
     states     `par.memory.accounting.model_state_bytes(Ψ_dev, dp, stage, precision, optimizer)`; with offload the
                optimizer part (fp32 masters + moments) lives on the host instead
     activations  per micro-batch and layer `par.memory.accounting.activation_bytes_per_layer` (no dropout) / tp,
-               times the layers of a stage, times the micro-batches in flight (1F1B: min(pp, m) on the
-               first stage; no pipeline: 1), plus the logits on the last stage (2·b·s·V values).
+               times the layers of a stage, times the micro-batches in flight on the busiest rank, read off
+               the schedule itself (`pipeline_in_flight`: 1F1B and ZB-H1 min(pp, m), ZB-V 2·min(pp, m) chunks of
+               half a stage; no pipeline: 1), plus the logits on the last stage (2·b·s·V values). What ZB keeps
+               from I to W (the dL/dy of each layer) is not counted.
                Dividing by tp is an approximation: layer norms and the block input stay replicated.
                Full recomputation keeps each layer's input (2·s·b·h in 16 bits) per micro-batch in flight,
                plus one layer rebuilt in full during backward: the peak is not L·2·s·b·h alone.
@@ -20,7 +22,8 @@ memory per device (bytes)
 step time (seconds), with nothing overlapped (an upper bound):
     compute    (6·N_mm + 12·L·s·d)·B·s FLOPs / (N · achieved FLOP/s)    (forward 1/3, backward 2/3; N_mm the
                weights that multiply activations, `par.mfu.flops_per_token`)
-    bubble     compute · (pp - 1)/m                                          (1F1B: (m + p - 1)/m of compute)
+    bubble     compute · φ/(1-φ), φ the schedule's idle fraction with equal costs (`pipeline_bubble`):
+               1F1B (p-1)/m of compute, ZB-H1 (p-1)/(3m), ZB-V (p-1)/(6m) (lecture 03, section 11)
     dp         gradients (`zero_bytes_per_step`): c·(dp-1)/dp · g·Ψ_dev bytes / bandwidth of the dp group, c = 2 for
                ZeRO-0/1 (all-reduce, or reduce-scatter + all-gather, once per step), m + 1 for ZeRO-2
                (a reduce-scatter per micro-batch, one all-gather) and 3m for ZeRO-3 (gather twice and
@@ -108,6 +111,7 @@ class Plan:
     fits: bool = False
     samples_per_s: float = 0.0
     cp: int = 1                                      # context-parallel degree (ring attention); devices = dp·pp·tp·cp
+    schedule: str = "1f1b"                           # the pipeline schedule (1f1b, zb_h1, zb_v) when pp > 1
     ep: int = 1                                      # expert-parallel degree (MoE: `predict_moe`)
 
     @property
@@ -117,7 +121,8 @@ class Plan:
     @property
     def label(self) -> str:
         cp = f"×cp{self.cp}" if self.cp > 1 else ""
-        return f"{self.layout}{cp} ZeRO-{self.zero_stage}{' +off' if self.offload else ''} m={self.microbatches}"
+        zb = f" {self.schedule}" if self.pp > 1 and self.schedule != "1f1b" else ""
+        return f"{self.layout}{cp} ZeRO-{self.zero_stage}{' +off' if self.offload else ''} m={self.microbatches}{zb}"
 
     def to_dict(self) -> dict:
         return {**asdict(self), "layout": self.layout, "label": self.label}
@@ -189,8 +194,35 @@ def step_flops(w: Workload) -> float:
     return flops * (4 / 3 if w.recompute == "full" else 1)
 
 
+PIPELINE_SCHEDULES = ("1f1b", "zb_h1", "zb_v")
+
+
+@functools.lru_cache(maxsize=4096)
+def pipeline_bubble(schedule: str, pp: int, m: int) -> float:
+    """Bubble time over compute time, φ/(1-φ), of `schedule` on pp stages and m micro-batches with equal costs
+    (F = 1, I = W = 1, B = 2): the formula where it holds (`par.pp.sim.bubble_formula_of`), else the simulator."""
+    from par.pp import schedules, sim
+    if pp == 1:
+        return 0.0
+    phi = sim.bubble_formula_of(schedule, pp, m)
+    if phi is None:
+        phi = sim.simulate(schedules.make(schedule, pp, m), forward=1.0, backward=2.0).bubble_fraction
+    return phi / (1 - phi)
+
+
+@functools.lru_cache(maxsize=4096)
+def pipeline_in_flight(schedule: str, pp: int, m: int) -> float:
+    """Stage-sized micro-batch activations held at the peak on the busiest rank, counted on the schedule's own
+    actions (`par.pp.sim.peak_in_flight_per_rank`; a V schedule's chunk holds half a stage)."""
+    from par.pp import schedules, sim
+    if pp == 1:
+        return 1
+    sched = schedules.make(schedule, pp, m)
+    return max(sim.peak_in_flight_per_rank(sched)) / sched.virtual
+
+
 def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microbatches: int = 1,
-            hw: Hardware = Hardware(), offload: bool = False, cp: int = 1) -> Plan:
+            hw: Hardware = Hardware(), offload: bool = False, cp: int = 1, schedule: str = "1f1b") -> Plan:
     """Memory per device and step time of one layout (see the module docstring); `valid` False with the reason
     when the layout cannot run.
 
@@ -198,7 +230,7 @@ def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microba
     compute per device are divided by cp (the TP activation formula / cp: an upper bound, ring attention also
     drops the as²b scores); each layer and micro-batch sends its K, V blocks around the cp ring,
     `ring_attention_bytes_even` forward + backward with width d/tp; the gradients are summed over dp·cp ranks."""
-    plan = Plan(dp, pp, tp, zero_stage, microbatches, offload, cp=cp)
+    plan = Plan(dp, pp, tp, zero_stage, microbatches, offload, cp=cp, schedule=schedule)
     cfg = w.model
     problems = []
     if cfg.n_head % tp or cfg.d_model % tp or cfg.ffn % tp:
@@ -213,6 +245,12 @@ def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microba
         problems.append("offload needs ZeRO >= 1")
     if cp < 1 or w.seq < 2 * cp:
         problems.append(f"cp {cp} needs at least 2·cp = {2 * cp} tokens per sequence (seq {w.seq})")
+    if schedule not in PIPELINE_SCHEDULES:
+        problems.append(f"unknown schedule {schedule!r}: one of {', '.join(PIPELINE_SCHEDULES)}")
+    elif schedule == "zb_v" and pp > 1 and microbatches < pp:
+        problems.append(f"zb_v needs m >= pp ({microbatches} < {pp})")
+    elif schedule != "1f1b" and pp > 1 and zero_stage > 1:
+        problems.append(f"{schedule} with ZeRO-{zero_stage}")
     if problems:
         plan.valid, plan.reason = False, "; ".join(problems)
         return plan
@@ -223,7 +261,7 @@ def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microba
     states = memory.model_state_bytes(psi, dp * cp, zero_stage, w.precision, w.optimizer)
     opt_device = 0.0 if offload else states.optimizer
     blocks_per_stage = max(sum(1 for i in range(a, c) if 1 <= i <= cfg.n_layer) for a, c in bounds)
-    in_flight = min(pp, microbatches) if pp > 1 else 1
+    in_flight = pipeline_in_flight(schedule, pp, microbatches)
     act = activation_bytes(w, b, blocks_per_stage, in_flight, tp, last_stage=True) / cp
     plan.memory = {"params": states.params, "grads": states.grads, "optimizer": opt_device, "activations": act,
                    "host": states.optimizer if offload else 0.0}
@@ -233,7 +271,7 @@ def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microba
     lay = Layout(dp, pp, tp)
     e, bp = w.bytes_per_value, memory.bytes_per_param(w.precision, w.optimizer)
     compute = step_flops(w) / (dp * pp * tp * cp * hw.flops)
-    bubble = compute * (pp - 1) / microbatches
+    bubble = compute * pipeline_bubble(schedule, pp, microbatches)
     act_msg = b * w.seq * cfg.d_model * e / cp
     ring = ring_attention_bytes_even(b, w.seq, cfg.d_model // tp, cp, e)
     plan.bytes = {"dp": zero_bytes_per_step(psi, dp * cp, zero_stage, microbatches, bp.grads),
@@ -255,14 +293,16 @@ def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microba
 
 
 def enumerate_plans(w: Workload, world: int, hw: Hardware = Hardware(), stages=(0, 1, 2, 3),
-                    microbatches=(1, 2, 4, 8, 16, 32), offload=(False, True)) -> list[Plan]:
-    """`predict` for every layout of `world` × ZeRO stage × micro-batch count × offload (invalid ones included)."""
+                    microbatches=(1, 2, 4, 8, 16, 32), offload=(False, True), schedules=("1f1b",)) -> list[Plan]:
+    """`predict` for every layout of `world` × ZeRO stage × micro-batch count × offload × pipeline schedule (the
+    schedules only where pp > 1; invalid ones included)."""
     out = []
     for dp, pp, tp in layouts(world):
         for z in stages:
             for m in microbatches:
                 for off in offload:
-                    out.append(predict(w, dp, pp, tp, z, m, hw, off))
+                    for schedule in (schedules if pp > 1 else schedules[:1]):
+                        out.append(predict(w, dp, pp, tp, z, m, hw, off, schedule=schedule))
     return out
 
 
@@ -352,12 +392,19 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="mixed", choices=("fp32", "mixed", "pure16"))
     ap.add_argument("--recompute", action="store_true", help="full activation recomputation")
     ap.add_argument("--top", type=positive_int, default=15)
+    ap.add_argument("--schedules", default="1f1b", help="pipeline schedules to consider, comma-separated: "
+                                                        f"{', '.join(PIPELINE_SCHEDULES)} (lecture 03)")
     args = ap.parse_args(argv)
     cfg = model_of(args.model, args.seq)
     hw = HARDWARE[args.hardware]
     hw = replace(hw, memory=args.memory) if args.memory else hw
     w = Workload(cfg, args.batch, args.precision, recompute="full" if args.recompute else "none")
-    ranked = rank_plans(enumerate_plans(w, args.world, hw, microbatches=(1, 2, 4, 8, 16, 32, 64, 128, 256)))
+    chosen = tuple(s.strip() for s in args.schedules.split(",") if s.strip())
+    bad = [s for s in chosen if s not in PIPELINE_SCHEDULES]
+    if bad or not chosen:
+        raise argparse.ArgumentError(None, f"--schedules {args.schedules!r}: choose from {', '.join(PIPELINE_SCHEDULES)}")
+    ranked = rank_plans(enumerate_plans(w, args.world, hw, microbatches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+                                        schedules=chosen))
     print(f"Ψ = {memory.param_count(cfg):,} on {args.world} × {hw.name} ({memory.format_bytes(hw.memory)}); "
           f"{sum(p.fits for p in ranked)} of {len(ranked)} valid plans fit")
     print(format_plans(ranked, args.top))
