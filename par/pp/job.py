@@ -52,7 +52,9 @@ from par.timeline import Recorder
 @dataclass(frozen=True)
 class Args(JobArgs):
     schedules: tuple[str, ...] = arg(("1f1b",), "comma-separated: naive, gpipe, 1f1b, interleaved, zb_h1, zb_v, "
-                                                "dualpipe_v")
+                                                "dualpipe_v; 'given' runs --schedule-text")
+    schedule_text: str = arg("", "the 'given' schedule: every rank's actions, ranks separated by '|' "
+                                 "(e.g. 'F0 I0 W0 | F0 I0 W0'), checked before it runs")
     microbatches: tuple[int, ...] = arg((4,), "comma-separated numbers of micro-batches m", minimum=1)
     virtual: int = arg(2, "chunks per rank for 'interleaved'")
     micro_batch_size: int = arg(4, "sequences per micro-batch", minimum=1)
@@ -108,12 +110,21 @@ class Reference:
                    for n, p in named)
 
 
+def given_schedule(text: str, pp: int, m: int):
+    """The schedule of --schedule-text (one rank's actions per '|'), checked by `par.pp.sim.check`."""
+    lists = [part.strip() for part in text.split("|")]
+    if len(lists) != pp:
+        raise schedules.ScheduleError(f"--schedule-text has {len(lists)} ranks' actions for {pp} pipeline ranks: "
+                                      f"separate one list per rank with '|'")
+    return pipeline_sim.check(schedules.from_lists(lists, microbatches=m, name="given"))
+
+
 def run_one(args, cfg, kind, m, env, ds, warmup):
     """Train one (schedule, m) for warmup + steps steps; rank 0 returns the run's record, the others None."""
     v = args.virtual if kind == "interleaved" else 1
     pp = env.world_size // args.dp
     batch = args.batch if args.batch is not None else args.dp * m * args.micro_batch_size
-    sched = schedules.make(kind, pp, m, v)
+    sched = given_schedule(args.schedule_text, pp, m) if kind == "given" else schedules.make(kind, pp, m, v)
     model = build(cfg, seed=args.seed)
     if args.dp > 1:
         engine = ReplicatedPipeline(model.to_layers(), Grid(args.dp, pp, 1), microbatches=m, lr=args.lr,
