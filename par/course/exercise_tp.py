@@ -2,44 +2,46 @@
 
     par.runtime.launch.run("par.course.exercise_tp", nproc=2, args=["--answer", "my_tp.py"])
 
-Every rank builds the same dense MLP (d → ffn → d, GeLU) and input, runs it forward and backward with a
-fixed upstream gradient, then runs the student's `parallel_mlp(x, fc_w, fc_b, proj_w, proj_b)` on its
-shards: the rows of fc (column parallel, `par.tp.layers.column_shard`), the columns of proj (row
-parallel, `row_shard`), proj's bias whole. It compares the output and every gradient with the dense
-ones (the shard of the dense gradient for sharded weights), and counts the calls of
-`torch.distributed.all_reduce` in forward and in backward. par's own f/g (`par.tp.ops`) and collectives
-are switched off while the student's code runs (`par.course.answers`).
+A dense MLP (d → ffn → d, GeLU), its input and a fixed upstream gradient are drawn at random; every rank gets
+only its shards: the rows of fc (column parallel, `par.tp.layers.column_shard`), the columns of proj (row
+parallel, `row_shard`), proj's bias whole, and the input. It runs the student's
+`parallel_mlp(x, fc_w, fc_b, proj_w, proj_b)` forward and backward, and counts the all-reduces it made in
+forward and in backward (on the process group objects, `par.course.answers.on_the_wire`). par's own f/g
+(`par.tp.ops`) and collectives are switched off while the student's code runs. `verify` compares the output
+and every gradient with the dense ones (the shard of the dense gradient for sharded weights): in the grader's
+own process when the grader launched the job (`--io`, `par.course.rank_io`), on rank 0 otherwise.
 
-Result (rank 0 saves it): world_size, backend, and
+Result: world_size, backend, and
     errors     {output, input_grad, fc_w_grad, fc_b_grad, proj_w_grad, proj_b_grad}: the largest |student -
-               dense| over the ranks
+               dense| over the ranks (inf: missing, wrong shape or NaN)
     all_reduce {forward, backward}: calls on rank 0
     per_rank   [{rank, errors, all_reduce}]
 """
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-import par.runtime.dist
-from par.course import answers
+from par.course import answers, rank_io
 from par.runtime.job_args import JobArgs, arg
 from par.tp.layers import column_shard, row_shard
 
 OFF_LIMITS = [("par.tp.ops", "_all_reduce"), ("par.comm.collectives", "all_reduce"), ("par.comm.collectives", "ring_all_reduce")]
 WHY = "write f and g yourself with torch.distributed.all_reduce"
+GRADS = ("input_grad", "fc_w_grad", "fc_b_grad", "proj_w_grad", "proj_b_grad")
+SHAPE = (3, 5)
 
 
-def dense(d: int, ffn: int, shape, device, seed: int = 0):
+def dense(d: int, ffn: int, shape, seed: int = 0):
     """The dense MLP's pieces, its input and upstream gradient, and its output and gradients."""
     g = torch.Generator().manual_seed(seed)
     fc_w, fc_b = torch.randn(ffn, d, generator=g) / d ** 0.5, torch.randn(ffn, generator=g)
     proj_w, proj_b = torch.randn(d, ffn, generator=g) / ffn ** 0.5, torch.randn(d, generator=g) + 3.0
     x, upstream = torch.randn(*shape, d, generator=g), torch.randn(*shape, d, generator=g)
-    x, fc_w, fc_b, proj_w, proj_b, upstream = (t.to(device) for t in (x, fc_w, fc_b, proj_w, proj_b, upstream))
     leaves = [t.clone().requires_grad_() for t in (x, fc_w, fc_b, proj_w, proj_b)]
     y = F.linear(F.gelu(F.linear(leaves[0], leaves[1], leaves[2])), leaves[3], leaves[4])
     (y * upstream).sum().backward()
@@ -51,37 +53,54 @@ class Args(JobArgs):
     answer: str = arg("my_tp.py", "the student's module file")
     d: int = arg(12, "the model width")
     ffn: int = arg(24, "the MLP's hidden width")
+    io: str = arg("", "the grader's folder of inputs and outputs (par.course.rank_io); none: rank 0 verifies")
+
+
+def make_inputs(args: Args, n: int, seed: int):
+    """(each rank's shards, input and upstream gradient; the dense output and each rank's share of its gradients)."""
+    (x, fc_w, fc_b, proj_w, proj_b), upstream, y, grads = dense(args.d, args.ffn, SHAPE, seed)
+    inputs = [{"x": x, "fc_w": column_shard(fc_w, n, r).clone(), "fc_b": column_shard(fc_b, n, r).clone(),
+               "proj_w": row_shard(proj_w, n, r).clone(), "proj_b": proj_b, "upstream": upstream} for r in range(n)]
+    expected = [{"output": y, "input_grad": grads[0], "fc_w_grad": column_shard(grads[1], n, r),
+                 "fc_b_grad": column_shard(grads[2], n, r), "proj_w_grad": row_shard(grads[3], n, r),
+                 "proj_b_grad": grads[4]} for r in range(n)]
+    return inputs, expected
+
+
+def run_rank(module, inputs: dict, rank: int, device) -> dict:
+    mine = [inputs[k].clone().to(device).requires_grad_() for k in ("x", "fc_w", "fc_b", "proj_w", "proj_b")]
+    with answers.on_the_wire() as calls:
+        out = module.parallel_mlp(*mine)
+        forward = calls["allreduce"] + calls["allreduce_coalesced"]
+        (out * inputs["upstream"].to(device)).sum().backward()
+        backward = calls["allreduce"] + calls["allreduce_coalesced"] - forward
+    outputs = {"output": out.detach() if isinstance(out, torch.Tensor) else None,
+               "all_reduce": torch.tensor([forward, backward])}
+    for key, t in zip(GRADS, mine):
+        outputs[key] = t.grad
+    return outputs
+
+
+def verify(args: Args, expected: list, outputs: list) -> dict:
+    per_rank = []
+    for r, out in enumerate(outputs):
+        errors = {k: rank_io.error(rank_io.tensor(out, k), expected[r][k]) for k in ("output", *GRADS)}
+        counts = rank_io.tensor(out, "all_reduce")
+        ok = counts is not None and tuple(counts.shape) == (2,) and not counts.is_floating_point()
+        calls = {"forward": int(counts[0]), "backward": int(counts[1])} if ok else {"forward": -1, "backward": -1}
+        per_rank.append({"rank": r, "errors": errors, "all_reduce": calls})
+    return {"errors": {k: max(p["errors"][k] for p in per_rank) for k in ("output", *GRADS)},
+            "all_reduce": per_rank[0]["all_reduce"], "per_rank": per_rank}
 
 
 def main(argv=None) -> int:
     args = Args.parse(argv)
-    env = par.runtime.dist.init()
-    n, r = env.world_size, env.rank
-    with answers.forbidden(OFF_LIMITS, WHY):
-        module = answers.load(args.answer)
-    (x, fc_w, fc_b, proj_w, proj_b), upstream, y, grads = dense(args.d, args.ffn, (3, 5), env.device)
-    mine = [x.clone(), column_shard(fc_w, n, r).clone(), column_shard(fc_b, n, r).clone(),
-            row_shard(proj_w, n, r).clone(), proj_b.clone()]
-    mine = [t.requires_grad_() for t in mine]
-    with answers.forbidden(OFF_LIMITS, WHY), answers.counted(dist, "all_reduce") as calls:
-        out = module.parallel_mlp(*mine)
-        forward_calls = calls["all_reduce"]
-        (out * upstream).sum().backward()
-        backward_calls = calls["all_reduce"] - forward_calls
-    expected = [grads[0], column_shard(grads[1], n, r), column_shard(grads[2], n, r), row_shard(grads[3], n, r),
-                grads[4]]
-    err = lambda a, b: float("inf") if a is None else (a.detach() - b).abs().max().item()  # noqa: E731
-    errors = {"output": err(out, y)}
-    for key, t, want in zip(("input_grad", "fc_w_grad", "fc_b_grad", "proj_w_grad", "proj_b_grad"), mine, expected):
-        errors[key] = err(t.grad, want)
-    mine_ = {"rank": r, "errors": errors, "all_reduce": {"forward": forward_calls, "backward": backward_calls}}
-    everyone = par.runtime.dist.gather_object(mine_)
-    if r == 0:
-        par.runtime.dist.save_result({"world_size": n, "backend": env.backend,
-                                      "errors": {k: max(p["errors"][k] for p in everyone) for k in errors},
-                                      "all_reduce": mine_["all_reduce"], "per_rank": everyone})
-    par.runtime.dist.teardown()
-    return 0
+
+    @contextmanager
+    def guarded():
+        with answers.forbidden(OFF_LIMITS, WHY):
+            yield
+    return rank_io.main(sys.modules[__name__], args, lambda: answers.load(args.answer), guarded)
 
 
 if __name__ == "__main__":

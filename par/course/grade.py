@@ -37,7 +37,9 @@ Status of a submission:
               not run it; the reason says which. Checks that passed before the kernel died still count.
 
 Every file found gets a row (a `.py` file, an unreadable one, a notebook of no exercise: `error`); nbformat 3
-is converted; two submissions of one student's exercise are both flagged DUPLICATE. Rows are appended and
+is converted; two submissions of one student's exercise are both flagged DUPLICATE, and submissions of
+different students whose answer cells are the same (blank lines and comments aside) are flagged SAME
+ANSWERS (a note for the instructor: the grade is unchanged). Rows are appended and
 flushed as each submission finishes (a killed batch keeps them; `--resume` grades the rest), and the report
 and feedback paths are checked before grading starts. Feedback never shows a hidden check's source.
 
@@ -258,7 +260,7 @@ def assemble(reference, student, official: bool = True) -> Assembled:
         if cid in answers:
             put(answers[cid], "answer", cid)
         else:
-            meta = {k: v for k, v in cell.metadata.items() if k in ("tags", "points", "judge")}
+            meta = {k: v for k, v in cell.metadata.items() if k in ("tags", "points")}
             put(cell.source, "check" if is_check(cell) else "setup", cid, meta)
         for source in added.get(cid, []):
             put(source, "added", f"added-{len(roles)}")
@@ -356,22 +358,59 @@ def student_key(path: Path, exercise: str) -> tuple[str, str]:
     return str(Path(path).parent), " ".join(re.sub(r"[\W_]+", " ", stem).split()).lower()
 
 
+def answer_fingerprint(nb, reference) -> str | None:
+    """What the student answered, as text that ignores blank lines, comments and indentation changes at the ends
+    of lines (None when every answer is the handed-out stub: nothing to compare)."""
+    import hashlib
+    stubs = {c.get("id"): exercises.stub_source(c.source) for c in reference.cells if is_answer(c)}
+    out = assemble(reference, nb)
+    texts = []
+    for cell, (role, cid) in zip(out.notebook.cells, out.roles):
+        if role == "answer":
+            text = _normalized(cell.source)
+            texts.append(None if text == _normalized(stubs.get(cid, "")) else text)
+    if not any(texts):
+        return None
+    return hashlib.sha256(repr(texts).encode()).hexdigest()
+
+
+def _normalized(source: str) -> str:
+    lines = (re.sub(r"\s+#.*$|^\s*#.*$", "", line).rstrip() for line in source.splitlines())
+    return "\n".join(line for line in lines if line.strip())
+
+
 def duplicates(paths: list[Path], course: Course) -> dict[Path, str]:
-    """{path: flag} for submissions of one student's exercise handed in more than once."""
+    """{path: flag} for submissions of one student's exercise handed in more than once (DUPLICATE), and for
+    submissions of different students whose answer cells are the same (SAME ANSWERS: a flag for the
+    instructor to look at, which changes no grade)."""
     groups: dict = {}
+    same: dict = {}
     for path in paths:
         try:
-            exercise = identify(read_submission(path), path, course)
+            nb = read_submission(path)
+            exercise = identify(nb, path, course)
         except SubmissionError:
             continue
-        groups.setdefault((exercise, *student_key(path, exercise)), []).append(path)
-    flags = {}
+        key = student_key(path, exercise)
+        groups.setdefault((exercise, *key), []).append(path)
+        try:
+            fingerprint = answer_fingerprint(nb, course.notebooks[exercise])
+        except Exception:  # a notebook assemble cannot read: no fingerprint
+            fingerprint = None
+        if fingerprint is not None:
+            same.setdefault((exercise, fingerprint), []).append((key, path))
+    flags: dict = {}
     for (exercise, *_), group in groups.items():
         if len(group) > 1:
             for path in group:
                 others = ", ".join(str(p) for p in group if p != path)
-                flags[path] = f"DUPLICATE: the same student's {exercise} is also in {others}"
-    return flags
+                flags[path] = [f"DUPLICATE: the same student's {exercise} is also in {others}"]
+    for (exercise, _), group in same.items():
+        if len({key for key, _ in group}) > 1:
+            for key, path in group:
+                others = ", ".join(str(p) for k, p in group if k != key)
+                flags.setdefault(path, []).append(f"SAME ANSWERS: the answer cells of {others} are the same")
+    return {path: "; ".join(f) for path, f in flags.items()}
 
 
 def grade_many(paths: list[Path], course: Course, timeout: float = TIMEOUT, cell_timeout: float = CELL_TIMEOUT,

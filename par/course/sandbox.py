@@ -13,12 +13,21 @@ What a sandboxed submission sees and may do (bwrap, no root needed where unprivi
   package (made once per batch, `package_copy`), its own work folder (the notebook's files, writable), and a
   private /tmp and HOME that vanish with it. The checkout (solutions/, tests/), other submissions, the report
   and feedback paths are not mounted;
-* limits per process: CPU seconds (RLIMIT_CPU) and address space (RLIMIT_AS), set before the kernel starts.
+* par's reference answers to the exercise replaced by stubs that raise (`overlays`, `par.course.references`),
+  and, for a real-rank job, the grader's input/output folder mounted (`binds`, `par.course.rank_io`);
+* limits per process: CPU seconds (RLIMIT_CPU) and address space (RLIMIT_AS), set before the kernel starts;
+* a cap on processes (`ProcessCap`): the grader counts the processes of the sandbox's pid namespace ten times
+  a second and kills them all when there are more than MAX_PROCESSES (PAR_GRADE_MAX_PROCESSES, 256) at once: a
+  fork bomb ends the submission ("more than N processes" in its row) and the batch goes on. Where Linux counts
+  RLIMIT_NPROC per user namespace (5.14 and later) and the grader is not root, RLIMIT_NPROC (TASKS) is also set
+  inside, a hard stop that needs no polling; root is exempt from it, so for root the poll is the only cap.
 
-What it does not do: it is not a container or VM; it shares the kernel and the CPUs with the grader (a
-fork bomb is capped only by RLIMIT_NPROC of the user), and the limits are per process, not per submission.
+What it does not do: it is not a container or VM; it shares the kernel and the CPUs with the grader, the limits
+are per process (memory: each process's address space, not the submission's total), and the process cap is
+polled, so a fast fork bomb overshoots it by what it forks in a tenth of a second before it is killed.
 Without bwrap (macOS, no user namespaces) the submission runs as the grader's user in a session of its own,
-killed as a group at the end (and, on Linux, by a parent-death signal if the grader dies), and its grade says
+killed as a group at the end (and, on Linux, by a parent-death signal if the grader dies; the process cap then
+counts its session), with its network, the checkout and par's answers in reach, and its grade says
 "unsandboxed". Work folders are named after the grader's pid: `sweep` removes those of a killed grader.
 """
 from __future__ import annotations
@@ -27,14 +36,19 @@ import functools
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMORY = int(os.environ.get("PAR_GRADE_MEMORY", 16 << 30))   # bytes of address space per process
+MAX_PROCESSES = int(os.environ.get("PAR_GRADE_MAX_PROCESSES", 256))   # processes at once in one sandbox
+TASKS = 4096         # RLIMIT_NPROC in a sandbox (threads included), where the kernel counts it per user namespace
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,6 +108,8 @@ class Sandbox:
     cpu_seconds: int
     memory_bytes: int
     sandboxed: bool
+    binds: tuple = ()        # more host folders mounted read-write at the same path (a launch's rank_io folder)
+    overlays: tuple = ()     # (host file, path in the sandbox) mounted read-only over what is there
 
     @classmethod
     def create(cls, workdir: Path, package: Path | None = None, cpu_seconds: float = 600,
@@ -114,6 +130,8 @@ class Sandbox:
                     "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
                     "PYTHONPATH": self.pythonpath, "TMPDIR": "/tmp" if self.sandboxed else str(self.workdir / ".tmp"),
                     "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_RUNTIME_DIR": f"{home}/.jupyter"})
+        if self.sandboxed:
+            env["PAR_SANDBOXED"] = "1"
         if not self.sandboxed:
             for sub in (".home", ".tmp"):
                 (self.workdir / sub).mkdir(exist_ok=True)
@@ -137,8 +155,21 @@ class Sandbox:
             args += ["--ro-bind", str(self.package), str(self.package)]
         else:   # no private copy: this checkout's package only, read-only (never solutions/ or tests/)
             args += ["--ro-bind", str(ROOT / "par"), str(ROOT / "par")]
+        for source, target in self.overlays:     # after the package: a stubbed module hides the real one
+            args += ["--ro-bind", str(source), str(target)]
+        for folder in self.binds:
+            args += ["--bind", str(folder), str(folder)]
         args += ["--bind", work, work, "--chdir", work, "--"]
         return args + limited
+
+
+def _per_namespace_nproc() -> bool:
+    """Linux >= 5.14 counts RLIMIT_NPROC per user namespace (ucounts): inside a sandbox, only its own tasks."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return sys.platform.startswith("linux") and (major, minor) >= (5, 14)
 
 
 def limit(argv: list[str]) -> None:
@@ -146,6 +177,8 @@ def limit(argv: list[str]) -> None:
     cpu, memory, sep, *cmd = argv
     assert sep == "--" and cmd, "usage: limit CPU_SECONDS MEMORY_BYTES -- cmd..."
     resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu) + 5))
+    if os.environ.get("PAR_SANDBOXED") == "1" and _per_namespace_nproc():   # a fork bomb's hard stop (not for
+        resource.setrlimit(resource.RLIMIT_NPROC, (TASKS, TASKS))          # root, whom the kernel exempts)
     if int(memory) > 0:
         resource.setrlimit(resource.RLIMIT_AS, (int(memory), int(memory)))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -156,12 +189,83 @@ def limit(argv: list[str]) -> None:
     os.execvp(cmd[0], cmd)
 
 
+class ProcessCap:
+    """Watches the processes of one sandboxed command from the grader and kills them all when there are more
+    than `limit` at once (a fork bomb): every process of its pid namespace (bwrap), or of its session
+    (unsandboxed). `tripped` says it fired. Polled every `every` seconds, so a fast bomb overshoots by what it
+    forks meanwhile; RLIMIT_NPROC (`limit`, per user namespace) is the hard stop where the kernel applies it."""
+
+    def __init__(self, proc: subprocess.Popen, sandboxed: bool, limit: int = MAX_PROCESSES, every: float = 0.1):
+        self.proc, self.sandboxed, self.limit, self.every = proc, sandboxed, limit, every
+        self.tripped = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name=f"process-cap-{proc.pid}")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _namespace(self) -> str | None:
+        try:
+            children = open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read().split()
+            return os.readlink(f"/proc/{children[0]}/ns/pid") if children else None
+        except OSError:
+            return None
+
+    def _members(self, ns: str | None) -> list[int]:
+        out = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                if ns is not None:
+                    if os.readlink(f"/proc/{name}/ns/pid") == ns:
+                        out.append(int(name))
+                elif os.getsid(int(name)) == self.proc.pid:
+                    out.append(int(name))
+            except OSError:
+                continue
+        return out
+
+    def _watch(self) -> None:
+        if not os.path.isdir("/proc"):
+            return
+        ns = None
+        while not self._stop.wait(self.every) and self.proc.poll() is None:
+            if self.sandboxed and ns is None:
+                ns = self._namespace()
+                if ns is None or ns == os.readlink("/proc/self/ns/pid"):
+                    ns = None
+                    continue
+            if len(self._members(ns)) > self.limit:
+                self.tripped = True
+                self._kill(ns)
+                return
+
+    def _kill(self, ns: str | None) -> None:
+        for _ in range(20):       # a bomb forks while we kill: until none is left (the namespace's init first)
+            members = self._members(ns)
+            if not members:
+                break
+            for pid in [self.proc.pid, *members]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            time.sleep(0.05)
+
+
 PREFIX = "par-grade-"
 
 
-def temporary_workdir() -> Path:
-    """A submission's work folder, named after the grader's pid (for `sweep` after a killed grader)."""
-    return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
+def temporary_workdir(kind: str = "") -> Path:
+    """A submission's work folder (or another folder of its grading: `kind`), named after the grader's pid
+    (for `sweep` after a killed grader)."""
+    return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-{kind + '-' if kind else ''}"))
 
 
 def sweep() -> list[Path]:

@@ -1,0 +1,207 @@
+"""par's own answers, taken away from a graded submission: the functions an exercise's checks compare with.
+
+The student's kernel needs par (the setup cells import its tools: `predict`, `route`, `column_shard`), and par
+holds the reference answer of every exercise (`par.memory.accounting.bytes_per_param` is exercise 01's). A
+sandboxed submission therefore sees, over its read-only copy of par, a stubbed copy of every module that
+defines an answer: the answer's body is gone (its signature and docstring stay), and calling it raises
+
+    RuntimeError: par.memory.accounting.bytes_per_param is not available during grading: it is the exercise's answer
+
+Which functions, per exercise (computed from the instructor's notebook, so a new exercise needs no list):
+
+    in the kernel     every par function the check cells use (`reference.bytes_per_param(...)`,
+                      `from par.tp.layers import qkv_for_column_split`), except those the setup and answer
+                      cells of the solution import themselves (the tools the student is given), plus RANKS below
+    on the ranks      RANKS[job]: par's implementations of the collective the exercise has the student build
+                      (the job's own code keeps every helper the student's module may import)
+
+The grader's checks run in the grader's process, on the real par: only the submission loses the answers.
+What it does not cover: code that is not par's (a student who copies par's source from the course's web
+site or from memory), and unsandboxed grading (no overlay: the note "unsandboxed" says so).
+"""
+from __future__ import annotations
+
+import ast
+import atexit
+import importlib
+import importlib.util
+import inspect
+import threading
+from pathlib import Path
+
+from par.course import sandbox
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# the real-rank exercises' jobs -> par's own versions of what the student's module must build
+RANKS = {
+    "par.course.exercise_ring": [("par.comm.collectives", n) for n in (
+        "ring_all_reduce", "all_reduce", "ring_reduce_scatter", "ring_all_gather", "reduce_scatter", "all_gather",
+        "broadcast", "_ring_reduce_scatter", "_ring_all_gather", "_exchange")],
+    "par.course.exercise_tp": [("par.tp.ops", n) for n in (
+        "_all_reduce", "copy_to_region", "reduce_from_region", "_CopyToRegion.forward", "_CopyToRegion.backward",
+        "_ReduceFromRegion.forward", "_ReduceFromRegion.backward")] +
+        [("par.comm.collectives", n) for n in ("all_reduce", "ring_all_reduce")],
+    "par.course.exercise_alltoall": [("par.moe.experts", n) for n in (
+        "p2p_all_to_all", "torch_all_to_all", "all_to_all_rows", "AllToAll.forward", "AllToAll.backward")] +
+        [("par.comm.collectives", n) for n in ("send_recv", "_copy_to_self")],
+}
+
+_LOCK = threading.Lock()
+_MADE: dict = {}           # (role key) -> [(stubbed file, path relative to the package folder)]
+_FOLDER: list = []
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _par_names(source: str) -> set[tuple[str, str]]:
+    """(module, attribute) of par that `source` uses: `from par.x import f`, `reference.f` of a module alias."""
+    try:
+        tree = ast.parse("\n".join(line for line in source.splitlines() if not line.lstrip().startswith("%")))
+    except SyntaxError:
+        return set()
+    aliases, used = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "par":
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                if _is_module(full):
+                    aliases[a.asname or a.name] = full
+                else:
+                    used.add((node.module, a.name))
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "par" and a.asname:
+                    aliases[a.asname] = a.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            used.add((aliases[node.value.id], node.attr))
+    return used
+
+
+_ANSWERS: dict = {}
+
+
+def answers_of(reference) -> list[tuple[str, str]]:
+    """What a kernel graded against `reference` (the instructor's notebook) must not call."""
+    key = tuple(c.source for c in reference.cells)
+    if key not in _ANSWERS:
+        _ANSWERS[key] = _answers_of(reference)
+    return _ANSWERS[key]
+
+
+def _answers_of(reference) -> list[tuple[str, str]]:
+    from par.course.exercises import is_check
+    checked, given, jobs = set(), set(), set()
+    for cell in reference.cells:
+        if cell.cell_type != "code":
+            continue
+        if is_check(cell):
+            checked |= _par_names(cell.source)
+            jobs |= {job for job in RANKS if job in cell.source}
+        elif not cell.source.lstrip().startswith("%%writefile"):   # a module for the ranks: not the kernel's
+            given |= _par_names(cell.source)     # the tools setup and answer cells import
+    out = {name for name in checked - given if callable(_resolve(*name))}
+    for job in jobs:
+        out |= set(RANKS[job])
+    return sorted(out)
+
+
+def _resolve(module: str, attr: str):
+    try:
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
+    except Exception:
+        return None
+
+
+def _where(module: str, attr: str) -> tuple[Path, str] | None:
+    """(the source file of par that defines it, its dotted name there)."""
+    obj = _resolve(module, attr)
+    obj = inspect.unwrap(obj) if callable(obj) else obj
+    if obj is None or not (inspect.isfunction(obj) or inspect.isclass(obj)):
+        return None
+    try:
+        path = Path(inspect.getsourcefile(obj)).resolve()
+    except TypeError:
+        return None
+    if (ROOT / "par") not in path.parents:
+        return None
+    return path, obj.__qualname__
+
+
+def stub_source(source: str, names: dict[str, str]) -> str:
+    """`source` with the bodies of the functions `names` (qualified name -> what calling it says) replaced by a
+    raise (a class: each of its methods)."""
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    cuts = []
+
+    def visit(body, prefix):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                qual = prefix + node.name
+                if isinstance(node, ast.ClassDef):
+                    if qual in names:
+                        for sub in node.body:
+                            if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                                names.setdefault(f"{qual}.{sub.name}", names[qual])
+                    visit(node.body, qual + ".")
+                elif qual in names:
+                    first = node.body[0]
+                    doc = isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) \
+                        and isinstance(first.value.value, str)
+                    keep_to = first.end_lineno if doc else node.body[0].lineno - 1
+                    if node.body[0].lineno == node.lineno:      # `def f(): return 1` on one line: leave it
+                        continue
+                    indent = " " * first.col_offset
+                    cuts.append((keep_to, node.end_lineno, f"{indent}raise RuntimeError({names[qual]!r})\n"))
+    visit(tree.body, "")
+    for start, end, text in sorted(cuts, reverse=True):
+        lines[start:end] = [text]
+    return "".join(lines)
+
+
+def _folder() -> Path:
+    if not _FOLDER:
+        _FOLDER.append(sandbox.temporary_workdir("stubs"))
+        atexit.register(sandbox.remove, _FOLDER[0])
+    return _FOLDER[0]
+
+
+def stubbed_files(names: list[tuple[str, str]]) -> list[tuple[Path, Path]]:
+    """[(a stubbed copy of a par source file, its path relative to the folder holding `par`)] for `names`."""
+    key = tuple(sorted(names))
+    with _LOCK:
+        if key in _MADE:
+            return _MADE[key]
+        per_file: dict[Path, dict[str, str]] = {}
+        for module, attr in names:
+            found = _where(module, attr)
+            if found is not None:
+                path, qual = found
+                per_file.setdefault(path, {})[qual] = (f"{module}.{attr} is not available during grading: it is "
+                                                       f"the exercise's answer")
+        made = []
+        folder = _folder() / str(len(_MADE))
+        for path, quals in per_file.items():
+            rel = path.relative_to(ROOT)
+            target = folder / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(stub_source(path.read_text(encoding="utf-8"), dict(quals)), encoding="utf-8")
+            target.chmod(0o444)
+            made.append((target, rel))
+        _MADE[key] = made
+        return made
+
+
+def overlays(names: list[tuple[str, str]], pythonpath: str) -> tuple:
+    """The (stubbed file, path in the sandbox) overlays of a sandbox whose par lives under `pythonpath`."""
+    return tuple((source, Path(pythonpath) / rel) for source, rel in stubbed_files(names))

@@ -1,0 +1,321 @@
+"""What stands in the grader's namespace for the student's code: the checks call these, never the kernel's objects.
+
+    Proxy(session, "bytes_per_param")(*args)     the student's function: arguments to the kernel as data
+                                                 (par.course.codec), its result back as data; arguments it
+                                                 changed in place written back; a result that needs autograd
+                                                 (09's dispatch buffer) joins the grader's graph, its backward
+                                                 computed in the kernel; a planner Plan (07) recomputed here
+    sandboxed_launch(box, env, session)          `par.runtime.launch.run` in a check: the job starts from the
+                                                 grader in a sandbox of its own; for the real-rank exercises
+                                                 the grader draws the inputs and judges the raw outputs
+                                                 (par.course.rank_io), never the ranks' own result
+    launching_import(run)                        the checks' `__import__`: `par.runtime.launch` is the above
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import secrets
+import subprocess
+import sys
+import time
+
+from par.course import nbval_run, references, sandbox
+from par.course.codec import decode, encode
+from par.course.kernel import CellTimeout, Kernel, NotebookTimeout
+from par.runtime.lifeline import dies_with_parent
+
+
+class StudentError(Exception):
+    """The student's function raised an exception the grader has no class for (its name and message)."""
+
+
+# ---------------------------------------------------------------- the grader's end of a student function
+class Proxy:
+    """Stands for the student's function `name` in the grader's namespace: data in, data out."""
+
+    def __init__(self, session: "Session", name: str):
+        self.session, self.__name__ = session, name
+
+    def __call__(self, *args, **kwargs):
+        return self.session.call(self.__name__, args, kwargs)
+
+    def __repr__(self):
+        return f"<your function {self.__name__}, called in your kernel>"
+
+
+def _raise_as(ename: str, evalue: str):
+    import builtins
+    kind = getattr(builtins, ename, None)
+    if isinstance(kind, type) and issubclass(kind, Exception) and kind not in (SystemExit,):
+        raise kind(evalue)
+    raise StudentError(f"{ename}: {evalue}" if evalue else ename)
+
+
+def merge_back(original, new):
+    """Write `new` (the argument as the student's function left it) into `original` in place, where it can be."""
+    import torch
+    if isinstance(original, torch.Tensor) and isinstance(new, torch.Tensor):
+        if original.shape == new.shape and not torch.equal(original.detach().to(new.dtype), new):
+            with torch.no_grad():
+                original.copy_(new.to(original.dtype))
+        return original
+    if type(original) is list and type(new) is list:
+        if len(original) == len(new):
+            for i, v in enumerate(new):
+                original[i] = merge_back(original[i], v)
+        else:
+            original[:] = new
+        return original
+    if type(original) is dict and type(new) is dict:
+        for k in [k for k in original if k not in new]:
+            del original[k]
+        for k, v in new.items():
+            original[k] = merge_back(original[k], v) if k in original else v
+        return original
+    if type(original) is tuple and type(new) is tuple and len(original) == len(new):
+        for a, b in zip(original, new):
+            merge_back(a, b)
+        return original
+    return new if type(original) is not type(new) or original != new else original
+
+
+def torch_tensor():
+    import torch
+    return torch.Tensor
+
+
+def _leaves(x) -> list:
+    """The tensors that require grad in `x`, in the order the kernel's helper lists them (`leaves`)."""
+    if isinstance(x, torch_tensor()):
+        return [x] if x.requires_grad else []
+    if type(x) in (list, tuple):
+        return [t for v in x for t in _leaves(v)]
+    if type(x) is dict:
+        return [t for v in x.values() for t in _leaves(v)]
+    return []
+
+
+@functools.lru_cache(maxsize=None)
+def _remote():
+    """The autograd Function of a student's result (made on first use: torch is imported only then)."""
+    import torch
+
+    class Remote(torch.autograd.Function):
+        """The student's result in the grader's autograd graph: its backward asks the kernel for the gradients."""
+
+        @staticmethod
+        def forward(ctx, session, graph, value, *leaves):
+            ctx.session, ctx.graph, ctx.leaves = session, graph, leaves
+            return value.detach().clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return (None, None, None, *ctx.session.backward(ctx.graph, grad, ctx.leaves))
+    return Remote
+
+
+class Session:
+    def __init__(self, kernel: Kernel):
+        self.kernel = kernel
+        self.cell_deadline = float("inf")
+        self.calls = 0
+
+    def call(self, name, args, kwargs):
+        payload = json.dumps(encode([list(args), dict(kwargs)]))
+        answer = self.kernel.call(name, payload, self.cell_deadline)
+        result, back = self._answer(name, answer)
+        self.merge(args, kwargs, back)
+        result = self._plans(result, args, kwargs)
+        graph = back.get("graph")
+        if type(graph) is int and isinstance(result, torch_tensor()):    # autograd through the student's code
+            leaves = _leaves([list(args), dict(kwargs)])
+            result = _remote().apply(self, graph, result, *leaves) if leaves else result
+        return result
+
+    def backward(self, graph: int, grad, leaves) -> list:
+        """The gradients of the student's result `graph` for the upstream `grad`, computed in the kernel."""
+        answer = self.kernel.call("", json.dumps(encode(grad)), self.cell_deadline, op="backward", graph=graph)
+        grads, _ = self._answer("backward", answer)
+        if type(grads) is not list or len(grads) != len(leaves):
+            raise StudentError("the gradients of your function cannot be read")
+        out = []
+        for g, leaf in zip(grads, leaves):
+            if g is not None and (not isinstance(g, torch_tensor()) or g.shape != leaf.shape):
+                raise StudentError("your function's gradient does not have its input's shape")
+            out.append(None if g is None else g.to(leaf.dtype))
+        return out
+
+    def _plans(self, result, args, kwargs):
+        """A plan the student's function named ({"__plan__": layout}), as the grader's own planner predicts it
+        for the call's Workload and Hardware: the student chooses the layout, the grader computes its numbers."""
+        if type(result) is dict and set(result) == {"__plan__"}:
+            from par.train import planner
+            given = [*args, *kwargs.values()]
+            w = next((a for a in given if isinstance(a, planner.Workload)), None)
+            hw = next((a for a in given if isinstance(a, planner.Hardware)), planner.Hardware())
+            if w is None:
+                raise StudentError("a plan returned by a function that was given no Workload")
+            p = result["__plan__"]
+            try:
+                return planner.predict(w, p["dp"], p["pp"], p["tp"], p.get("zero_stage", 0), p.get("microbatches", 1),
+                                       hw, offload=bool(p.get("offload", False)), cp=p.get("cp", 1))
+            except KeyError:
+                raise StudentError("your plan does not name its layout") from None
+        if type(result) in (list, tuple):
+            return type(result)(self._plans(v, args, kwargs) for v in result)
+        return result
+
+    def _answer(self, name, answer):
+        self.calls += 1
+        if "error" in answer:
+            error = answer["error"]
+            ok = isinstance(error, list) and len(error) == 2
+            _raise_as(str(error[0]) if ok else "StudentError", str(error[1]) if ok else "")
+        try:
+            back = json.loads(answer.get("data"))
+            result, new_args, new_kwargs = (decode(back[k]) for k in ("result", "args", "kwargs"))
+        except (ValueError, KeyError, TypeError) as e:
+            raise StudentError(f"{name} returned data the grader cannot read: {e}") from None
+        return result, {"args": new_args, "kwargs": new_kwargs, "graph": back.get("graph")}
+
+    def merge(self, args, kwargs, back) -> None:
+        new_args, new_kwargs = back["args"], back["kwargs"]
+        for old, new in zip(args, new_args if isinstance(new_args, list) else []):
+            merge_back(old, new)
+        for key, old in kwargs.items():
+            if isinstance(new_kwargs, dict) and key in new_kwargs:
+                merge_back(old, new_kwargs[key])
+
+
+# ---------------------------------------------------------------- jobs on real ranks, launched by the grader
+LAUNCH_MARK = "@@par-grader-launch@@"
+
+
+class _Shim:
+    """A stand-in for a module in a check's namespace: the real module's attributes, some replaced."""
+
+    def __init__(self, real, **replaced):
+        self._real, self._replaced = real, replaced
+
+    def __getattr__(self, name):
+        return self._replaced[name] if name in self._replaced else getattr(self._real, name)
+
+
+def sandboxed_launch(box: sandbox.Sandbox, env: dict | None, session: "Session"):
+    """`par.runtime.launch.run` as a check in the grader calls it: the job starts in a sandbox of its own (the
+    submission's folder, not its kernel), from the grader; its result comes back as data on the launcher's
+    stdout. Replacing `par.runtime.launch` in the student's kernel changes nothing here. For the real-rank
+    exercises (`par.course.rank_io`), whose ranks run the student's module, nothing the job says is believed:
+    the grader draws the inputs, and computes the result itself from the raw outputs the ranks left in a folder
+    of its own, mounted into the job's sandbox only."""
+    def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: str = "auto",
+            env_: dict | None = None, quiet: bool = False, threads_per_rank: int = 1, **kw):
+        from par.course import rank_io
+        from par.runtime.launch import LaunchError
+        exercise, args = rank_io.exercise(module), [str(a) for a in args]
+        job_box, io = box, None
+        if exercise is not None:
+            job_args = exercise.Args.parse(args)
+            inputs, context = exercise.make_inputs(job_args, int(nproc), secrets.randbits(62))
+            io = sandbox.temporary_workdir("io")
+            rank_io.write_inputs(io, inputs)
+            args = [*args, "--io", str(io)]
+            job_box = dataclasses.replace(box, binds=(*box.binds, io), overlays=references.overlays(
+                references.RANKS[module], box.pythonpath) if box.sandboxed else ())
+        else:                       # par's own job (07's training run): the real par, no student module on it
+            job_box = dataclasses.replace(box, overlays=())
+        try:
+            spec = {"module": module, "nproc": int(nproc), "args": args, "timeout": float(timeout),
+                    "backend": backend, "env": {str(k): str(v) for k, v in (kw.get("env") or env_ or {}).items()},
+                    "quiet": True, "threads_per_rank": int(threads_per_rank)}
+            answer = _launch(job_box, env, session, spec)
+            if "error" in answer:
+                raise LaunchError(str(answer["error"]))
+            if exercise is None:
+                return answer.get("result")
+            return exercise.verify(job_args, context, rank_io.read_outputs(io, int(nproc)))
+        finally:
+            if io is not None:
+                sandbox.remove(io)
+    return run
+
+
+def _launch(box: sandbox.Sandbox, env: dict | None, session: "Session", spec: dict) -> dict:
+    """Run `python -m par.course.standins launch SPEC` in `box`; the launcher's answer ({"result"} or {"error"})."""
+    from par.runtime.launch import LaunchError, _kill_tree
+    cmd = box.wrap([sys.executable, "-m", "par.course.standins", "launch", json.dumps(spec)])
+    # PYTHONSAFEPATH: `-m` would put the submission's folder first on sys.path, where a `par/` the student wrote
+    # would stand in for the package (Python >= 3.11; the ranks inherit it)
+    proc = subprocess.Popen(cmd, cwd=box.workdir, env={**box.env(env), "PYTHONSAFEPATH": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, text=True, preexec_fn=dies_with_parent())
+    cap = sandbox.ProcessCap(proc, box.sandboxed)
+    with nbval_run._LOCK:
+        nbval_run._RUNNING.add(proc)
+    try:
+        limit = min(session.cell_deadline, session.kernel.deadline, time.monotonic() + spec["timeout"] + 60)
+        out, _ = proc.communicate(timeout=max(1.0, limit - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc)
+        proc.wait()
+        raise (NotebookTimeout() if time.monotonic() >= session.kernel.deadline else CellTimeout()) from None
+    finally:
+        cap.stop()
+        with nbval_run._LOCK:
+            nbval_run._RUNNING.discard(proc)
+        if proc.poll() is None:
+            _kill_tree(proc)
+    if cap.tripped:
+        raise LaunchError(f"the job was stopped: more than {cap.limit} processes at once (a fork bomb?)")
+    marked = [line[len(LAUNCH_MARK):] for line in out.splitlines() if line.startswith(LAUNCH_MARK)]
+    if not marked:
+        raise LaunchError(f"the job launcher ended without a result (exit code {proc.returncode}): "
+                          f"{out.strip().splitlines()[-1:] or ['no output']}")
+    try:
+        answer = json.loads(marked[-1])
+    except ValueError:
+        raise LaunchError("the job launcher's result cannot be read") from None
+    return answer if isinstance(answer, dict) else {"error": "the job launcher's result cannot be read"}
+
+
+def launching_import(run):
+    """An `__import__` for the checks' namespace: `par.runtime.launch` is the one whose `run` is `run`."""
+    import builtins
+    import par
+    import par.runtime
+    import par.runtime.launch as real
+    launch = _Shim(real, run=run)
+    runtime = _Shim(par.runtime, launch=launch)
+    top = _Shim(par, runtime=runtime)
+
+    def imp(name, globals=None, locals=None, fromlist=(), level=0):
+        module = builtins.__import__(name, globals, locals, fromlist, level)
+        if level == 0 and name in ("par.runtime.launch", "par.runtime", "par"):
+            if not fromlist:
+                return top
+            return {"par.runtime.launch": launch, "par.runtime": runtime, "par": top}[name]
+        return module
+    return imp
+
+
+def _launch_main(spec_text: str) -> int:
+    """`python -m par.course.standins launch SPEC`: inside a sandbox, launch the job; print its result as data."""
+    from par.runtime.launch import LaunchError, run
+    spec = json.loads(spec_text)
+    try:
+        answer = {"result": run(**spec)}
+    except LaunchError as e:
+        answer = {"error": str(e)}
+    except Exception as e:  # a preflight error, a bad spec: the check fails with it
+        answer = {"error": f"{type(e).__name__}: {e}"}
+    sys.stdout.write("\n" + LAUNCH_MARK + json.dumps(answer) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["launch"]:
+        raise SystemExit(_launch_main(sys.argv[2]))
+    print(__doc__)
