@@ -151,3 +151,33 @@ def test_planner_places_the_ep_degree():
     assert not bad.valid and "ep 3 does not divide the 8 ranks" in bad.reason
     ranked = planner.moe_plans(w, spec, 8)
     assert ranked and {p.ep for p in ranked} == {1, 2, 4, 8} and ranked[0].fits
+
+
+def test_router_z_loss_is_the_mean_squared_log_sum_exp_and_shrinks_the_logits():
+    torch.manual_seed(0)
+    logits = torch.randn(10, 4) * 3
+    assert moe.router_z_loss(logits) == pytest.approx((logits.logsumexp(-1) ** 2).mean().item())
+    layer = moe.MoE(8, 12, n_experts=4, k=2)
+    x = torch.randn(2, 5, 8)
+    layer(x)
+    layer.z.backward()
+    step = layer.router.weight - 0.1 * layer.router.weight.grad     # one step down the z-loss alone
+    assert moe.router_z_loss(x.reshape(-1, 8) @ step.t()) < layer.z
+
+
+def test_a_shared_expert_adds_one_mlp_every_token_goes_through():
+    torch.manual_seed(1)
+    routed, both = moe.MoE(8, 12, n_experts=4, k=1), moe.MoE(8, 12, n_experts=4, k=1, shared=2)
+    both.router.load_state_dict(routed.router.state_dict())
+    both.experts.load_state_dict(routed.experts.state_dict())
+    x = torch.randn(2, 5, 8)
+    assert torch.allclose(both(x), routed(x) + both.shared(x), atol=1e-6)
+    assert both.shared.fc.out_features == 2 * 12
+    model = moe.build_moe_gpt("tiny", n_experts=4, k=2, shared=1)
+    idx = torch.randint(0, 65, (2, 16))
+    loss = moe.moe_loss(model, model(idx), idx, alpha=0.01, beta=1e-3)
+    assert loss > moe.moe_loss(model, model(idx), idx, alpha=0.01)        # the z-loss is added
+    loss.backward()
+    assert all(b.moe.shared.fc.weight.grad is not None for b in model.blocks)
+    with pytest.raises(moe.MoEError, match="shared"):
+        moe.MoE(8, 12, shared=-1)

@@ -135,14 +135,15 @@ class ExpertParallelMoE(nn.Module):
         self.start, self.end = self.owned[r]
         self.router = copy.deepcopy(dense.router)
         self.experts = dense.experts.shard(self.start, self.end)
-        self.aux, self.routings = torch.zeros(()), []
+        self.shared = copy.deepcopy(dense.shared)          # replicated like the router; None without
+        self.aux, self.z, self.routings = torch.zeros(()), torch.zeros(()), []
 
     def forward(self, x: torch.Tensor, groups: int = 1) -> torch.Tensor:
         if groups != 1:
             raise MoEError(f"an expert-parallel layer routes its rank's tokens as one group, not {groups}")
         tokens = x.reshape(-1, x.size(-1))
         r = route(self.router(tokens), self.k, self.capacity_factor)
-        self.aux, self.routings = r.aux, [r]
+        self.aux, self.z, self.routings = r.aux, r.z, [r]
         buf = dispatch(tokens, r)                                    # (E, C, d): slots for every expert
         e, c, d = buf.shape
         mine, n = self.end - self.start, self.n
@@ -151,7 +152,8 @@ class ExpertParallelMoE(nn.Module):
         local = got.view(n, mine, c, d).transpose(0, 1).reshape(mine, n * c, d)   # my experts, every rank's slots
         out = self.experts(local).view(mine, n, c, d).transpose(0, 1).reshape(n * mine, c * d)
         back = AllToAll.apply(out, [mine] * n, blocks, self.group, self.impl)
-        return combine(back.view(e, c, d), r).view_as(x)
+        y = combine(back.view(e, c, d), r).view_as(x)
+        return y + self.shared(x) if self.shared is not None else y
 
 
 # ---------------------------------------------------------------- EP inside DP
@@ -238,12 +240,12 @@ def reference_shard(dense_model: nn.Module, ep_model: nn.Module) -> dict:
 
 
 def train_step(model: nn.Module, opt, x: torch.Tensor, y: torch.Tensor, groups: EPGroups, alpha: float,
-               impl: str = "ring") -> float:
+               impl: str = "ring", beta: float = 0.0) -> float:
     """One step of EP inside DP on this rank's batch (x, y): backward of loss / W, `sync_gradients`, the
     optimizer. Returns the loss of the global batch (mean over ranks, as the single process computes it)."""
     from par.moe.router import moe_loss
     opt.zero_grad(set_to_none=True)
-    loss = moe_loss(model, model(x), y, alpha)
+    loss = moe_loss(model, model(x), y, alpha, beta)
     (loss / groups.world).backward()
     sync_gradients(model, groups, impl)
     opt.step()

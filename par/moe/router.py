@@ -10,6 +10,12 @@
     aux = E · Σ_e f_e · P_e                  load-balancing loss (Switch Transformer): f_e the fraction of the
                                              k·S choices that picked e, P_e the mean router probability of e;
                                              1 when balanced, up to E when every token picks one expert
+    z = mean_s (log Σ_e exp z_se)²           router z-loss (ST-MoE, Zoph et al. 2022): keeps the router's logits
+                                             z small, so its softmax stays out of the range where bf16/fp16
+                                             round it badly; added as beta · z (beta about 1e-3)
+    y_s += Shared(x_s)                       shared experts (DeepSeekMoE): `shared` MLPs every token goes
+                                             through, beside the routed ones; what all tokens need is learnt
+                                             once there, and the routed experts specialise
 
 Tokens are routed in G groups (GShard): each group of S = tokens / G has its own capacity and its own
 aux loss (the layer's aux is the mean over groups). With expert parallelism a group is one rank's tokens,
@@ -29,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from par.model import Attention, GPTConfig, GPTLite, _init_weights
+from par.model import MLP, Attention, GPTConfig, GPTLite, _init_weights
 
 
 class MoEError(ValueError):
@@ -52,6 +58,7 @@ class Routing:
     n_experts: int
     aux: torch.Tensor        # the load-balancing loss of this group (differentiable)
     load: torch.Tensor       # long (E,): choices per expert before dropping
+    z: torch.Tensor          # the router z-loss of this group (differentiable)
 
     @property
     def dropped(self) -> int:
@@ -85,6 +92,11 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, n_experts: i
     return n_experts * (f * probs.mean(0)).sum()
 
 
+def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """z = mean over tokens of (log Σ_e exp logit_se)²: large when the router's logits are large."""
+    return logits.float().logsumexp(-1).square().mean()
+
+
 def route(logits: torch.Tensor, k: int, capacity_factor: float) -> Routing:
     """Route one group of S tokens from its router logits (S, E)."""
     s, e = logits.shape
@@ -94,7 +106,7 @@ def route(logits: torch.Tensor, k: int, capacity_factor: float) -> Routing:
     slot = slots(experts, e)
     kept = slot < c
     return Routing(experts, slot, gates * kept, kept, c, e, load_balancing_loss(probs, experts, e),
-                   torch.bincount(experts.reshape(-1), minlength=e))
+                   torch.bincount(experts.reshape(-1), minlength=e), router_z_loss(logits))
 
 
 def dispatch(x: torch.Tensor, r: Routing) -> torch.Tensor:
@@ -148,11 +160,13 @@ def split_groups(x: torch.Tensor, groups: int) -> list[torch.Tensor]:
 class MoE(nn.Module):
     """The mixture-of-experts MLP: router + E experts, top-k routing with capacity, in G groups.
 
-    forward(x (B, T, d), groups) -> (B, T, d); afterwards `self.aux` (mean over groups) and
-    `self.routings` (one `Routing` per group) describe what happened."""
+    forward(x (B, T, d), groups) -> (B, T, d); afterwards `self.aux` and `self.z` (means over groups) and
+    `self.routings` (one `Routing` per group) describe what happened. `shared` > 0: one MLP of shared · ffn
+    hidden units (the shared experts side by side) that every token goes through, added to the routed output."""
     routes_tokens = True
 
-    def __init__(self, d_model: int, ffn: int, n_experts: int = 4, k: int = 1, capacity_factor: float = 1.25):
+    def __init__(self, d_model: int, ffn: int, n_experts: int = 4, k: int = 1, capacity_factor: float = 1.25,
+                 shared: int = 0):
         super().__init__()
         if n_experts < k:
             raise MoEError(f"top-{k} routing needs at least {k} experts, got {n_experts}")
@@ -160,14 +174,18 @@ class MoE(nn.Module):
         if capacity_factor <= 0:
             raise MoEError(f"capacity factor {capacity_factor} must be > 0 (1.0 to 2.0 is usual)")
         self.k, self.capacity_factor, self.n_experts = k, capacity_factor, n_experts
+        if shared < 0:
+            raise MoEError(f"shared experts: {shared} must be >= 0")
         self.router = nn.Linear(d_model, n_experts, bias=False)
         self.experts = Experts(n_experts, d_model, ffn)
-        self.aux, self.routings = torch.zeros(()), []
+        self.shared = MLP(d_model, shared * ffn) if shared else None
+        self.aux, self.z, self.routings = torch.zeros(()), torch.zeros(()), []
 
     def route_groups(self, x: torch.Tensor, groups: int) -> tuple[list[torch.Tensor], list[Routing]]:
         tokens = split_groups(x, groups)
         self.routings = [route(self.router(t), self.k, self.capacity_factor) for t in tokens]
         self.aux = torch.stack([r.aux for r in self.routings]).mean()
+        self.z = torch.stack([r.z for r in self.routings]).mean()
         return tokens, self.routings
 
     def forward(self, x: torch.Tensor, groups: int = 1) -> torch.Tensor:
@@ -176,19 +194,19 @@ class MoE(nn.Module):
         g, e, c, d = bufs.shape
         out = self.experts(bufs.transpose(0, 1).reshape(e, g * c, d))             # each expert: all groups' slots
         out = out.view(e, g, c, d).transpose(0, 1)
-        y = torch.cat([combine(o, r) for o, r in zip(out, routings)])
-        return y.view_as(x)
+        y = torch.cat([combine(o, r) for o, r in zip(out, routings)]).view_as(x)
+        return y + self.shared(x) if self.shared is not None else y
 
 
 class MoEBlock(nn.Module):
     """GPT-lite's block with the MLP replaced by a MoE: x + Attn(LN(x)), then x + MoE(LN(x))."""
 
-    def __init__(self, cfg: GPTConfig, n_experts: int, k: int, capacity_factor: float):
+    def __init__(self, cfg: GPTConfig, n_experts: int, k: int, capacity_factor: float, shared: int = 0):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model)
         self.attn = Attention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.moe = MoE(cfg.d_model, cfg.ffn, n_experts, k, capacity_factor)
+        self.moe = MoE(cfg.d_model, cfg.ffn, n_experts, k, capacity_factor, shared)
         self.groups = 1
 
     def forward(self, x):
@@ -197,14 +215,15 @@ class MoEBlock(nn.Module):
 
 
 def build_moe_gpt(cfg: GPTConfig | str = "tiny", n_experts: int = 4, k: int = 1, capacity_factor: float = 1.25,
-                  seed: int = 0) -> GPTLite:
-    """GPT-lite whose every block is a `MoEBlock`: the same weights on every rank (config and seed)."""
+                  seed: int = 0, shared: int = 0) -> GPTLite:
+    """GPT-lite whose every block is a `MoEBlock` (with `shared` shared experts): the same weights on every rank
+    (config and seed)."""
     from par.model import preset
     cfg = preset(cfg) if isinstance(cfg, str) else cfg
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = GPTLite(cfg)
-        model.blocks = nn.ModuleList(MoEBlock(cfg, n_experts, k, capacity_factor) for _ in range(cfg.n_layer))
+        model.blocks = nn.ModuleList(MoEBlock(cfg, n_experts, k, capacity_factor, shared) for _ in range(cfg.n_layer))
         model.blocks.apply(_init_weights)
         for block in model.blocks:
             nn.init.normal_(block.moe.experts.w1, std=0.02)
@@ -222,6 +241,11 @@ def aux_loss(model: nn.Module) -> torch.Tensor:
     return sum((m.aux for m in moe_layers(model)), torch.zeros(()))
 
 
+def z_loss(model: nn.Module) -> torch.Tensor:
+    """Σ over the model's MoE layers of their last forward's router z-loss."""
+    return sum((m.z for m in moe_layers(model)), torch.zeros(()))
+
+
 def tokens_per_expert(model: nn.Module) -> list[list[int]]:
     """Per MoE layer, the choices each expert received in the last forward (summed over groups)."""
     return [sum(r.load for r in m.routings).tolist() for m in moe_layers(model)]
@@ -233,7 +257,10 @@ def set_groups(model: nn.Module, groups: int) -> None:
             block.groups = groups
 
 
-def moe_loss(model: nn.Module, logits: torch.Tensor, targets: torch.Tensor, alpha: float) -> torch.Tensor:
-    """Next-token cross-entropy + alpha · Σ_layers aux (the balancing loss of the forward just run)."""
+def moe_loss(model: nn.Module, logits: torch.Tensor, targets: torch.Tensor, alpha: float,
+             beta: float = 0.0) -> torch.Tensor:
+    """Next-token cross-entropy + alpha · Σ_layers aux (the balancing loss of the forward just run)
+    + beta · Σ_layers z (the router z-loss)."""
     from par.model import lm_loss
-    return lm_loss(logits, targets) + alpha * aux_loss(model)
+    loss = lm_loss(logits, targets) + alpha * aux_loss(model)
+    return loss + beta * z_loss(model) if beta else loss

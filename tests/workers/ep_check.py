@@ -3,8 +3,9 @@
 1. The layer (E = 5 experts: uneven over 2, 3 and 4 ranks; k = 1 and 2; capacity factor 1, so tokens
    drop), p2p and torch all-to-all: routing and dropped tokens, forward, input, router and expert
    gradients against `MoE(x, groups=N)`; the bytes of both all-to-alls against the formula.
-2. A MoE GPT-lite trained for a few Adam steps with EP inside DP (ep = N, and ep = 2 on 4 ranks),
-   losses and final weights against the single-process model with the N batches as routing groups.
+2. A MoE GPT-lite trained for a few Adam steps with EP inside DP (ep = N, and ep = 2 on 4 ranks), and once with
+   a shared expert and the router z-loss, losses and final weights against the single-process model with the N
+   batches as routing groups.
 Rank 0 saves the largest differences (max over ranks) as JSON.
 """
 from __future__ import annotations
@@ -63,11 +64,12 @@ def layer_case(n: int, r: int, k: int, impl: str) -> dict:
             "bytes_ok": sent == [dispatch_b, combine_b], "bytes": sent, "formula": [dispatch_b, combine_b]}
 
 
-def training_case(n: int, ep_degree: int, impl: str, steps: int = 3, alpha: float = 0.01) -> dict:
+def training_case(n: int, ep_degree: int, impl: str, steps: int = 3, alpha: float = 0.01, beta: float = 0.0,
+                  shared: int = 0) -> dict:
     cfg = preset("tiny", n_layer=2, block_size=8, d_model=16, n_head=2)
     data = CharDataset(block_size=cfg.block_size)
     batches = list(global_batches(data, 2 * n, steps, seed=3))
-    dense = build_moe_gpt(cfg, n_experts=E, k=2, capacity_factor=1.0, seed=0)
+    dense = build_moe_gpt(cfg, n_experts=E, k=2, capacity_factor=1.0, seed=0, shared=shared)
     groups = ep.make_groups(ep_degree)
     model = ep.to_expert_parallel(dense, groups, impl)
     set_groups(dense, n)
@@ -76,12 +78,12 @@ def training_case(n: int, ep_degree: int, impl: str, steps: int = 3, alpha: floa
     losses, ref_losses = [], []
     for x, y in batches:
         opt_d.zero_grad(set_to_none=True)
-        loss = moe_loss(dense, dense(x), y, alpha)
+        loss = moe_loss(dense, dense(x), y, alpha, beta)
         loss.backward()
         opt_d.step()
         ref_losses.append(loss.item())
         mine = slice(2 * r, 2 * r + 2)
-        losses.append(ep.train_step(model, opt, x[mine], y[mine], groups, alpha, "torch"))
+        losses.append(ep.train_step(model, opt, x[mine], y[mine], groups, alpha, "torch", beta))
     want = ep.reference_shard(dense, model)
     weights = max((p - want[k_]).abs().max().item() for k_, p in model.state_dict().items())
     return {"ep": ep_degree, "dp": groups.dp, "loss": worst(max(abs(a - b) for a, b in zip(losses, ref_losses))),
@@ -94,6 +96,7 @@ def main() -> int:
     torch.use_deterministic_algorithms(True)
     layers = {f"k{k}-{impl}": layer_case(n, r, k, impl) for k in (1, 2) for impl in ep.IMPLS}
     train = {f"ep{e}": training_case(n, e, "p2p") for e in sorted({n, 2} if n % 2 == 0 else {n})}
+    train["shared+z"] = training_case(n, n, "p2p", beta=1e-2, shared=1)     # a shared expert, the router z-loss
     if r == 0:
         par.runtime.dist.save_result({"world_size": n, "backend": env.backend, "nccl_emulation": nccl_emulation.enabled(),
                                       "layers": layers, "train": train})
