@@ -43,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from par.course.markers import BEGIN, CHECK, END, HIDDEN_BEGIN, HIDDEN_END, HIDDEN_NOTE, NOTE_ID, STUB
@@ -285,13 +286,24 @@ def record(root: Path = ROOT, names=()) -> int:
     return 0
 
 
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_python(source: str) -> ast.Module:
+    """`ast.parse`, one thread at a time: CPython 3.11 builds the Python AST objects with a recursion counter in
+    state shared by all threads, so two grading threads parsing at once can fail with "SystemError: AST
+    constructor recursion depth mismatch"."""
+    with _PARSE_LOCK:
+        return ast.parse(source)
+
+
 def defined_names(source: str) -> frozenset:
     """What a cell defines at top level (functions, classes; `%%writefile FILE` cells: the file)."""
     first = source.lstrip().split("\n", 1)[0]
     if first.startswith("%%writefile"):
         return frozenset({("file", first.split()[-1])})
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
         return frozenset(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
     except SyntaxError:
         return frozenset(re.findall(r"^(?:def|class)\s+(\w+)", source, re.M))

@@ -119,15 +119,8 @@ class Kernel:
         msg_id = self.signer.send(self.shell, "execute_request", content)["header"]["msg_id"]
         reply, got_reply, idle, interrupted, size, got_at = Reply(), False, False, None, 0, 0.0
         while not (got_reply and (idle or (silent and reply.data))):   # a call's data is its last message
-            now = time.monotonic()
-            if now > self.deadline:
-                raise NotebookTimeout()
-            if interrupted is None and now > cell_deadline:
-                interrupted = now
-                self.interrupt()
-            if interrupted is not None and now > interrupted + 10:    # it ignores the interrupt: give up on it
-                raise NotebookTimeout()
-            if got_reply and now > got_at + 5:                          # replied, but no idle status: enough
+            interrupted = self._watch(cell_deadline, interrupted)
+            if got_reply and time.monotonic() > got_at + 5:            # replied, but no idle status: enough
                 break
             if not self.alive():
                 raise KernelDied()
@@ -161,14 +154,7 @@ class Kernel:
             "name": name, "payload": payload, **more}})["header"]["msg_id"]
         interrupted = None
         while True:
-            now = time.monotonic()
-            if now > self.deadline:
-                raise NotebookTimeout()
-            if interrupted is None and now > cell_deadline:
-                interrupted = now
-                self.interrupt()
-            if interrupted is not None and now > interrupted + 10:
-                raise NotebookTimeout()
+            interrupted = self._watch(cell_deadline, interrupted)
             if not self.alive():
                 raise KernelDied()
             for sock, msg in self._receive(0.05):
@@ -178,6 +164,19 @@ class Kernel:
                         raise CellTimeout()
                     data = msg["content"].get("data")
                     return data if isinstance(data, dict) else {"error": ["StudentError", "no answer"]}
+
+    def _watch(self, cell_deadline: float, interrupted: float | None) -> float | None:
+        """One tick of a wait: NotebookTimeout past the notebook's deadline, or 10 s after an interrupt the kernel
+        ignores; past the cell's deadline the kernel is interrupted. Returns when it was (None: not yet)."""
+        now = time.monotonic()
+        if now > self.deadline:
+            raise NotebookTimeout()
+        if interrupted is None and now > cell_deadline:
+            self.interrupt()
+            return now
+        if interrupted is not None and now > interrupted + 10:
+            raise NotebookTimeout()
+        return interrupted
 
     def interrupt(self) -> None:
         try:

@@ -30,6 +30,7 @@ import threading
 from pathlib import Path
 
 from par.course import sandbox
+from par.course.exercises import parse_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ def _is_module(name: str) -> bool:
 def _par_names(source: str) -> set[tuple[str, str]]:
     """(module, attribute) of par that `source` uses: `from par.x import f`, `reference.f` of a module alias."""
     try:
-        tree = ast.parse("\n".join(line for line in source.splitlines() if not line.lstrip().startswith("%")))
+        tree = parse_python("\n".join(line for line in source.splitlines() if not line.lstrip().startswith("%")))
     except SyntaxError:
         return set()
     aliases, used = {}, set()
@@ -140,7 +141,7 @@ def _where(module: str, attr: str) -> tuple[Path, str] | None:
 def stub_source(source: str, names: dict[str, str]) -> str:
     """`source` with the bodies of the functions `names` (qualified name -> what calling it says) replaced by a
     raise (a class: each of its methods)."""
-    tree = ast.parse(source)
+    tree = parse_python(source)
     lines = source.splitlines(keepends=True)
     cuts = []
 
