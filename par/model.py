@@ -1,4 +1,4 @@
-"""GPT-lite: a small decoder-only transformer, and a small MLP for tests.
+"""GPT-lite: a small decoder-only transformer; a small MLP for tests; a stack of equal square layers for timing.
 
     tokens ─▶ Embedding (token + position) ─▶ Block × n_layer ─▶ Head (LayerNorm, LM head) ─▶ logits
     Block(x) = x + Attention(LN(x));  then  x + MLP(LN(x))
@@ -209,3 +209,36 @@ class TinyMLP(nn.Module):
 
     def forward(self, x):
         return self.net(x)
+
+
+class SquareStack(nn.Module):
+    """`n_layer` square Linear layers of width d without bias, each followed by a ReLU: the model whose forward
+    and both halves of the backward cost the same, for the zero-bubble pipeline formulas (F = I = W).
+
+        F: y = x Wᵀ      I: ∂L/∂x = g W      W: ∂L/∂W = gᵀ x      each one matmul of 2·rows·d² FLOPs
+
+    The ReLU and its gradient touch rows·d numbers, under 1 % of a matmul's time at d = 1024. No embedding and
+    no head: every stage of a cut into equal numbers of layers costs the same."""
+
+    def __init__(self, d: int, n_layer: int, seed: int = 0):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.layers = nn.ModuleList(nn.Sequential(nn.Linear(d, d, bias=False), nn.ReLU()) for _ in range(n_layer))
+            for layer in self.layers:           # He's std √(2/d) keeps the activations' scale through the ReLUs
+                nn.init.normal_(layer[0].weight, std=(2.0 / d) ** 0.5)
+
+    def to_layers(self) -> list[nn.Module]:
+        return list(self.layers)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def square_batches(d: int, rows: int, steps: int, seed: int = 0):
+    """`steps` batches (x, y) of `rows` random rows of width d, the target of the mean-squared error loss."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        yield torch.randn(rows, d, generator=g), torch.randn(rows, d, generator=g)

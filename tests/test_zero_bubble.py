@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from par.data import CharDataset, global_batches
-from par.model import build, lm_loss, preset
+from par.model import SquareStack, build, lm_loss, preset, square_batches
 from par.pp import p2p_plan, schedules, sim
 from par.pp.pipeline import Pipeline
 from par.pp.schedules import Action, ScheduleError, from_lists, parse_actions
@@ -284,6 +284,39 @@ def test_split_backward_equals_the_whole_one_in_one_process():
     assert memory["1f1b"]["bytes_kept_for_w"] == 0 < memory["zb_h1"]["bytes_kept_for_w"]
     zb = memory["zb_h1"]
     assert zb["peak_bytes"] == zb["bytes_per_microbatch"] + zb["bytes_kept_for_w"]
+
+
+def test_square_stack_trains_equal_with_its_input_gradient_asked_for():
+    """The timing model of the executed bubbles: a batch that asks for its gradient makes stage 0 compute
+    dL/dx in B and in I (each micro-batch a leaf of its own, the batch itself untouched), and every schedule
+    still gives the single process's gradients."""
+    import torch.nn.functional as F
+    x, y = next(square_batches(16, 8, 1, seed=2))
+    ref = SquareStack(16, 4, seed=1)
+    F.mse_loss(ref(x), y).backward()
+    for name in ("1f1b",) + ZB:
+        model = SquareStack(16, 4, seed=1)
+        pipe = Pipeline(model.to_layers(), schedules.make(name, 1, 4), F.mse_loss, method="uniform")
+        xg = x.clone().requires_grad_(True)
+        pipe.step(xg, y)
+        assert xg.grad is None
+        assert max((a.grad - b.grad).abs().max().item() for a, b in zip(model.parameters(), ref.parameters())) < 1e-6
+
+
+@pytest.mark.slow
+def test_the_square_timing_model_trains_equal_to_the_single_process_under_every_schedule():
+    """`par.pp.job --model square --check` (the zero-bubble timing launch's model) on 2 ranks: 1F1B, ZB-H1 and
+    ZB-V reach the single process's gradients and weights after 3 Adam steps, on a depth that does not
+    split evenly into 4 chunks."""
+    import par.runtime.launch
+    res = par.runtime.launch.run("par.pp.job", nproc=2, timeout=300, quiet=True, args=[
+        "--model", "square", "--schedules", "1f1b,zb_h1,zb_v", "--microbatches", "4", "--micro-batch-size", "3",
+        "--n-layer", "7", "--d-model", "24", "--check", "--steps", "3"])
+    assert res["model"] == "square" and res["config"] == {"d_model": 24, "n_layer": 7}
+    assert [r["schedule"] for r in res["runs"]] == ["1f1b", "zb_h1", "zb_v"]
+    for r in res["runs"]:
+        assert r["max_grad_diff"] <= 1e-6 and r["max_diff"] <= 1e-5 and r["max_loss_diff"] <= 1e-6, r["schedule"]
+        assert r["bubble_formula"] is not None and 0 <= r["bubble"] < 1
 
 
 # ---------------------------------------------------------------- launched: equal to 1F1B on 2, 3, 4 ranks

@@ -51,7 +51,7 @@ from par.tp import job as tp_job
 from par.train import planner, job as train_job
 from par.zero import job as zero_job, activations_job
 from par.memory.accounting import format_bytes
-from par.model import preset as model_preset
+from par.model import GPTConfig, preset as model_preset
 from par.tp.layers import tp_degree   # noqa: F401  (the one home of the rule; re-exported)
 
 CELL_TIMEOUT_S = 600.0      # the batch's cell timeout for a notebook that launches little
@@ -261,15 +261,25 @@ def dp_work(args: dp_job.Args, nproc: int) -> list:
 def pipeline_work(args: pp_job.Args, nproc: int) -> list:
     """One run per schedule × m on dp replicas of a pipeline of nproc / dp stages, after `warmup` steps; the
     single-process reference of the same batch beside (--check)."""
-    cfg = pp_job.config(args)
+    cfg = pp_job.config(args) if args.model == "gpt" else square_in_gpt_terms(args, nproc)
+    rows_per_sequence = 1 if args.model == "gpt" else cfg.block_size
     out = []
     for schedule in args.schedules:
         for m in args.microbatches:
-            batch = args.batch or args.dp * m * args.micro_batch_size
+            batch = -(-(args.batch or args.dp * m * args.micro_batch_size) // rows_per_sequence)
             out.append(Training(cfg, batch, dp=args.dp, pp=nproc // args.dp, microbatches=m,
                                 steps=args.steps + args.warmup, reference_batch=batch if args.check else 0,
                                 label=f"{schedule} m={m}"))
     return out
+
+
+def square_in_gpt_terms(args: pp_job.Args, nproc: int) -> GPTConfig:
+    """`par.pp.job --model square` for the planner: L square layers of width d hold L·d² weights and cost
+    6·L·d² FLOPs per row, those of L/12 GPT blocks of width d (12·d² weights each), a row a token (the planner's
+    shortest sequence: 2 tokens, so 2 rows); the planner's activations per block bound a square layer's from
+    above. At least a block per stage."""
+    width, layers = pp_job.square_width(args), args.n_layer or 8
+    return GPTConfig(vocab_size=2, block_size=2, n_layer=max(nproc, math.ceil(layers / 12)), n_head=1, d_model=width)
 
 
 @work.register
@@ -450,6 +460,7 @@ class PipelineSetup:
     time_mbs: int          # sequences per micro-batch
     chart_mbs: int
     trade_batch: int       # the fixed batch of the step-time trade-off
+    square: tuple          # zero-bubble timing (`par.pp.job --model square`): width, rows per micro-batch, layers per stage
 
     @property
     def chart_timed(self) -> bool:
@@ -461,7 +472,9 @@ def pipeline_setup(W, backend, preset, steps) -> PipelineSetup:
     """Stages whose actions last far longer than the overhead around them (Python between actions, a
     message each way): identical blocks, a 65-symbol vocabulary (embedding and head cost next to nothing),
     2 or 4 blocks per stage. GPUs: GPT-3 Small's width, one stage per GPU. CPU: one thread per rank,
-    width 256 on 12 sequences of 64 tokens (tens of ms per action), the chart on 4 cheap ranks."""
+    width 256 on 12 sequences of 64 tokens (tens of ms per action), the chart on 4 cheap ranks.
+    The zero-bubble schedules are timed on the square stack (F = I = W, their formulas' assumption): 8 layers
+    of width 1024 per stage on 256 rows (about 50 ms per action on a CPU core), 4096 on 2048 rows on a GPU."""
     gpus = on_gpus(backend, W)
     processors = W if gpus else cores()
     p_time = W if gpus else max(2, min(W, processors))
@@ -475,7 +488,8 @@ def pipeline_setup(W, backend, preset, steps) -> PipelineSetup:
         chart_cfg = model_preset("small", n_layer=p_chart)
         trade_cfg, sizes = model_preset("small", block_size=32, n_layer=2 * p_time), (12, 2, 32)
     return PipelineSetup(gpus, backend if gpus else "gloo", processors, p_time, p_chart,
-                         max(2, min(3, steps // 6)), time_cfg, chart_cfg, trade_cfg, *sizes)
+                         max(2, min(3, steps // 6)), time_cfg, chart_cfg, trade_cfg, *sizes,
+                         (4096, 2048, 8) if gpus else (1024, 256, 8))
 
 
 def model_args(c) -> dict:
@@ -494,9 +508,11 @@ def launches_03(W, backend, preset, steps):
     out.append(launch(nb, "bubble vs m", s.p_time, pp_job.Args(
         schedules=("1f1b",), microbatches=ms, **model_args(s.time_cfg), micro_batch_size=s.time_mbs,
         warmup_once=True, record_comm=True, steps=s.timed_steps), s.backend))
-    out.append(launch(nb, "zero bubble measured", s.p_time, pp_job.Args(     # section 11: ZB-H1 and ZB-V executed
-        schedules=("zb_h1", "zb_v"), microbatches=tuple(m for m in ms if m >= max(4, s.p_time)),
-        **model_args(s.time_cfg), micro_batch_size=s.time_mbs, warmup_once=True, steps=s.timed_steps), s.backend))
+    width, rows, per_stage = s.square
+    out.append(launch(nb, "zero bubble measured", s.p_time, pp_job.Args(     # section 11: F = I = W, executed
+        model="square", schedules=("1f1b", "zb_h1", "zb_v"), microbatches=tuple(m for m in ms if m >= max(4, s.p_time)),
+        d_model=width, n_layer=per_stage * s.p_time, micro_batch_size=rows, partition="uniform", warmup_once=True,
+        steps=s.timed_steps), s.backend))
     out.append(launch(nb, "fixed batch", s.p_time, pp_job.Args(
         schedules=("1f1b",), microbatches=tuple(m for m in ms if s.trade_batch % m == 0), **model_args(s.trade_cfg),
         batch=s.trade_batch, steps=max(3, s.timed_steps)), s.backend))
@@ -584,6 +600,14 @@ def launches_07(W, backend, preset, steps):
 
 LECTURE_07_ROWS = ("single", "pipeline", "TP", "DDP", "ZeRO-1", "ZeRO-3", "ZeRO-3+offload", "bf16")
 
+
+def launches_07b(W, backend, preset, steps):
+    """Lecture 07b launches nothing through the registry: its planner cells are pure, and its measurement across
+    nodes (`par.train.placement.measure`) starts its own 2 hosts x 2 gloo ranks in network namespaces (root only,
+    on the CPU), which no GPU server's dry run has to check."""
+    return []
+
+
 def launches_08(W, backend, preset, steps):
     """Lecture 08: one launch on the TP degree's ranks measures activation memory (DP, TP, TP+SP, CP),
     trains TP+SP and CP beside the dense model and records the ring-attention timeline (`par.cp.job`)."""
@@ -617,6 +641,7 @@ REGISTRY = {
     "05_mixed_precision": launches_05,
     "06_zero": launches_06,
     "07_putting_it_together": launches_07,
+    "07b_at_scale": launches_07b,
     "08_sequence_context_parallel": launches_08,
     "09_mixture_of_experts": launches_09,
 }
@@ -632,6 +657,7 @@ CELLS = {
     "05_mixed_precision": ("loss scaling", "fp32 / fp16 / bf16"),
     "06_zero": ("stages", "ZeRO-R"),
     "07_putting_it_together": ("3D", "benchmark table"),
+    "07b_at_scale": (),
     "08_sequence_context_parallel": ("memory, training, timeline",),
     "09_mixture_of_experts": ("EP training", "EP inside DP"),
 }

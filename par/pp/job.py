@@ -28,11 +28,13 @@ the torch.profiler traces of the first timed step, one per rank.
 """
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 import par.runtime.dist
 from par.runtime.job_args import JobArgs, arg
@@ -42,7 +44,7 @@ from par.pp import sim as pipeline_sim, schedules
 from par.data import CharDataset, global_batches
 from par.runtime.grid import Grid
 from par.measure import slowest, timed_step
-from par.model import build, lm_loss, preset
+from par.model import SquareStack, build, lm_loss, preset, square_batches
 from par.pp.replicated import ReplicatedPipeline
 from par.pp.pipeline import Pipeline, split_microbatches
 from par.reference import make_optimizer
@@ -60,6 +62,9 @@ class Args(JobArgs):
     micro_batch_size: int = arg(4, "sequences per micro-batch", minimum=1)
     batch: int | None = arg(None, "fixed batch (overrides --micro-batch-size)")
     dp: int = arg(1, "data-parallel replicas of the pipeline (1F1B only)")
+    model: str = arg("gpt", "gpt: GPT-lite (--preset and the overrides below); square: --n-layer square Linear+ReLU "
+                            "layers of width --d-model on random rows, mean-squared error (F = I = W: the "
+                            "zero-bubble formulas' equal costs; --micro-batch-size counts rows)", choices=("gpt", "square"))
     preset: str = arg("tiny")
     n_layer: int | None = arg(None, "override the preset's number of blocks")
     d_model: int | None = arg(None, "override the preset's width")
@@ -80,17 +85,44 @@ class Args(JobArgs):
 
 
 def config(args):
+    """The GPT-lite configuration of --preset and its overrides (--model gpt)."""
     overrides = {"n_layer": args.n_layer, "d_model": args.d_model, "n_head": args.n_head,
                  "block_size": args.block_size, "vocab_size": args.vocab_size}
     return preset(args.preset, **{k: v for k, v in overrides.items() if v is not None})
 
 
+def square_width(args) -> int:
+    """--model square: the layers' width (--d-model, else 1024: a matmul of tens of ms on one CPU core)."""
+    return args.d_model or 1024
+
+
+def model_and_loss(args, cfg):
+    """(the model, its loss function) of --model: GPT-lite with the LM loss, or the square stack with the MSE."""
+    if args.model == "square":
+        return SquareStack(square_width(args), args.n_layer or 8, seed=args.seed), F.mse_loss
+    return build(cfg, seed=args.seed), lm_loss
+
+
+def batches(args, cfg, rows: int, steps: int):
+    """The global batches of every step: token sequences of the corpus, or random rows (--model square)."""
+    if args.model == "square":     # x requires grad: stage 0 also computes dL/dx, so every stage's I costs the same
+        return ((x.requires_grad_(True), y) for x, y in square_batches(square_width(args), rows, steps, seed=args.seed))
+    return global_batches(corpus(cfg.block_size), rows, steps, seed=args.seed)
+
+
+@functools.lru_cache(maxsize=None)
+def corpus(block_size: int) -> CharDataset:
+    """The character dataset, built once per job."""
+    return CharDataset(block_size=block_size)
+
+
 class Reference:
     """Single-process training of the whole model on every rank, one micro-batch at a time."""
 
-    def __init__(self, cfg, seed, lr, device, m):
-        self.model = build(cfg, seed=seed).to(device)
-        self.opt = make_optimizer(self.model.parameters(), "adam", lr)
+    def __init__(self, args, cfg, device, m):
+        self.model, self.loss_fn = model_and_loss(args, cfg)
+        self.model.to(device)
+        self.opt = make_optimizer(self.model.parameters(), "adam", args.lr)
         self.m = m
         self.params = {f"{i}.{n}": p for i, layer in enumerate(self.model.to_layers())
                        for n, p in layer.named_parameters()}
@@ -100,7 +132,7 @@ class Reference:
         self.opt.zero_grad(set_to_none=True)
         total = 0.0
         for xi, yi in zip(split_microbatches(x, self.m), split_microbatches(y, self.m)):
-            loss = lm_loss(self.model(xi), yi) / self.m
+            loss = self.loss_fn(self.model(xi), yi) / self.m
             loss.backward()
             total += loss.item()
         return total
@@ -119,25 +151,25 @@ def given_schedule(text: str, pp: int, m: int):
     return pipeline_sim.check(schedules.from_lists(lists, microbatches=m, name="given"))
 
 
-def run_one(args, cfg, kind, m, env, ds, warmup):
+def run_one(args, cfg, kind, m, env, warmup):
     """Train one (schedule, m) for warmup + steps steps; rank 0 returns the run's record, the others None."""
     v = args.virtual if kind == "interleaved" else 1
     pp = env.world_size // args.dp
     batch = args.batch if args.batch is not None else args.dp * m * args.micro_batch_size
     sched = given_schedule(args.schedule_text, pp, m) if kind == "given" else schedules.make(kind, pp, m, v)
-    model = build(cfg, seed=args.seed)
+    model, loss_fn = model_and_loss(args, cfg)
     if args.dp > 1:
         engine = ReplicatedPipeline(model.to_layers(), Grid(args.dp, pp, 1), microbatches=m, lr=args.lr,
                                     schedule=kind, track_memory=True)
         pipe, opt = engine.pipe, None
     else:
-        pipe = Pipeline(model.to_layers(), sched, lm_loss, method=args.partition, track_memory=True)
+        pipe = Pipeline(model.to_layers(), sched, loss_fn, method=args.partition, track_memory=True)
         engine, opt = None, make_optimizer(pipe.parameters(), "adam", args.lr)
-    ref = Reference(cfg, args.seed, args.lr, env.device, args.dp * m) if args.check else None
+    ref = Reference(args, cfg, env.device, args.dp * m) if args.check else None
     rec = Recorder()
     losses, times, bubbles, steps_bytes, traces = [], [], [], [], []
     loss_diff = grad_diff = 0.0
-    for step, (x, y) in enumerate(global_batches(ds, batch, warmup + args.steps, seed=args.seed)):
+    for step, (x, y) in enumerate(batches(args, cfg, batch, warmup + args.steps)):
         x, y = x.to(env.device), y.to(env.device)
         timed = step >= warmup
         rec.reset()                                   # a barrier: every rank starts the step together
@@ -229,19 +261,21 @@ def main(argv=None):
                          f"launch a multiple of {args.dp} ranks")
     if args.dp > 1 and args.schedules != ("1f1b",):
         raise SystemExit("error: --dp > 1 runs 1F1B only: pass --schedules 1f1b")
+    if args.model == "square" and args.dp > 1:
+        raise SystemExit("error: --model square runs one pipeline: drop --dp")
     cfg = config(args)
-    ds = CharDataset(block_size=cfg.block_size)
     runs = []
     for kind in args.schedules:
         for m in args.microbatches:
-            r = run_one(args, cfg, kind, m, env, ds, 0 if args.warmup_once and runs else args.warmup)
+            r = run_one(args, cfg, kind, m, env, 0 if args.warmup_once and runs else args.warmup)
             runs.append(r)
             if r is not None:
                 bubble = f"bubble measured {r['bubble']:.3f}, " if r.get("bubble") is not None else ""
                 formula = f"formula {r['bubble_formula']:.3f}" if r["bubble_formula"] is not None else "no formula"
                 print(f"{kind:>11} m={m:<3} step {r['median_step_s'] * 1e3:8.1f} ms   {bubble}{formula}", flush=True)
     par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "preset": args.preset,
-                                  "config": cfg.to_dict(), "runs": runs})
+                                  "model": args.model, "config": (cfg.to_dict() if args.model == "gpt" else
+                                  {"d_model": square_width(args), "n_layer": args.n_layer or 8}), "runs": runs})
     if dist.is_initialized():
         par.runtime.dist.teardown()
 

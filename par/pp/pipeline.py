@@ -296,6 +296,8 @@ class _Step:
         pipe, k = self.pipe, self.pipe.stage_of(a.chunk)
         if k == 0:
             inp = self.xs[a.microbatch].to(pipe.device)
+            if inp.requires_grad:     # a batch that asks for its gradient: the micro-batch is a leaf whose .grad B
+                inp = inp.detach().requires_grad_(True)   # and I compute (no stage before to send it to)
         else:
             inp = self.inbox.pop(("activation", a.microbatch, k - 1))
             if inp.is_floating_point():
@@ -403,7 +405,10 @@ def weight_gradients(edges, dys) -> None:
             continue
         for param, g in zip(params, torch.autograd.grad(edge, params, dy, retain_graph=True, allow_unused=True)):
             if g is not None:
-                param.grad = g if param.grad is None else param.grad + g
+                if param.grad is None:
+                    param.grad = g
+                else:
+                    param.grad.add_(g)
 
 
 def _default_device(layers) -> torch.device:
