@@ -191,7 +191,7 @@ def test_nothing_is_left_when_building_fails(cluster):
 
 
 def test_the_placement_lesson_trains_the_same_model_both_ways_and_counts_the_link(cluster):
-    """Lecture 07's measurement, once: both placements are the same TP2 x DP2 math (same losses), and the
+    """Lecture 07b's measurement, once: both placements are the same TP2 x DP2 math (same losses), and the
     bytes the kernel counted on a host's link are the planner's and a little more (headers, barriers)."""
     from par.train import placement
     result = placement.measure(link="100mbit", steps=1, timeout=150, prefix=PREFIX)

@@ -58,7 +58,7 @@ def test_registry_is_pure_and_names_real_jobs():
     for nb in course.REGISTRY:
         for args in [(2, "auto", "tiny", 20), (8, "nccl", GPT3, 200)]:
             first, again = course.launches(nb, *args), course.launches(nb, *args)
-            assert first == again and first, nb
+            assert first == again and (first or not course.CELLS[nb]), nb   # 07b launches nothing
             for l in first:
                 assert importlib.util.find_spec(l.module) is not None, l.module
                 assert type(l.args).parse(l.args.to_argv()) == l.args

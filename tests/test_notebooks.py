@@ -2,8 +2,8 @@
 
 - every notebooks/*.ipynb executing top to bottom with its own default parameters (world_size = min(4, physical
   cores), backend "auto", preset "tiny", steps = 20) is the course's main job, `python -m par batch`: the README's
-  first command, which `.ci/run` runs beside this suite (exit 1 unless 10/10 notebooks pass), so the suite does
-  not run those ten notebooks a second time (five minutes of CI's twenty). Here one lecture goes through the
+  first command, which `.ci/run` runs beside this suite (exit 1 unless 11/11 notebooks pass), so the suite does
+  not run those eleven notebooks a second time (five minutes of CI's twenty). Here one lecture goes through the
   batch's own code path (`run_one`), so that a break in that path fails the tests too;
 - it opens with a title, "what you will learn" and "how to run";
 - its parameters cell follows the course convention (the batch overrides exactly those four names);

@@ -218,6 +218,22 @@ def test_the_index_shows_key_numbers_beside_their_formulas(site):
     assert "torch pipelining" not in text             # a record the run lacks is left out, not shown empty
 
 
+def test_key_numbers_are_records_of_their_own_lecture():
+    """Every lecture has its key numbers, keyed by its number ("07b" for 07b_at_scale), and each is a record its own
+    notebook makes (a section moved to another lecture takes its key numbers with it); a lecture NNb shows the
+    exercise of NN."""
+    from par.site.run import Lecture
+    lectures = [Lecture(p.stem, "ok", None, 0.0, {}, None) for p in sorted((ROOT / "notebooks").glob("*.ipynb"))]
+    assert sorted(numbers.KEY_NUMBERS) == sorted(l.number for l in lectures)
+    for lecture in lectures:
+        cells = json.loads((ROOT / "notebooks" / f"{lecture.stem}.ipynb").read_text())["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        for key in numbers.KEY_NUMBERS[lecture.number]:
+            assert f'record("{key.record}"' in code, f"{lecture.stem} does not record {key.record!r}"
+        assert list((ROOT / "exercises").glob(f"{lecture.exercise_number}_*.ipynb")), lecture.stem
+    assert Lecture("07b_at_scale", "ok", None, 0.0, {}, None).exercise_number == "07"
+
+
 def test_every_page_says_where_its_numbers_came_from(site):
     for page in pages_of(site):
         text = text_of(page)

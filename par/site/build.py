@@ -108,7 +108,7 @@ def build(run_dir: Path | None = None, out: Path | None = None, compare: tuple[P
             nxt = (order[i + 1].stem, titles[order[i + 1].stem]) if i + 1 < len(order) else None
             body = pages.lecture_body(lecture, titles[lecture.stem],
                                       pages.notebook_body(nb, exporter) if nb is not None else None,
-                                      runs, prev, nxt, exercise_of.get(lecture.number))
+                                      runs, prev, nxt, exercise_of.get(lecture.exercise_number))
             emit(f"lectures/{lecture.stem}.html", titles[lecture.stem], body)
 
         # exercises, as students get them

@@ -1,10 +1,10 @@
 """The key numbers of each lecture, beside the formula they check: what the landing page shows.
 
-`KEY_NUMBERS[NN]` lists, for lecture NN, the records (`par.course.notebook.record`, kept per notebook in
-`summary.json`) a reader should see first: (what it is, the formula or the value expected, the record's name, and
-for a record that is a dict, the key inside it). A record a run does not have (an older notebook, a notebook
-that failed, a GPU-only number) is left out, never shown empty. Every record of a lecture, chosen or not, is on
-its own page.
+`KEY_NUMBERS[NN]` lists, for lecture NN (its notebook's name up to the first `_`: "03", "07b"), the records
+(`par.course.notebook.record`, kept per notebook in `summary.json`) a reader should see first: (what it is, the
+formula or the value expected, the record's name, and for a record that is a dict, the key inside it). A record
+a run does not have (an older notebook, a notebook that failed, a GPU-only number) is left out, never shown
+empty. Every record of a lecture, chosen or not, is on its own page.
 """
 from __future__ import annotations
 
@@ -67,9 +67,9 @@ KEY_NUMBERS: dict[str, list[Key]] = {
     "07": [Key("3D layouts run (d, p, t)", "d · p · t = N", "layouts_3d_run"),
            Key("speed-up over one process", "benchmark table", "bench_speedup_over_single"),
            Key("bytes: counted vs formula (relative error)", "→ 0", "bench_bytes_rel_error"),
-           Key("planner memory vs measured (relative error)", "→ 0", "planner_memory_rel_error"),
-           Key("best layout for 180B", "planner", "plan_180b_best"),
-           Key("step time vs planner, TP inside / across nodes (rel. error)", "→ 0", "across_nodes_step_rel_error")],
+           Key("planner memory vs measured (relative error)", "→ 0", "planner_memory_rel_error")],
+    "07b": [Key("best layout for 180B", "planner", "plan_180b_best"),
+            Key("step time vs planner, TP inside / across nodes (rel. error)", "→ 0", "across_nodes_step_rel_error")],
     "08": [Key("online-softmax merge vs full softmax (max |Δ|)", "→ 0", "online_softmax_max_diff"),
            Key("activation bytes per rank measured / formula (max)", "→ 1", "activation_measured_over_formula_max"),
            Key("SP, CP and Ulysses parameters vs dense (max |Δ|)", "≤ 1e-5", "max_param_diff_sp_cp"),

@@ -225,7 +225,7 @@ def index_body(run: Run, runs: list[Run], titles: dict[str, str], exercises: dic
             f"run {chr(65 + i)} ({escape(r.label())}, <code>{escape(r.folder.name)}</code>)" for i, r in
             enumerate(runs)) + ", side by side.</p>")
     for lecture in lectures:
-        exercise = exercises.get(lecture.number)
+        exercise = exercises.get(lecture.exercise_number)
         meta = [status_badge(lecture)]
         if lecture.error:
             meta.append(f"<span>{escape(lecture.error[:160])}</span>")
@@ -236,7 +236,8 @@ def index_body(run: Run, runs: list[Run], titles: dict[str, str], exercises: dic
                      f'<h3><a href="lectures/{escape(lecture.stem)}.html">{escape(titles[lecture.stem])}</a></h3>'
                      f'<div class="meta">{" · ".join(meta)}</div>{table}</section>')
     parts.append('<h2 id="exercises">Exercises</h2>')
-    parts.append("<p>Each lecture has a graded exercise, shown here as students get it (no solutions, no hidden "
+    parts.append("<p>Each lecture has a graded exercise (a lecture NNb, the second part of lecture NN, shares NN's), "
+                 "shown here as students get it (no solutions, no hidden "
                  "checks). Open it in JupyterLab, write the answers, then <code>python -m par grade "
                  "exercises/NN_topic.ipynb</code>.</p>")
     parts.append("<ul>" + "".join(f'<li><a href="exercises/{escape(stem)}.html">{escape(stem)}</a></li>'

@@ -9,6 +9,7 @@ line (`SiteError`, a `CheckError`: `python -m par` prints `error: ...` and exits
 from __future__ import annotations
 
 import json
+import string
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -44,8 +45,13 @@ class Lecture:
 
     @property
     def number(self) -> str:
-        """"03" for 03_pipelines: the key of the lecture's key numbers."""
+        """"03" for 03_pipelines, "07b" for 07b_at_scale: the key of the lecture's key numbers."""
         return self.stem.split("_", 1)[0]
+
+    @property
+    def exercise_number(self) -> str:
+        """The number of the lecture's exercise: its own, "07" for 07b_at_scale (the second part of lecture 07)."""
+        return self.number.rstrip(string.ascii_lowercase)
 
 
 @dataclass

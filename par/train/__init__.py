@@ -1,1 +1,1 @@
-"""Lecture 07: one loop that stacks DP/ZeRO, PP and TP from a DeepSpeed-style config, 3D parallelism, the planner, placement; jobs and the suite."""
+"""Lectures 07 and 07b: one loop that stacks DP/ZeRO, PP and TP from a DeepSpeed-style config, 3D parallelism, the planner, placement (07b); jobs and the suite."""
