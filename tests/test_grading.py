@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WRONG = Path(__file__).parent / "fixtures" / "wrong_answers"
 NAMES = [p.stem for p in sorted((ROOT / "solutions").glob("*.ipynb"))]
 CLASS_RUN_TIMEOUT = 600   # the first test of an exercise grades its class: 8 notebooks (under a minute on 2 cores)
-REAL_RANKS = {"00_ring_chunks": ["check-ring-ranks"], "07_layout": ["check-config-run"],
+REAL_RANKS = {"00_ring_chunks": ["check-ring-ranks"], "07_layout": ["check-groups-ranks", "check-config-run"],
               "03_pipelines": ["check-zb-h1-ranks"],
               "04_tensor_parallel": ["check-tp-forward", "check-tp-backward", "check-tp-traffic"],
               "09_expert_dispatch": ["check-alltoall-ranks"]}
@@ -185,6 +185,31 @@ def test_real_rank_checks_pass_with_the_solution_and_fail_on_a_rank_with_the_stu
     first = next(c for c in nothing.checks if c.id == REAL_RANKS[name][0])
     if name not in ("07_layout", "03_pipelines"):  # their stubs raise in the notebook, before the launch
         assert re.search(r"NotImplementedError: your code here \(rank \d\)", first.error), first.error
+
+
+GRID = ("07_layout", "process-groups", ("check-process-groups", "check-groups-ranks"))   # 07's part 1: the grid
+
+
+@slow
+@pytest.mark.timeout(CLASS_RUN_TIMEOUT)
+def test_the_process_grid_earns_its_points_right_and_loses_them_wrong(class_run):
+    """07's part 1: the solution's groups earn full marks; each wrong grid loses exactly part 1's points, and the
+    wrong grids that split the ranks were judged on the real ranks (the grader read their all-reduce sums)."""
+    name, cell, checks = GRID
+    part = sum(exercises.points(c) for c in solution(name).cells if c.get("id") in checks)
+    right = class_run(name)[f"tampered-solved__{name}"]
+    assert right.points == right.max_points == full_marks(name) and not set(checks) & set(right.failed_checks)
+    wrong = [fixture for exercise, fixture, answer, *_ in WRONG_ANSWERS if (exercise, answer) == (name, cell)]
+    assert len(wrong) >= 3, wrong
+    for fixture in wrong:
+        g = class_run(name)[f"wrong__{name}__{fixture}"]
+        assert set(g.failed_checks) == set(checks), (fixture, g.failed_checks)
+        assert g.points == full_marks(name) - part, (fixture, g.points)
+        ranks = next(c for c in g.checks if c.id == checks[1])
+        if fixture != "stage_stride_forgets_tp":   # a partition of the ranks: it ran, and a rank's sum was wrong
+            assert "all-reduce" in ranks.error, (fixture, ranks.error)
+        else:                                      # ranks listed twice: refused before any rank starts
+            assert "do not split the 8 ranks" in ranks.error, ranks.error
 
 
 # ---- a class folder through the command line -----------------------------------------------------------------

@@ -1,8 +1,14 @@
-"""The process grid: rank layout, groups, errors (pure, no process group)."""
-import pytest
+"""The process grid: rank layout, groups, errors (pure, no process group); its groups made and all-reduced over
+on real gloo ranks (`python -m par.runtime.grid`, what exercise 07's part 1 runs)."""
+import itertools
+import json
 
-from par.runtime.grid import GridError, Layout, check_layout, coords, describe, group_ranks, my_group, rank_of, \
-    tp_stays_on_node
+import pytest
+from tiers import slow, tiered
+
+from par.runtime import launch
+from par.runtime.grid import AXES, GridError, Layout, check_layout, coords, describe, group_ranks, groups_in_node, \
+    my_group, node_of, parse_groups, rank_of, stride, tp_stays_on_node
 
 
 def test_layout_2x2x2_groups_match_the_docstring():
@@ -32,6 +38,55 @@ def test_groups_partition_the_world_and_coords_invert_rank_of(dp, pp, tp):
 def test_tp_stays_on_a_node():
     assert tp_stays_on_node(Layout(4, 2, 8), gpus_per_node=8)
     assert not tp_stays_on_node(Layout(1, 1, 16), gpus_per_node=8)
+
+
+def test_groups_in_node_from_the_strides_equals_looking_at_every_group():
+    """The planner's test (no group lists) agrees with the groups themselves, for every small layout and node size."""
+    for dp, pp, tp in itertools.product(range(1, 6), repeat=3):
+        lay = Layout(dp, pp, tp)
+        for axis in AXES:
+            groups = group_ranks(axis, lay)
+            assert all(b - a == stride(axis, lay) for g in groups for a, b in zip(g, g[1:]))
+            for gpus in (1, 2, 3, 4, 8):
+                assert groups_in_node(axis, lay, gpus) == \
+                    all(len({node_of(r, gpus) for r in g}) == 1 for g in groups), (lay, axis, gpus)
+    with pytest.raises(GridError, match="unknown axis"):
+        stride("cp", Layout(1, 1, 1))
+
+
+def test_group_lists_must_split_the_world_before_any_group_is_made():
+    good = {a: group_ranks(a, Layout(2, 1, 2)) for a in AXES}
+    assert parse_groups(json.dumps(good), 4) == good
+    for groups, match in (({**good, "tp": [[0, 1], [1, 2], [3]]}, r"the tp groups .* listed twice \[1\]$"),
+                          ({**good, "dp": [[0, 2], [1, 4]]}, r"missing \[3\]; outside the world \[4\]"),
+                          ({"tp": good["tp"], "pp": good["pp"]}, "exactly the axes"),
+                          ({**good, "pp": [[0], [1], [2], ["3"]]}, "lists of ranks")):
+        with pytest.raises(GridError, match=match):
+            parse_groups(json.dumps(groups), 4)
+
+
+@pytest.mark.parametrize("nproc, dp, pp, tp", tiered([(2, 1, 1, 2), (4, 2, 1, 2), (8, 2, 2, 2)],
+                                                     id=lambda c: "x".join(map(str, c[1:]))))
+def test_grid_groups_on_real_ranks_all_reduce_over_exactly_their_members(nproc, dp, pp, tp):
+    lay = check_layout(nproc, dp, pp, tp)
+    groups = {a: group_ranks(a, lay) for a in AXES}
+    result = launch.run("par.runtime.grid", nproc=nproc, args=["--groups", json.dumps(groups)], backend="gloo",
+                        timeout=120, quiet=True)
+    assert [r["rank"] for r in result["per_rank"]] == list(range(nproc))
+    for r, got in enumerate(result["per_rank"]):
+        for axis in AXES:
+            want = my_group(axis, r, lay)
+            assert got[axis]["sum"] == [q + 1 if q in want else 0 for q in range(nproc)], (r, axis, got[axis])
+            assert got[axis]["members"] == want
+            assert (got[axis]["index"], got[axis]["size"]) == (want.index(r), len(want))
+
+
+@slow
+def test_grid_job_refuses_groups_that_do_not_split_the_ranks_on_every_rank():
+    groups = {"tp": [[0, 1]], "pp": [[0], [0]], "dp": [[0], [1]]}
+    with pytest.raises(launch.LaunchError, match=r"GridError: the pp groups .* listed twice \[0\]; missing \[1\]"):
+        launch.run("par.runtime.grid", nproc=2, args=["--groups", json.dumps(groups)], backend="gloo",
+                   timeout=60, quiet=True)
 
 
 def test_wrong_product_is_one_error_naming_the_numbers():

@@ -51,7 +51,7 @@ from par.memory import accounting as memory
 from par.pp import partition
 from par.cp.ring_attention import ring_attention_bytes_even
 from par.zero.engine import zero_bytes_per_step
-from par.runtime.grid import Layout, group_ranks, layout_label
+from par.runtime.grid import Layout, groups_in_node, layout_label
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def stage_params(cfg, pp: int, tp: int = 1) -> tuple[float, list[tuple[int, int]
 @functools.lru_cache(maxsize=4096)
 def group_bandwidth(axis: str, layout: Layout, hw: Hardware) -> float:
     """The node's bandwidth when every group along `axis` stays inside one node, the network's otherwise."""
-    inside = all(len({r // hw.gpus_per_node for r in g}) == 1 for g in group_ranks(axis, layout))
+    inside = groups_in_node(axis, layout, hw.gpus_per_node)
     return hw.bw_node if inside else hw.bw_network
 
 
