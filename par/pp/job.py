@@ -9,6 +9,10 @@ grows (the micro-batch size trade-off). `--d-model`, `--n-head`, `--n-layer`, `-
 `--vocab-size` change the preset (the lecture's timing experiments use wide blocks and a small
 vocabulary, so the stages are equal and an action is tens of ms of compute).
 
+`--model square` trains `par.model.SquareStack` instead (square Linear+ReLU layers of width --d-model on random
+rows, the mean-squared error): its forward, input gradient and weight gradient are one matmul each, the
+equal F = I = W the zero-bubble formulas assume, so lecture 03 times the schedules on it.
+
 With `--dp D` the world is D replicas of a pipeline of world/D stages (`par.pp.replicated`): every replica runs its rows of the batch through its pipeline, then the D copies of each
 stage average their gradients. Only 1F1B there.
 
