@@ -81,8 +81,8 @@ def executed_run(folder: Path, stamp: str = "20260101-120000", backend: str = "g
                                                              "version_minor": 0},
                 "text/plain": "interactive(children=(Dropdown(value='bf16'),))"}),
             nbformat.v4.new_output("display_data", data={"image/png": png(), "text/plain": "<Figure>"}),
-            record("bubble_measured_vs_m", {"1": 0.5, "4": bubble}),
-            record("bubble_formula_vs_m", {"1": 0.5, "4": 0.2}),
+            record("bubble_measured_vs_m", {"1f1b": {"1": 0.5, "4": bubble}}),
+            record("bubble_formula_vs_m", {"1f1b": {"1": 0.5, "4": 0.2}}),
             record("pipeline_max_grad_diff_vs_single", 1.2e-7)])])
     ok.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
     nbformat.write(ok, run / "03_pipelines.ipynb")
@@ -93,7 +93,8 @@ def executed_run(folder: Path, stamp: str = "20260101-120000", backend: str = "g
             traceback=["\x1b[0;31mZeroDivisionError\x1b[0m: division by zero"])])])
     nbformat.write(failed, run / "08_sequence_context_parallel.ipynb")
     rows = [{"notebook": "03_pipelines.ipynb", "status": "ok", "error": None, "duration_s": 12.5,
-             "records": {"bubble_measured_vs_m": {"1": 0.5, "4": bubble}, "bubble_formula_vs_m": {"1": 0.5, "4": 0.2},
+             "records": {"bubble_measured_vs_m": {"1f1b": {"1": 0.5, "4": bubble}},
+                         "bubble_formula_vs_m": {"1f1b": {"1": 0.5, "4": 0.2}},
                          "pipeline_max_grad_diff_vs_single": 1.2e-7}},
             {"notebook": "08_sequence_context_parallel.ipynb", "status": "FAILED",
              "error": "ZeroDivisionError: division by zero", "duration_s": 3.0, "records": {}},
@@ -212,7 +213,7 @@ def test_lecture_pages_show_text_code_outputs_figures_and_status(site):
 def test_the_index_shows_key_numbers_beside_their_formulas(site):
     text = text_of(site / "index.html")
     for key in numbers.KEY_NUMBERS["03"]:
-        if key.record in ("bubble_measured_vs_m", "pipeline_max_grad_diff_vs_single"):
+        if (key.record, key.part) in (("bubble_measured_vs_m", "1f1b"), ("pipeline_max_grad_diff_vs_single", None)):
             assert key.what in text and key.formula in text
     assert "1: 0.5, 4: 0.2" in text and "1.2e-07" in text
     assert "torch pipelining" not in text             # a record the run lacks is left out, not shown empty
