@@ -476,7 +476,7 @@ def pipeline_setup(W, backend, preset, steps) -> PipelineSetup:
     The zero-bubble schedules are timed on the square stack (F = I = W, their formulas' assumption): 12 layers
     of width 1024 per stage on 256 rows on a CPU (about 70 ms per action on a core). The waits of a blocking
     send put the measurement above the formula (the largest gap over 1F1B, ZB-H1 and ZB-V, per run): up to 0.06
-    with 8 layers; 0.030, 0.030, 0.038 and 0.044 with 12; 0.033, 0.033 and 0.053 with 16, no better for 40 s
+    with 8 layers; 0.030, 0.030, 0.038, 0.044 and 0.051 with 12; 0.033, 0.033 and 0.053 with 16, no better for 40 s
     more. On a GPU, 8 layers of 4096 on 2048 rows."""
     gpus = on_gpus(backend, W)
     processors = W if gpus else cores()
