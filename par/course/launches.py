@@ -278,7 +278,7 @@ def square_in_gpt_terms(args: pp_job.Args, nproc: int) -> GPTConfig:
     6·L·d² FLOPs per row, those of L/12 GPT blocks of width d (12·d² weights each), a row a token (the planner's
     shortest sequence: 2 tokens, so 2 rows); the planner's activations per block bound a square layer's from
     above. At least a block per stage."""
-    width, layers = pp_job.square_width(args), args.n_layer or 8
+    width, layers = pp_job.square_width(args), pp_job.square_layers(args)
     return GPTConfig(vocab_size=2, block_size=2, n_layer=max(nproc, math.ceil(layers / 12)), n_head=1, d_model=width)
 
 

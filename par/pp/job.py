@@ -100,10 +100,15 @@ def square_width(args) -> int:
     return args.d_model or 1024
 
 
+def square_layers(args) -> int:
+    """--model square: the number of layers (--n-layer, else 8)."""
+    return args.n_layer or 8
+
+
 def model_and_loss(args, cfg):
     """(the model, its loss function) of --model: GPT-lite with the LM loss, or the square stack with the MSE."""
     if args.model == "square":
-        return SquareStack(square_width(args), args.n_layer or 8, seed=args.seed), F.mse_loss
+        return SquareStack(square_width(args), square_layers(args), seed=args.seed), F.mse_loss
     return build(cfg, seed=args.seed), lm_loss
 
 
@@ -278,8 +283,8 @@ def main(argv=None):
                 formula = f"formula {r['bubble_formula']:.3f}" if r["bubble_formula"] is not None else "no formula"
                 print(f"{kind:>11} m={m:<3} step {r['median_step_s'] * 1e3:8.1f} ms   {bubble}{formula}", flush=True)
     par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "preset": args.preset,
-                                  "model": args.model, "config": (cfg.to_dict() if args.model == "gpt" else
-                                  {"d_model": square_width(args), "n_layer": args.n_layer or 8}), "runs": runs})
+                                  "model": args.model, "config": cfg.to_dict() if args.model == "gpt" else
+                                  {"d_model": square_width(args), "n_layer": square_layers(args)}, "runs": runs})
     if dist.is_initialized():
         par.runtime.dist.teardown()
 
