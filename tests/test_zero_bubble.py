@@ -286,6 +286,26 @@ def test_split_backward_equals_the_whole_one_in_one_process():
     assert zb["peak_bytes"] == zb["bytes_per_microbatch"] + zb["bytes_kept_for_w"]
 
 
+def test_w_of_a_linear_adds_g_transposed_x_in_place():
+    """W of an nn.Linear: A.grad += gᵀx and b.grad += Σ g over every leading dimension, into the same
+    .grad tensors (no new weight-sized tensor), equal to autograd's; other dtypes are left to autograd."""
+    import torch
+    from par.pp.pipeline import linear_weight_gradients
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(5, 3)
+    x, g = torch.randn(2, 4, 5), torch.randn(2, 4, 3)
+    ref = torch.autograd.grad(layer(x), [layer.weight, layer.bias], g)
+    assert linear_weight_gradients(layer, x, g)
+    assert torch.allclose(layer.weight.grad, ref[0], atol=1e-6) and torch.allclose(layer.bias.grad, ref[1], atol=1e-6)
+    grad = layer.weight.grad
+    assert linear_weight_gradients(layer, x, g)
+    assert layer.weight.grad is grad and torch.allclose(grad, 2 * ref[0], atol=1e-6)
+    assert torch.allclose(layer.bias.grad, 2 * ref[1], atol=1e-6)
+    assert not linear_weight_gradients(layer, x.double(), g.double())     # autocast-like: autograd's path
+    assert not linear_weight_gradients(torch.nn.LayerNorm(3), g, g)
+    assert not linear_weight_gradients(layer, None, g)
+
+
 def test_square_stack_trains_equal_with_its_input_gradient_asked_for():
     """The timing model of the executed bubbles: a batch that asks for its gradient makes stage 0 compute
     dL/dx in B and in I (each micro-batch a leaf of its own, the batch itself untouched), and every schedule

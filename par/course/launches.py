@@ -477,7 +477,9 @@ def pipeline_setup(W, backend, preset, steps) -> PipelineSetup:
     of width 1024 per stage on 256 rows on a CPU (about 70 ms per action on a core). The waits of a blocking
     send put the measurement above the formula (the largest gap over 1F1B, ZB-H1 and ZB-V, per run): up to 0.06
     with 8 layers; 0.030, 0.030, 0.038, 0.044 and 0.051 with 12; 0.033, 0.033 and 0.053 with 16, no better for 40 s
-    more. On a GPU, 8 layers of 4096 on 2048 rows."""
+    more. Since W adds gᵀx into .grad in place (W = F, was 1.1 F) and the median is over 5 steps: 0.036, 0.044 and
+    0.038 with 12, each time ZB-V's, whose I costs up to 1.8 F in kernel time on page faults (lecture 03).
+    On a GPU, 8 layers of 4096 on 2048 rows."""
     gpus = on_gpus(backend, W)
     processors = W if gpus else cores()
     p_time = W if gpus else max(2, min(W, processors))
@@ -515,7 +517,7 @@ def launches_03(W, backend, preset, steps):
     out.append(launch(nb, "zero bubble measured", s.p_time, pp_job.Args(     # section 11: F = I = W, executed
         model="square", schedules=("1f1b", "zb_h1", "zb_v"), microbatches=tuple(m for m in ms if m >= max(4, s.p_time)),
         d_model=width, n_layer=per_stage * s.p_time, micro_batch_size=rows, partition="uniform", warmup_once=True,
-        steps=s.timed_steps + 1), s.backend))     # one more step for the median: bubbles of a few hundredths
+        steps=s.timed_steps + 2), s.backend))     # two more steps for the median: bubbles of a few hundredths
     out.append(launch(nb, "fixed batch", s.p_time, pp_job.Args(
         schedules=("1f1b",), microbatches=tuple(m for m in ms if s.trade_batch % m == 0), **model_args(s.trade_cfg),
         batch=s.trade_batch, steps=max(3, s.timed_steps)), s.backend))

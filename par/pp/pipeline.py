@@ -25,7 +25,8 @@ Zero-bubble schedules (`par.pp.schedules.zb_h1`, `zb_v`, `dualpipe_v`) split B i
     I(i) on stage k:  dL/dx and every dL/dy_l in one autograd.grad(out, [x, y_1, ...], g, retain_graph=True):
                       a backward that skips every weight gradient; dL/dx goes to stage k-1 at once
     W(i) on stage k:  for each weight layer l: dL/dθ_l = autograd.grad(y_l, θ_l, dL/dy_l), added to .grad:
-                      only that layer's own local backward (g_lᵀ x_l for a Linear), nothing recomputed
+                      only that layer's own local backward, nothing recomputed; for a Linear
+                      .grad += g_lᵀ x_l in place (`linear_weight_gradients`), x_l the input autograd saved
 
 The price: W needs what autograd saved in F (x_l for g_lᵀ x_l), so the graph stays alive until W, not
 until I, and dL/dy_l of every weight layer waits beside it (`_MemoryMeter` counts both).
@@ -362,17 +363,20 @@ def weight_layers(module: nn.Module) -> list[nn.Module]:
 
 @contextmanager
 def output_edges(layers):
-    """Collect [(layer, GradientEdge of its output)] of every call of `layers` inside the block.
+    """Collect [(layer, GradientEdge of its output, its input x if it is an nn.Linear)] of every call of
+    `layers` inside the block.
 
     A `GradientEdge` names the place in the autograd graph where the output's gradient arrives,
-    without holding the output tensor itself.
+    without holding the output tensor itself. A Linear's input is the tensor autograd saved for its
+    weight gradient anyway (no extra memory); W uses it to add g_lᵀ x_l to .grad in place.
     """
     edges = []
 
     def hook(layer, args, out):
+        x = args[0] if type(layer) is nn.Linear and args and isinstance(args[0], torch.Tensor) else None
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor) and t.requires_grad:
-                edges.append((layer, torch.autograd.graph.get_gradient_edge(t)))
+                edges.append((layer, torch.autograd.graph.get_gradient_edge(t), x))
 
     handles = [layer.register_forward_hook(hook) for layer in layers]
     try:
@@ -386,7 +390,7 @@ def input_gradients(out, grad, inp, edges):
     """I: (dL/d inp, [dL/dy_l for every weight layer's output]) in one backward pass that computes no
     weight gradient (autograd runs only what the requested gradients need); the graph is retained for W.
     `inp` None (the first stage: token ids) asks for the dL/dy_l only."""
-    wanted = ([inp] if inp is not None else []) + [edge for _, edge in edges]
+    wanted = ([inp] if inp is not None else []) + [edge for _, edge, _ in edges]
     if not wanted:
         return None, []
     grads = torch.autograd.grad(out, wanted, grad, retain_graph=True, allow_unused=True)
@@ -396,12 +400,16 @@ def input_gradients(out, grad, inp, edges):
 def weight_gradients(edges, dys) -> None:
     """W: for each weight layer l, dL/dθ_l = (dy_l/dθ_l)ᵀ dL/dy_l, added to θ_l.grad.
 
-    autograd.grad from the layer's output edge to its own parameters runs that layer's local
-    backward only (for a Linear: dW = g_lᵀ x_l, db = Σ g_l, with x_l saved by the forward).
+    A Linear (y = x Aᵀ + b): dL/dA = gᵀx and dL/db = Σ g, with g = dL/dy_l and x its saved input, added
+    to .grad in place (`linear_weight_gradients`: one addmm_, no new weight-sized tensor). Any other layer:
+    autograd.grad from the layer's output edge to its own parameters, which runs that layer's local
+    backward only.
     """
-    for (layer, edge), dy in zip(edges, dys):
+    for (layer, edge, x), dy in zip(edges, dys):
         params = [p for p in layer.parameters(recurse=False) if p.requires_grad]
         if dy is None or not params:
+            continue
+        if linear_weight_gradients(layer, x, dy):
             continue
         for param, g in zip(params, torch.autograd.grad(edge, params, dy, retain_graph=True, allow_unused=True)):
             if g is not None:
@@ -409,6 +417,29 @@ def weight_gradients(edges, dys) -> None:
                     param.grad = g
                 else:
                     param.grad.add_(g)
+
+
+def linear_weight_gradients(layer, x, dy) -> bool:
+    """For an nn.Linear with its input x and output gradient g = dy: A.grad += gᵀx, b.grad += Σ g (rows of
+    every leading dimension), in place. False (nothing done) where that does not apply, left to autograd: not
+    exactly an nn.Linear (a subclass may do more in its forward), no saved input, or tensors of different dtypes
+    or devices (autocast)."""
+    weight, bias = getattr(layer, "weight", None), getattr(layer, "bias", None)
+    if type(layer) is not nn.Linear or x is None or not weight.requires_grad \
+            or len({x.dtype, dy.dtype, weight.dtype}) > 1 or len({x.device, dy.device, weight.device}) > 1:
+        return False
+    g2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
+    with torch.no_grad():
+        if weight.grad is None:
+            weight.grad = g2.t().mm(x2)
+        else:
+            weight.grad.addmm_(g2.t(), x2)
+        if bias is not None and bias.requires_grad:
+            if bias.grad is None:
+                bias.grad = g2.sum(0)
+            else:
+                bias.grad.add_(g2.sum(0))
+    return True
 
 
 def _default_device(layers) -> torch.device:
