@@ -30,7 +30,7 @@ Run as a job, the module makes the groups from given rank lists and all-reduces 
 
 `groups` is {"tp": [[0, 1], [2, 3], ...], "pp": [...], "dp": [...]} (what `group_ranks` gives for each axis, or
 lists someone wrote by hand). Every rank checks that each axis's lists split the world's ranks (every rank in
-exactly one group; anything else is a `GridError` on every rank, before any group exists), creates every group of
+exactly one group; anything else is one `error:` line on every rank, before any group exists), creates every group of
 every axis with `dist.new_group`, in the same order, and all-reduces (sum) over its group of each axis a vector
 of world size holding rank + 1 at its own position and 0 elsewhere: afterwards position q holds q + 1 exactly
 when rank q is in the group, i.e. the members the collective really joined, whatever the lists said. Rank 0
@@ -278,10 +278,16 @@ def run_groups(groups: dict[str, list[list[int]]], rank: int, world_size: int) -
 
 
 def main(argv=None) -> None:
+    """Bad --groups: one `error:` line on every rank, before any process group exists (torchrun's WORLD_SIZE)."""
+    import os
+
     import par.runtime.dist
     args = Args.parse(argv)
+    try:
+        groups = parse_groups(args.groups, int(os.environ.get("WORLD_SIZE", "1")))
+    except GridError as e:
+        raise SystemExit(f"error: {e}") from None
     env = par.runtime.dist.init()
-    groups = parse_groups(args.groups, env.world_size)
     per_rank = par.runtime.dist.gather_object(run_groups(groups, env.rank, env.world_size))
     par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "per_rank": per_rank})
     par.runtime.dist.teardown()

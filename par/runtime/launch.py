@@ -157,6 +157,9 @@ def describe_failure(lines: list[str]) -> tuple[str, list[int], bool, str]:
         head = (f"rank {rank} was killed by {signal_name(-code)} (signal {-code}) without a Python exception; "
                 f"torchrun then stopped the other ranks")
         return head, [rank], True, f"rank {rank}'s last output:\n" + "".join(said[-30:])
+    refused = [l.strip() for l in said if l.startswith("error: ")]
+    if exc is None and refused:        # a job that refused its input (`SystemExit("error: ...")`): that line
+        return f"rank {rank}: {refused[-1]}", [rank], False, f"rank {rank}'s last output:\n" + "".join(said[-30:])
     if exc is None:
         return (f"rank {rank} exited with code {code} without a Python traceback", [rank], False,
                 f"rank {rank}'s last output:\n" + "".join(said[-30:]))
