@@ -306,6 +306,32 @@ def test_w_of_a_linear_adds_g_transposed_x_in_place():
     assert not linear_weight_gradients(layer, None, g)
 
 
+def test_the_memory_meter_frees_every_activation_after_w():
+    """track_memory's saved-tensor hooks must not keep a graph alive: a pack hook that returns an op's own output
+    (ReLU saves its result) makes tensor -> node -> tensor, a cycle only the garbage collector breaks, and I and W
+    retain the graph, so each micro-batch's activations outlived its W. With the collector off, a step must leave
+    exactly as many tensors alive as it found."""
+    import gc
+
+    import torch
+    import torch.nn.functional as F
+    x, y = next(square_batches(16, 8, 1, seed=2))
+    for name in ("1f1b", "zb_h1", "zb_v"):
+        model = SquareStack(16, 4, seed=1)
+        pipe = Pipeline(model.to_layers(), schedules.make(name, 1, 4), F.mse_loss, method="uniform", track_memory=True)
+        pipe.step(x, y)                          # the first step creates every .grad
+        gc.collect()
+        gc.disable()
+        try:
+            before = sum(issubclass(type(o), torch.Tensor) for o in gc.get_objects())
+            pipe.step(x, y)
+            after = sum(issubclass(type(o), torch.Tensor) for o in gc.get_objects())
+        finally:
+            gc.enable()
+        assert after == before, f"{name}: {after - before} tensors left alive by one step"
+        assert pipe.memory["peak_bytes"] > 0
+
+
 def test_square_stack_trains_equal_with_its_input_gradient_asked_for():
     """The timing model of the executed bubbles: a batch that asks for its gradient makes stage 0 compute
     dL/dx in B and in I (each micro-batch a leaf of its own, the batch itself untouched), and every schedule

@@ -477,8 +477,9 @@ def pipeline_setup(W, backend, preset, steps) -> PipelineSetup:
     of width 1024 per stage on 256 rows on a CPU (about 70 ms per action on a core). The waits of a blocking
     send put the measurement above the formula (the largest gap over 1F1B, ZB-H1 and ZB-V, per run): up to 0.06
     with 8 layers; 0.030, 0.030, 0.038, 0.044 and 0.051 with 12; 0.033, 0.033 and 0.053 with 16, no better for 40 s
-    more. Since W adds gᵀx into .grad in place (W = F, was 1.1 F) and the median is over 5 steps: 0.036, 0.044 and
-    0.038 with 12, each time ZB-V's, whose I costs up to 1.8 F in kernel time on page faults (lecture 03).
+    more. Since W adds gᵀx into .grad in place (W = F, was 1.1 F), the memory meter no longer keeps each
+    micro-batch's graph past its W (its page faults made I cost up to 1.8 F) and the median is over 5 steps:
+    0.037, 0.027 and 0.035 with 12 layers.
     On a GPU, 8 layers of 4096 on 2048 rows."""
     gpus = on_gpus(backend, W)
     processors = W if gpus else cores()

@@ -477,7 +477,7 @@ def saved_activation_bytes(fn, *inputs, exclude=()):
         st = t.untyped_storage()
         if st._cdata not in skip:
             seen[st.data_ptr()] = st.nbytes()
-        return t
+        return t.detach()   # not t: an op's saved output would hold its node and the node it (a cycle kept until gc)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn(*inputs)
