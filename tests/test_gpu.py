@@ -6,6 +6,7 @@ What only a GPU can show, on one GPU:
 - the CUDA allocator's bytes of model states (params, grads, Adam) within 5 % of `par.memory.accounting`;
 - fp16 with dynamic loss scaling and bf16 on real kernels (bf16 only where the GPU has it natively);
 - CUDA-event timelines (`par.timeline`): a span measures the GPU's work, not the launch;
+- a pipeline step (1F1B, ZB-H1, ZB-V) with the memory meter on leaves CUDA memory as it found it;
 - the batch with `--backend nccl --world-size 1 --preset gpt3-small` writing its report;
 - tokens/s and MFU of gpt3-small printed (`par.mfu`: (6·N + 12·L·s·d)·tokens, N without the embeddings,
   over the peak of the SKU `par.mfu.PEAK` names).
@@ -15,7 +16,6 @@ Run: `.venv/bin/python -m pytest -m gpu -s` (-s shows the printed numbers).
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import time
@@ -133,6 +133,36 @@ def test_timeline_spans_are_gpu_time():
     print(f"\n20 matmuls of 4096²: CPU left the block after {launched * 1e3:.2f} ms; GPU span "
           f"{(span['end'] - span['start']) * 1e3:.2f} ms; wall time to synchronize {ran * 1e3:.2f} ms")
     assert span["end"] - span["start"] > 2 * launched and span["end"] - span["start"] <= ran * 1.05
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb_h1", "zb_v"])
+def test_a_pipeline_step_with_the_memory_meter_leaves_cuda_memory_as_it_found_it(name):
+    """One rank, 8 square layers of 4096 on 8 micro-batches of 2048 rows, `track_memory` on: after each step only
+    the weights, their .grad and the batch stay allocated (the step's CUDA peak and the meter's count printed).
+    With a pack hook that handed autograd the tensor itself, I and W kept every graph: +2 GiB a step on an H200."""
+    import torch.nn.functional as F
+    from par.model import SquareStack, square_batches
+    from par.pp import schedules
+    from par.pp.pipeline import Pipeline
+    device = torch.device("cuda", 0)
+    torch.cuda.empty_cache()
+    x, y = (t.to(device) for t in next(square_batches(4096, 2048 * 8, 1, seed=2)))
+    model = SquareStack(4096, 8, seed=1)
+    pipe = Pipeline(model.to_layers(), schedules.make(name, 1, 8), F.mse_loss, method="uniform", device=device,
+                    track_memory=True)
+    pipe.step(x, y)                                # creates every .grad
+    torch.cuda.synchronize(device)
+    alive = torch.cuda.memory_allocated(device)
+    for step in range(3):
+        torch.cuda.reset_peak_memory_stats(device)
+        pipe.step(x, y)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - alive
+        print(f"\n{name} step {step + 1}: {(torch.cuda.memory_allocated(device) - alive) / 2**20:+.0f} MiB left, "
+              f"peak {peak / 2**20:.0f} MiB above what stays, meter {pipe.memory['peak_bytes'] / 2**20:.0f} MiB")
+        assert torch.cuda.memory_allocated(device) == alive
+    del pipe, model, x, y
+    torch.cuda.empty_cache()
 
 
 def test_batch_writes_its_report_on_one_gpu(tmp_path):
