@@ -1,6 +1,5 @@
 """Mixed precision: formats, the eight steps, fp16/bf16 training tracks fp32, underflow without scaling,
 memory (16 bytes/param of model states, half the activations), and the global overflow decision on 2-3 ranks."""
-import copy
 import math
 from pathlib import Path
 

@@ -56,7 +56,6 @@ def test_pipeline_equals_single_process(run):
             continue
         if name != "1f1b mlp":
             assert 2.0 < r["losses"][0] < 6.0, name     # a real cross-entropy, not a zero
-            m = int(name.split("=")[1])
             v = 2 if name.startswith("interleaved") else 1
             n_layer = max(4, p * v - 2)
             assert r["n_params"] == sum(x.numel() for x in build(preset("tiny", n_layer=n_layer)).parameters())

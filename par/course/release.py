@@ -117,6 +117,6 @@ def main(dest: Path, root: Path = exercises.ROOT, force: bool = False) -> int:
     info = write_bundle(dest, root, force)
     print(f"wrote the student bundle to {dest}: {len(info['exercises'])} exercises, the lectures, par/, "
           f"README.md and requirements.txt; no solutions/ (commit {info['commit'] or 'unknown'})")
-    print(f"students: pip install -r requirements.txt, then python -m par grade exercises/NN_topic.ipynb "
-          f"(a practice grade: the visible checks)")
+    print("students: pip install -r requirements.txt, then python -m par grade exercises/NN_topic.ipynb "
+          "(a practice grade: the visible checks)")
     return 0

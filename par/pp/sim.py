@@ -155,7 +155,7 @@ NEEDS = {"B": "F", "I": "F", "W": "I"}    # an action and the one that must come
 def check_complete(schedule: Schedule) -> None:
     """Every (F, micro-batch, stage) exactly once and one backward: B, or I then W (never both);
     B and I after their F, W after its I, on the same rank."""
-    p, m, v = schedule.num_ranks, schedule.microbatches, schedule.virtual
+    m, v = schedule.microbatches, schedule.virtual
     for r, acts in enumerate(schedule.ranks):
         seen = {}
         for i, a in enumerate(acts):

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 import par.runtime.dist
 from par.runtime.job_args import JobArgs, arg
 from par.comm import commlog
