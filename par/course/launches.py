@@ -474,13 +474,10 @@ def pipeline_setup(W, backend, preset, steps) -> PipelineSetup:
     2 or 4 blocks per stage. GPUs: GPT-3 Small's width, one stage per GPU. CPU: one thread per rank,
     width 256 on 12 sequences of 64 tokens (tens of ms per action), the chart on 4 cheap ranks.
     The zero-bubble schedules are timed on the square stack (F = I = W, their formulas' assumption): 12 layers
-    of width 1024 per stage on 256 rows on a CPU (about 70 ms per action on a core). The waits of a blocking
-    send put the measurement above the formula (the largest gap over 1F1B, ZB-H1 and ZB-V, per run): up to 0.06
-    with 8 layers; 0.030, 0.030, 0.038, 0.044 and 0.051 with 12; 0.033, 0.033 and 0.053 with 16, no better for 40 s
-    more. Since W adds gᵀx into .grad in place (W = F, was 1.1 F), the memory meter no longer keeps each
-    micro-batch's graph past its W (its page faults made I cost up to 1.8 F) and the median is over 5 steps:
-    0.037, 0.027 and 0.035 with 12 layers.
-    On a GPU, 8 layers of 4096 on 2048 rows."""
+    of width 1024 per stage on 256 rows on a CPU (about 70 ms per action on a core; F, I and W measured equal).
+    The waits of a blocking send put the measurement above the formula: the largest gap over 1F1B, ZB-H1 and ZB-V
+    was 0.037, 0.027 and 0.035 in three runs (the median of 5 steps); 8 layers gave up to 0.06, 16 no better for
+    40 s more. On a GPU, 8 layers of 4096 on 2048 rows."""
     gpus = on_gpus(backend, W)
     processors = W if gpus else cores()
     p_time = W if gpus else max(2, min(W, processors))

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
@@ -464,6 +465,23 @@ def live_model_state_bytes(model, optimizer=None, include_scalars: bool = False)
         optimizer=tensor_bytes(states + extra + (scalars if include_scalars else [])))
 
 
+@contextmanager
+def saved_tensors_seen(see):
+    """Inside the block, call `see(t)` for every tensor autograd saves for backward.
+
+    The hook hands autograd a detached alias of t (same storage, same version counter), not t itself: an op
+    that saves its own output (ReLU) would otherwise hold tensor → node → tensor, a reference cycle that only
+    Python's garbage collector breaks. A backward without retain_graph frees it anyway; a split backward
+    (I, then W) retains the graph, so every micro-batch's activations outlived its W: +330 MB of RSS a step
+    for ZB-V on 24 layers of 1024 in one process, +2 GiB a step on an H200."""
+    def pack(t):
+        see(t)
+        return t.detach()
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
+
+
 def saved_activation_bytes(fn, *inputs, exclude=()):
     """Run `fn(*inputs)` and measure what autograd keeps for backward: the bytes of every tensor
     saved in the graph (each storage once), leaving out the storages of `exclude` (pass the
@@ -473,13 +491,12 @@ def saved_activation_bytes(fn, *inputs, exclude=()):
     skip = {t.untyped_storage()._cdata for t in exclude}
     seen: dict[int, int] = {}
 
-    def pack(t):
+    def see(t):
         st = t.untyped_storage()
         if st._cdata not in skip:
             seen[st.data_ptr()] = st.nbytes()
-        return t.detach()   # not t: an op's saved output would hold its node and the node it (a cycle kept until gc)
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_tensors_seen(see):
         out = fn(*inputs)
     return out, sum(seen.values())
 

@@ -58,6 +58,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from par.comm import collectives, commlog
+from par.memory.accounting import saved_tensors_seen
 from par.pp import partition, sim as pipeline_sim
 from par.pp.p2p_plan import Group, message_in
 from par.pp.schedules import Action, Schedule, from_lists, parse_action
@@ -424,9 +425,10 @@ def linear_weight_gradients(layer, x, dy) -> bool:
     every leading dimension), in place. False (nothing done) where that does not apply, left to autograd: not
     exactly an nn.Linear (a subclass may do more in its forward), no saved input, or tensors of different dtypes
     or devices (autocast)."""
-    weight, bias = getattr(layer, "weight", None), getattr(layer, "bias", None)
-    if type(layer) is not nn.Linear or x is None or not weight.requires_grad \
-            or len({x.dtype, dy.dtype, weight.dtype}) > 1 or len({x.device, dy.device, weight.device}) > 1:
+    if type(layer) is not nn.Linear or x is None or not layer.weight.requires_grad:
+        return False
+    weight, bias = layer.weight, layer.bias
+    if len({x.dtype, dy.dtype, weight.dtype}) > 1 or len({x.device, dy.device, weight.device}) > 1:
         return False
     g2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
     with torch.no_grad():
@@ -456,13 +458,8 @@ def _default_device(layers) -> torch.device:
 class _MemoryMeter:
     """Bytes of activations autograd keeps for backward, per micro-batch in flight (parameters excluded).
 
-    Counted with saved-tensor hooks, so it works on any device: a tensor saved by several
-    operations is counted once. The pack hook hands autograd a detached alias (same storage, same version
-    counter), not the tensor: an op that saves its own output (ReLU) would otherwise keep tensor → node →
-    tensor, a reference cycle that only Python's garbage collector breaks. A backward without retain_graph
-    frees it anyway; I and W retain the graph, so every micro-batch's activations outlived its W
-    (+330 MB of RSS a step for ZB-V on 24 layers of 1024, 8 micro-batches of 256 rows, in one process).
-    A split backward keeps them until W, and from I on also the dL/dy_l W will need (`keep`; their largest
+    Counted with saved-tensor hooks (`par.memory.accounting.saved_tensors_seen`), so it works on any device:
+    a tensor saved by several operations is counted once. A split backward keeps them until W, and from I on also the dL/dy_l W will need (`keep`; their largest
     sum per micro-batch is `bytes_kept_for_w`): an upper bound, as what only ops after the stage's last
     weight layer saved (the loss's softmax) is freed at I already.
     `summary()` gives the peak over the step.
@@ -482,13 +479,12 @@ class _MemoryMeter:
         """Count what autograd saves inside the block as micro-batch `mb`'s activations on `stage`."""
         storages = {}
 
-        def pack(t):
+        def see(t):
             ptr = t.untyped_storage().data_ptr()
             if ptr not in self.params and ptr not in storages:
                 storages[ptr] = t.untyped_storage().nbytes()
-            return t.detach()   # not t: an op's own output would hold its node, and the node it (a cycle, see above)
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with saved_tensors_seen(see):
             yield
         self.live[(mb, stage)] = storages
         got = sum(storages.values())
