@@ -31,10 +31,10 @@ from par.runtime.lifeline import stops_raise
 
 COMMANDS = {
     # name: (module, one-line help). The module's main(argv) does the work.
-    "exercises": ("par.course.exercises_cli", "generate | check | record | release DIR: exercises/ from solutions/, the student bundle"),
-    "grade": ("par.course.grade", "grade with the instructor's checks: python -m par grade NB_OR_DIR... [--report grades.csv]"),
-    "bench": ("par.course.bench", "benchmarks vs the torch built-ins: python -m par bench <name> (collectives, ...)"),
-    "batch": ("par.course.run_notebooks", "run every lecture notebook with papermill into runs/<time>/ and summarise "
+    "exercises": ("par.course.authoring.cli", "generate | check | record | release DIR: exercises/ from solutions/, the student bundle"),
+    "grade": ("par.course.grading.grade", "grade with the instructor's checks: python -m par grade NB_OR_DIR... [--report grades.csv]"),
+    "bench": ("par.bench", "benchmarks vs the torch built-ins: python -m par bench <name> (collectives, ...)"),
+    "batch": ("par.course.batch.runner", "run every lecture notebook with papermill into runs/<time>/ and summarise "
                            "(--dry-run: check a GPU batch without a GPU)"),
     "train": ("par.train.cli", "train GPT-lite from a DeepSpeed-style JSON config: --config configs/3d.json --nproc 8"),
     "plan": ("par.train.planner", "rank 3D layouts by predicted memory and step time: --model 100,96,12288 --world 800"),
@@ -54,10 +54,10 @@ USER_ERRORS = (
     "par.dp.batch_size:BatchSizeError",
     "par.runtime.grid:GridError",
     "par.precision.mixed_precision:UnsupportedPrecision",
-    "par.course.launches:CourseError",
-    "par.course.exercises:ExerciseError",
-    "par.course.release:ReleaseError",
-    "par.course.grade:SubmissionError",
+    "par.course.batch.launches:CourseError",
+    "par.course.authoring.generate:ExerciseError",
+    "par.course.authoring.release:ReleaseError",
+    "par.course.grading.grade:SubmissionError",
     "par.runtime.checks:CheckError",
     "argparse:ArgumentError",       # a bad argument a command finds after parsing: ArgumentError(None, message)
     "builtins:FileNotFoundError",

@@ -19,7 +19,7 @@ import pytest
 import torch
 from tiers import slow
 
-from par.course import run_notebooks as batch, launches as course
+from par.course.batch import runner as batch, launches as course
 from par.runtime.preflight import BackendError, default_world_size
 from par.tp import job as tp_job
 
@@ -117,7 +117,7 @@ def test_a_failed_launch_shows_its_root_cause_in_the_notebook_and_the_summary(tm
     worker = Path(__file__).parent / "workers" / "launch_modes.py"
     nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                            "language": "python"}})
-    nb.cells = [nbformat.v4.new_code_cell("import par.runtime.launch\nimport par.course.notebook"),
+    nb.cells = [nbformat.v4.new_code_cell("import par.runtime.launch\nimport par.course.batch.record"),
                 nbformat.v4.new_code_cell(f"par.runtime.launch.run({str(worker)!r}, nproc=2, args=['raise'], quiet=True, "
                                           f"timeout=120)"),
                 nbformat.v4.new_code_cell("print('a later cell')")]
@@ -133,11 +133,11 @@ def test_a_failed_launch_shows_its_root_cause_in_the_notebook_and_the_summary(tm
 
 
 # ---------------------------------------------------------------- the course on one rank (a one-GPU server)
-# Run in the notebook's kernel first: the registry (`par.course.launches.on_gpus`) and the suite (`choose_backend`)
+# Run in the notebook's kernel first: the registry (`par.course.batch.launches.on_gpus`) and the suite (`choose_backend`)
 # take their GPU branch, as on a server with one GPU; the launches keep the notebook's backend, gloo, and the
 # kernel's own demos stay on the CPU.
 ONE_GPU_SERVER = """\
-import par.course.launches as _course, par.runtime.preflight as _preflight, par.runtime.dist as _dist
+import par.course.batch.launches as _course, par.runtime.preflight as _preflight, par.runtime.dist as _dist
 _real = _preflight.choose_backend
 _course.on_gpus = lambda backend, world_size: True
 _course.kernel_device = lambda backend, world_size: "host"

@@ -236,7 +236,7 @@ def test_counted_bytes_equal_formula(case):
 
 
 def test_bench_cli_lists_and_dispatches():
-    from par.course import bench as cli
+    from par import bench as cli
     from par.comm import bench as bench
     assert "collectives" in cli.available() and "cli" not in cli.available()
     with pytest.raises(argparse.ArgumentError, match="unknown benchmark 'no-such-bench': use one of .*collectives"):

@@ -1,4 +1,4 @@
-"""The lecture notebooks run the launches `par.course.launches` describes, so the dry run checks exactly what runs.
+"""The lecture notebooks run the launches `par.course.batch.launches` describes, so the dry run checks exactly what runs.
 
 - no lecture notebook starts ranks itself (`par.runtime.launch.run`, `launch.run`, `!torchrun`, multiprocessing);
 - every cell name the registry knows for a notebook is used by that notebook (a string in its code), and
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from par.course import launches as course
+from par.course.batch import launches as course
 from par.zero import job as zero_job
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -55,7 +55,7 @@ def test_every_lecture_has_launches_registered():
 def test_no_notebook_starts_ranks_itself(path):
     tree = code(path)
     direct = [ast.unparse(c) for c in calls(tree) if ast.unparse(c.func) in ("par.runtime.launch.run", "launch.run", "run")]
-    assert direct == [], f"{path.name} launches without par.course.launches: {direct}"
+    assert direct == [], f"{path.name} launches without par.course.batch.launches: {direct}"
     imports = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert not [i for i in imports if i.startswith("from par.runtime.launch import") or "multiprocessing" in i], imports
     assert not [l for l in shell_lines(path) if "torchrun" in l or "torch.distributed.run" in l]
@@ -71,7 +71,7 @@ def test_every_registered_cell_is_used_by_its_notebook(path):
     if not course.CELLS[path.stem]:      # a lecture that launches nothing (07b: pure planner, its own cluster)
         assert finds == [] and course.launches(path.stem, 2, "gloo") == [], f"{path.name} has no cell to find"
         return
-    assert finds, f"{path.name} never asks par.course.launches for its launches"
+    assert finds, f"{path.name} never asks par.course.batch.launches for its launches"
     for c in finds:
         nb, cell = c.args[0], c.args[1]
         if isinstance(nb, ast.Constant):

@@ -1,4 +1,4 @@
-"""The course's launches as data (`par.course.launches`) and the dry run of a GPU batch, without a GPU.
+"""The course's launches as data (`par.course.batch.launches`) and the dry run of a GPU batch, without a GPU.
 
 - the registry is a pure function of (world_size, backend, preset, steps), and every launch names a job
   that exists, with a timeout that scales with its work;
@@ -19,7 +19,7 @@ import importlib.util
 import pytest
 import torch
 
-from par.course import run_notebooks as batch, launches as course
+from par.course.batch import runner as batch, launches as course
 from par.dp import job as dp_job
 from par.model import preset as model_preset
 from par.pp import job as pp_job

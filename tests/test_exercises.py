@@ -28,8 +28,9 @@ import pytest
 from tiers import slow
 
 from par.__main__ import main as python_m_par
-from par.course import exercises, exercises_cli, grade
-from par.course.exercises import ExerciseError, stub_source, visible_source
+from par.course.authoring import generate as exercises, cli as exercises_cli
+from par.course.grading import grade
+from par.course.authoring.generate import ExerciseError, stub_source, visible_source
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "course"

@@ -1,6 +1,6 @@
-"""Grading an instructor can trust (`python -m par grade`, `par.course.grade`).
+"""Grading an instructor can trust (`python -m par grade`, `par.course.grading.grade`).
 
-- The class run, one `par.course.grade.grade_many` per exercise over a folder holding every wrong answer of
+- The class run, one `par.course.grading.grade.grade_many` per exercise over a folder holding every wrong answer of
   tests/fixtures/wrong_answers (see its README), a solved notebook whose check cells the student tampered
   with (emptied, `assert False` added, asserts appended) and an unsolved one whose checks were replaced by
   `pass`. Every wrong answer must lose points and fail the checks its file names; the tampered notebooks
@@ -29,8 +29,9 @@ import pytest
 from tiers import slow
 
 from par.__main__ import main as python_m_par
-from par.course import exercises, exercises_cli, grade, nbval_run, release
-from par.course.exercises import is_answer, is_check
+from par.course.authoring import generate as exercises, cli as exercises_cli, release
+from par.course.grading import grade, nbval_run
+from par.course.authoring.generate import is_answer, is_check
 
 ROOT = Path(__file__).resolve().parents[1]
 WRONG = Path(__file__).parent / "fixtures" / "wrong_answers"
@@ -336,7 +337,7 @@ def test_the_grade_command_refuses_bad_usage(tmp_path, monkeypatch, capsys):
 
 def test_answer_modules_load_with_collectives_off_and_calls_counted(tmp_path, monkeypatch):
     import torch.distributed as dist
-    from par.course import answers
+    from par.course.grading import answers
     (tmp_path / "mine.py").write_text("import torch.distributed as dist\n\ndef ring(t):\n    dist.all_reduce(t)\n")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(answers.AnswerError, match="run the exercise's %%writefile cell first"):
@@ -358,7 +359,7 @@ def test_release_writes_the_bundle_without_answers_and_refuses_to_overwrite(tmp_
     monkeypatch.delenv("PAR_DEBUG", raising=False)
     dest = tmp_path / "course"
     assert exercises_cli.main(["release", str(dest)]) == 0
-    for path in ("README.md", "requirements.txt", "pyproject.toml", "par/course/grade.py", "par/course/exercise_ring.py",
+    for path in ("README.md", "requirements.txt", "pyproject.toml", "par/course/grading/grade.py", "par/course/grading/exercise_ring.py",
                  "notebooks/00_distributed_basics.ipynb", "configs/3d.json", release.MARKER):
         assert (dest / path).is_file(), path
     assert not (dest / "solutions").exists() and not (dest / "tests").exists()
@@ -400,9 +401,9 @@ def test_bundle_submissions_are_graded_from_the_checkout_and_practice_there(tmp_
 
 
 def test_rank_outputs_are_judged_by_the_grader_and_never_run(tmp_path):
-    """par.course.rank_io: the result is computed from raw outputs; a missing one is wrong; none is unpickled as code."""
+    """par.course.grading.rank_io: the result is computed from raw outputs; a missing one is wrong; none is unpickled as code."""
     import pickle
-    from par.course import exercise_ring, rank_io
+    from par.course.grading import exercise_ring, rank_io
     args = exercise_ring.Args(sizes=(3, 5))
     inputs, sums = exercise_ring.make_inputs(args, 2, seed=7)
     assert not torch_equal(inputs[0]["x"][0], exercise_ring.make_inputs(args, 2, seed=8)[0][0]["x"][0]), "fresh inputs per seed"

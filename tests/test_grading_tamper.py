@@ -11,9 +11,9 @@ asserts one row, and fails if the defence it names is removed:
     an object equal to everything                   only plain data crosses from the kernel
     shadowing a setup helper / patching the reference   the grader's own namespace and par
     forging the nbval report                        no report file in the kernel's reach
-    a rank forging the job's result, os._exit(0)    the grader judges the ranks' raw outputs (par.course.rank_io)
+    a rank forging the job's result, os._exit(0)    the grader judges the ranks' raw outputs (par.course.grading.rank_io)
     a collective called on the process group        counted on the ProcessGroup class (answers.on_the_wire)
-    par's own answer (formula; private ring helpers) stubbed in the sandbox's par (par.course.references)
+    par's own answer (formula; private ring helpers) stubbed in the sandbox's par (par.course.grading.references)
     a fork bomb; a helper server outside            the sandbox's process cap; its network namespace
     the same answers from two students              flagged SAME ANSWERS, grades unchanged
     reading solutions/, writing outside, a /tmp file, a detached process, killing the grader   the sandbox
@@ -38,7 +38,8 @@ import pytest
 from tiers import slow
 
 import test_grading as tg
-from par.course import exercises, grade, sandbox
+from par.course.authoring import generate as exercises
+from par.course.grading import grade, sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = "01_model_state_bytes"
@@ -133,7 +134,7 @@ if path:
 '''
 
 
-# ---- the real-rank exercises: the ranks run the student's module (par.course.rank_io, answers.on_the_wire)
+# ---- the real-rank exercises: the ranks run the student's module (par.course.grading.rank_io, answers.on_the_wire)
 FORGE_RING = '''%%writefile my_ring.py
 import json, os
 path = os.environ.get("PAR_RESULT")     # where the job's rank 0 saves the result the launcher returns

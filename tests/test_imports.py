@@ -132,7 +132,7 @@ def readme_map() -> dict[str, list[str]]:
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        folder = re.match(r"`(par/(?:\w+/)?)`", cells[0]) if len(cells) >= 2 else None
+        folder = re.match(r"`(par/(?:\w+/)*)`", cells[0]) if len(cells) >= 2 else None
         if not folder:
             continue
         names, depth, item = [], 0, ""

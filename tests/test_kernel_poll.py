@@ -1,4 +1,4 @@
-"""A lost wake-up while waiting for a kernel's reply costs at most a slice, not the cell's timeout (par.course.kernel_poll)."""
+"""A lost wake-up while waiting for a kernel's reply costs at most a slice, not the cell's timeout (par.course.batch.kernel_poll)."""
 import asyncio
 import time
 from queue import Empty
@@ -6,7 +6,7 @@ from queue import Empty
 import pytest
 from jupyter_client.channels import AsyncZMQSocketChannel
 
-from par.course import kernel_poll
+from par.course.batch import kernel_poll
 
 
 class LostWakeUp:

@@ -20,8 +20,8 @@ import nbformat
 import pytest
 from tiers import slow
 
-from par.course import launches as course
-from par.course.run_notebooks import run_one
+from par.course.batch import launches as course
+from par.course.batch.runner import run_one
 from par.model import preset
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import par.__main__ as cli
-import par.course.exercises
-import par.course.run_notebooks
+import par.course.authoring.generate
+import par.course.batch.runner
 import par.runtime.launch
 import par.runtime.preflight
 
@@ -38,8 +38,8 @@ def tripwires(monkeypatch):
     def trip(*args, **kwargs):
         raise Tripwire("reached the work: the check did not refuse before it")
     monkeypatch.setattr(par.runtime.launch, "run", trip)
-    monkeypatch.setattr(par.course.run_notebooks, "run", trip)
-    monkeypatch.setattr(par.course.exercises, "exercise_text", trip)
+    monkeypatch.setattr(par.course.batch.runner, "run", trip)
+    monkeypatch.setattr(par.course.authoring.generate, "exercise_text", trip)
     monkeypatch.setattr(par.runtime.preflight, "physical_cores", lambda: 2)
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv("PAR_DEBUG", raising=False)
@@ -167,7 +167,7 @@ def test_a_job_refuses_numbers_below_their_minimum_where_its_arguments_are_made(
 
 def test_the_gloo_batch_skips_a_notebook_its_dry_run_fails():
     """On gloo too, a notebook whose launches cannot split (batch 32 over 3 ranks) is not run, with the reason."""
-    problems, _ = par.course.run_notebooks.known_failures(
+    problems, _ = par.course.batch.runner.known_failures(
         Path("notebooks/02_data_parallel.ipynb"), {"world_size": 3, "backend": "gloo", "preset": "tiny", "steps": 20})
     assert problems and all(p.kind == "layout" for p in problems)
     assert "batch 32 not divisible by dp 3" in str(problems[0])

@@ -30,7 +30,7 @@ import pytest
 from chromium import launched, needs_chromium
 from tiers import slow
 
-from par.course import markers
+from par.course.authoring import markers
 from par.site import build, numbers, theme
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -78,7 +78,7 @@ def test_autocast_grad_scaler_equals_par_scaler():
 
 
 def test_batch_summary_joins_the_notebooks_traces_and_torch_diffs():
-    from par.course.run_notebooks import merge_records
+    from par.course.batch.runner import merge_records
     rows = [{"records": {"torch_api_max_diff": {"ddp": 0.0}, "profiler_traces": ["a.json"]}},
             {"records": {"torch_api_max_diff": {"dtensor_tp": 1e-7}, "profiler_traces": ["b.json"], "x": [1]}},
             {"records": {"x": [2]}}]

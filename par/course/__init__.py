@@ -1,1 +1,1 @@
-"""Course tooling, not a concept: the lectures' launches as data, the dry run, running notebooks, exercises, release, grading, plots."""
+"""The course layer: one module per lecture (`lectures/`), the batch that runs them (`batch/`), the grader (`grading/`), the exercise tooling (`authoring/`), and what every notebook uses (`show`, `plots`)."""

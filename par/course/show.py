@@ -16,7 +16,7 @@ import re
 import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]   # the folder that holds par/
+from par.runtime.paths import ROOT
 
 
 def _target(obj):

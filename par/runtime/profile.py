@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from par.runtime.paths import ROOT
+
 import torch
 
 
@@ -55,7 +57,7 @@ def check(path: str | os.PathLike) -> int:
 
 def trace_dir(name: str) -> Path:
     """A new folder for `name`'s traces: $PAR_TRACE_DIR/<name>-<time>, else <repo>/runs/traces/<name>-<time>."""
-    root = Path(os.environ.get("PAR_TRACE_DIR") or Path(__file__).resolve().parents[2] / "runs" / "traces")
+    root = Path(os.environ.get("PAR_TRACE_DIR") or ROOT / "runs" / "traces")
     path = root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     suffix = 1
     while path.exists():

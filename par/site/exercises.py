@@ -1,7 +1,7 @@
 """The exercises exactly as students get them: the notebooks of the student bundle.
 
 In the course checkout (solutions/ present) the bundle is written by the course's own command,
-`python -m par exercises release TMP` (par.course.release: answers stubbed, hidden checks removed, and the
+`python -m par exercises release TMP` (par.course.authoring.release: answers stubbed, hidden checks removed, and the
 bundle refused if a marker of either is left), into a temporary folder; the site reads its exercises/ and
 nothing else. It is called as a command, not imported: the course tooling stays a layer nothing else imports
 (tests/test_imports.py), and the site cannot show an exercise the release would not give a student.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from par.site.run import SiteError
 
-ROOT = Path(__file__).resolve().parents[2]
+from par.runtime.paths import ROOT
 
 
 def student_exercises(root: Path = ROOT) -> dict[str, str]:

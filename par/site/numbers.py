@@ -1,7 +1,7 @@
 """The key numbers of each lecture, beside the formula they check: what the landing page shows.
 
 `KEY_NUMBERS[NN]` lists, for lecture NN (its notebook's name up to the first `_`: "03", "07b"), the records
-(`par.course.notebook.record`, kept per notebook in `summary.json`) a reader should see first: (what it is, the
+(`par.course.batch.record.record`, kept per notebook in `summary.json`) a reader should see first: (what it is, the
 formula or the value expected, the record's name, and for a record that is a dict, the key inside it). A record
 a run does not have (an older notebook, a notebook that failed, a GPU-only number) is left out, never shown
 empty. Every record of a lecture, chosen or not, is on its own page.

@@ -1,15 +1,15 @@
 """Exercise 00's check on real ranks: the student's ring all-reduce against the sum, judged by the grader.
 
-    par.runtime.launch.run("par.course.exercise_ring", nproc=3, args=["--answer", "my_ring.py"],
+    par.runtime.launch.run("par.course.grading.exercise_ring", nproc=3, args=["--answer", "my_ring.py"],
                    env={"PAR_NCCL_EMULATION": "1"})
 
 Every rank gets one float32 tensor per size in `--sizes` (random, its own), loads the student's module (the
 file the exercise's `%%writefile` cell wrote) and sums each tensor over the ranks with the student's
 `ring_all_reduce(tensor)`. While the student's code runs, the collectives of torch.distributed and of par
-raise (`par.course.answers`: by name, and on the process group objects themselves): the exercise asks for a
+raise (`par.course.grading.answers`: by name, and on the process group objects themselves): the exercise asks for a
 ring built from sends and receives. With `PAR_NCCL_EMULATION=1` a received buffer holds NaN until its Work
 has been waited, as under NCCL. What each rank's tensors hold afterwards is compared with the sum by
-`verify`: in the grader's own process when the grader launched the job (`--io`, `par.course.rank_io`), on
+`verify`: in the grader's own process when the grader launched the job (`--io`, `par.course.grading.rank_io`), on
 rank 0 otherwise.
 
 Result: world_size, backend, and
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from par.course import answers, rank_io
+from par.course.grading import answers, rank_io
 from par.runtime.job_args import JobArgs, arg
 
 SIZES = (1, 2, 5, 7, 64, 1000, 1001)
@@ -36,7 +36,7 @@ WHY = "the exercise asks for a ring of sends and receives"
 class Args(JobArgs):
     answer: str = arg("my_ring.py", "the student's module file")
     sizes: tuple[int, ...] = arg(SIZES, "comma-separated tensor sizes checked")
-    io: str = arg("", "the grader's folder of inputs and outputs (par.course.rank_io); none: rank 0 verifies")
+    io: str = arg("", "the grader's folder of inputs and outputs (par.course.grading.rank_io); none: rank 0 verifies")
 
 
 def make_inputs(args: Args, n: int, seed: int):

@@ -1,7 +1,7 @@
 """Student answer files on real ranks: the exercise checks that launch jobs load them through here.
 
 An exercise that runs on real ranks has the student write a module with `%%writefile my_ring.py`; its
-check launches a job (`par.course.exercise_ring`, `par.course.exercise_tp`) that, on every rank,
+check launches a job (`par.course.grading.exercise_ring`, `par.course.grading.exercise_tp`) that, on every rank,
 
     module = load(path)                                  # the student's file, as a fresh module
     with forbidden(COLLECTIVES, "build it from sends and receives"):
@@ -19,7 +19,7 @@ torch.distributed goes through, so `_get_default_group().allreduce(...)` or `pg.
 are counted (and refused) too. What it guarantees: a call through torch's Python API, whatever name it was
 reached by. What it does not: these are Python-level replacements in the student's own process, which a
 student who looks for the originals (in the wrappers' closures) can restore; the grader therefore also
-checks the numbers the ranks produce against its own reference (`par.course.rank_io`).
+checks the numbers the ranks produce against its own reference (`par.course.grading.rank_io`).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """One ipykernel in the submission's sandbox, driven by the grader over unix sockets (zmq ipc) in its work folder.
 
-    kernel = Kernel(box, env, deadline)        # started inside `box` (par.course.sandbox), capped in processes
+    kernel = Kernel(box, env, deadline)        # started inside `box` (par.course.grading.sandbox), capped in processes
     reply = kernel.execute(code, cell_deadline)            # a Reply: status, error, output
     answer = kernel.call(name, payload, cell_deadline)     # a student function called over the grader's comm
     kernel.close()                                         # it and everything it started are gone
@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from par.course import nbval_run, sandbox
+from par.course.grading import nbval_run, sandbox
 from par.runtime.lifeline import dies_with_parent
 
 MIME = "application/x-par-grader+json"

@@ -16,8 +16,8 @@ What decides the grade. The notebook that runs is assembled from the instructor'
     every other cell: setup, demos, the checks            the instructor's, hidden checks included
 
 up to the last check cell (what would run after it cannot change the grade). It runs cell by cell
-(`par.course.checks`): answers, added cells and setup in a fresh kernel in a fresh temporary folder, inside
-a sandbox (`par.course.sandbox`: bubblewrap where available, else "unsandboxed"); the check cells in the
+(`par.course.grading.checks`): answers, added cells and setup in a fresh kernel in a fresh temporary folder, inside
+a sandbox (`par.course.grading.sandbox`: bubblewrap where available, else "unsandboxed"); the check cells in the
 grader's own process, on plain data fetched from the student's functions. Whatever the student did to the
 check cells (emptied, edited, asserts added or removed) or to their kernel is ignored. A check cell (tagged
 `check`) earns the points in its metadata (`"points": 2`, default 1) when it runs to its end without error;
@@ -60,8 +60,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from par.course import checks, exercises, nbval_run
-from par.course.exercises import ROOT, is_answer, is_check
+from par.course.grading import checks, nbval_run
+from par.course.authoring import generate as exercises
+from par.course.authoring.generate import ROOT, is_answer, is_check
 
 TIMEOUT = 600          # seconds per notebook
 CELL_TIMEOUT = 300     # seconds per cell
@@ -419,7 +420,7 @@ def grade_many(paths: list[Path], course: Course, timeout: float = TIMEOUT, cell
     (under a lock) as each submission finishes: the report writes its row there, so a killed batch keeps it."""
     import shutil
     import tempfile
-    from par.course import sandbox
+    from par.course.grading import sandbox
     env = {}
     if jobs > 1:  # share the cores between the notebooks running at once
         from par.runtime.dist import physical_cores
@@ -529,7 +530,7 @@ def write_feedback(grades: list[Grade], course: Course, folder: Path) -> None:
 
 def hidden_lines(course: Course) -> list[str]:
     """The lines of the hidden checks (what feedback must never show), longest first."""
-    from par.course.markers import HIDDEN_BEGIN, HIDDEN_END
+    from par.course.authoring.markers import HIDDEN_BEGIN, HIDDEN_END
     lines = set()
     for nb in course.notebooks.values():
         for cell in nb.cells:

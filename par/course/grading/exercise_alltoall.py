@@ -1,15 +1,15 @@
 """Exercise 09's check on real ranks: the student's all-to-all against what every rank sent, judged by the grader.
 
-    par.runtime.launch.run("par.course.exercise_alltoall", nproc=3, args=["--answer", "my_alltoall.py"],
+    par.runtime.launch.run("par.course.grading.exercise_alltoall", nproc=3, args=["--answer", "my_alltoall.py"],
                    env={"PAR_NCCL_EMULATION": "1"})
 
 For each case, every rank gets one block for every peer (random values; their sizes set by the case: equal
 blocks, or the uneven expert blocks of E = 5 experts over the ranks, as `par.moe.experts` dispatches them),
 loads the student's module and calls `all_to_all(sends, recvs)`, which must fill `recvs` while torch's and
-par's collectives are switched off (`par.course.answers`: by name, and on the process group objects
+par's collectives are switched off (`par.course.grading.answers`: by name, and on the process group objects
 themselves): only sends and receives. With `PAR_NCCL_EMULATION=1` a received buffer holds NaN until its
 Work has been waited. `verify` compares every rank's `recvs` with the blocks its peers sent it: in the
-grader's own process when the grader launched the job (`--io`, `par.course.rank_io`), on rank 0 otherwise.
+grader's own process when the grader launched the job (`--io`, `par.course.grading.rank_io`), on rank 0 otherwise.
 
 Result: world_size, backend, and
     cases     [{name, max_error (largest |yours - what was sent| over the ranks, inf for NaN or a missing
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from par.comm.collectives import chunk_bounds
-from par.course import answers, rank_io
+from par.course.grading import answers, rank_io
 from par.runtime.job_args import JobArgs, arg
 
 WHY = "the exercise asks for an all-to-all built from sends and receives"
@@ -45,7 +45,7 @@ def blocks(name: str, n: int, sender: int) -> list[int]:
 @dataclass(frozen=True)
 class Args(JobArgs):
     answer: str = arg("my_alltoall.py", "the student's module file")
-    io: str = arg("", "the grader's folder of inputs and outputs (par.course.rank_io); none: rank 0 verifies")
+    io: str = arg("", "the grader's folder of inputs and outputs (par.course.grading.rank_io); none: rank 0 verifies")
 
 
 def make_inputs(args: Args, n: int, seed: int):

@@ -5,8 +5,8 @@
     tag "check"                                     a check cell: its asserts decide the grade
     cell id NOTE_ID                                 the note the generator puts on top of an exercise
 
-`par.course.exercises` generates exercises with them, `par.course.release` refuses a bundle that still
-holds one, `par.course.grade` skips the generated note.
+`par.course.authoring.generate` generates exercises with them, `par.course.authoring.release` refuses a bundle that still
+holds one, `par.course.grading.grade` skips the generated note.
 """
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"

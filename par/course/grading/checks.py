@@ -2,15 +2,15 @@
 
     result = run(assembled, reference, timeout=600, cell_timeout=300)     # an nbval_run.Run, cell by cell
 
-The grader drives one ipykernel itself (`par.course.kernel`: jupyter_client over unix sockets in the
-submission's work folder, inside `par.course.sandbox` when bwrap is here). Cells go where they can be trusted:
+The grader drives one ipykernel itself (`par.course.grading.kernel`: jupyter_client over unix sockets in the
+submission's work folder, inside `par.course.grading.sandbox` when bwrap is here). Cells go where they can be trusted:
 
     answer cells, cells the student added, setup     run in the student's kernel (the reply's status is recorded)
     setup cells                                      also run in the grader's namespace (the checks use them)
     check cells (all of them)                        run in the grader's own process, in that namespace, where
                                                      every name the answer cells define (`bytes_per_param`) is a
-                                                     proxy (`par.course.standins`): calling it sends the
-                                                     arguments to the kernel as data (`par.course.codec`), calls
+                                                     proxy (`par.course.grading.standins`): calling it sends the
+                                                     arguments to the kernel as data (`par.course.grading.codec`), calls
                                                      the student's function there, and returns the result as
                                                      data; 09's dispatch buffer joins the grader's autograd
                                                      graph (its backward runs in the kernel), 07's plan is
@@ -18,13 +18,13 @@ submission's work folder, inside `par.course.sandbox` when bwrap is here). Cells
     `par.runtime.launch.run` in a check              the job starts from the grader, in a sandbox of its own over
                                                      the submission's folder (never through the kernel); for the
                                                      real-rank exercises the grader draws the inputs and judges
-                                                     the ranks' raw outputs itself (`par.course.rank_io`)
+                                                     the ranks' raw outputs itself (`par.course.grading.rank_io`)
 
 In the kernel's view of par (sandboxed), the exercise's reference answers are stubs that raise
-(`par.course.references`). No check cell reaches the kernel, so no hook of the student's can see or skip one.
+(`par.course.grading.references`). No check cell reaches the kernel, so no hook of the student's can see or skip one.
 
 What stays attackable: how a real-rank job's numbers travelled (ranks that share their inputs through a file,
-or restore a collective that `par.course.answers` guards at the Python level, produce right numbers); code the
+or restore a collective that `par.course.grading.answers` guards at the Python level, produce right numbers); code the
 student copies from par's source elsewhere; everything the sandbox does not cover when it is off.
 
 Arguments the student's function changes in place (a list, a dict, a tensor) come back and are written into
@@ -40,18 +40,18 @@ import time
 import traceback as tb_module
 from pathlib import Path
 
-from par.course import nbval_run, references, sandbox
-from par.course.codec import KERNEL_HELPER
-from par.course.kernel import MAX_OUTPUT, CellTimeout, Kernel, KernelDied, NotebookTimeout, Reply
-from par.course.nbval_run import CellResult, Run
-from par.course.standins import (Proxy, Session, StudentError, launching_import,
+from par.course.grading import nbval_run, references, sandbox
+from par.course.grading.codec import KERNEL_HELPER
+from par.course.grading.kernel import MAX_OUTPUT, CellTimeout, Kernel, KernelDied, NotebookTimeout, Reply
+from par.course.grading.nbval_run import CellResult, Run
+from par.course.grading.standins import (Proxy, Session, StudentError, launching_import,
                                  sandboxed_launch)
 
 
 # ---------------------------------------------------------------- one notebook
 def student_names(reference) -> set[str]:
     """The names the answer cells of the reference define: in checks, they stand for the student's functions."""
-    from par.course.exercises import defined_names, is_answer
+    from par.course.authoring.generate import defined_names, is_answer
     return {n for c in reference.cells if is_answer(c) for n in defined_names(c.source) if isinstance(n, str)}
 
 
@@ -75,7 +75,7 @@ def run(assembled, reference, *, timeout: float, cell_timeout: float, env: dict 
     box = sandbox.Sandbox.create(workdir, package, cpu_seconds=timeout, sandboxed=sandboxed)
     if not box.sandboxed:
         notes.append("unsandboxed (no bwrap here): the submission ran as the grader's user")
-    else:   # par's own answers to this exercise are stubs in the kernel's view of par (par.course.references)
+    else:   # par's own answers to this exercise are stubs in the kernel's view of par (par.course.grading.references)
         box = dataclasses.replace(box, overlays=references.overlays(references.answers_of(reference), box.pythonpath))
     kernel = None
     try:

@@ -29,21 +29,21 @@ import inspect
 import threading
 from pathlib import Path
 
-from par.course import sandbox
-from par.course.exercises import parse_python
+from par.course.grading import sandbox
+from par.course.authoring.generate import parse_python
 
-ROOT = Path(__file__).resolve().parents[2]
+from par.runtime.paths import ROOT
 
 # the real-rank exercises' jobs -> par's own versions of what the student's module must build
 RANKS = {
-    "par.course.exercise_ring": [("par.comm.collectives", n) for n in (
+    "par.course.grading.exercise_ring": [("par.comm.collectives", n) for n in (
         "ring_all_reduce", "all_reduce", "ring_reduce_scatter", "ring_all_gather", "reduce_scatter", "all_gather",
         "broadcast", "_ring_reduce_scatter", "_ring_all_gather", "_exchange")],
-    "par.course.exercise_tp": [("par.tp.ops", n) for n in (
+    "par.course.grading.exercise_tp": [("par.tp.ops", n) for n in (
         "_all_reduce", "copy_to_region", "reduce_from_region", "_CopyToRegion.forward", "_CopyToRegion.backward",
         "_ReduceFromRegion.forward", "_ReduceFromRegion.backward")] +
         [("par.comm.collectives", n) for n in ("all_reduce", "ring_all_reduce")],
-    "par.course.exercise_alltoall": [("par.moe.experts", n) for n in (
+    "par.course.grading.exercise_alltoall": [("par.moe.experts", n) for n in (
         "p2p_all_to_all", "torch_all_to_all", "all_to_all_rows", "AllToAll.forward", "AllToAll.backward")] +
         [("par.comm.collectives", n) for n in ("send_recv", "_copy_to_self")],
 }
@@ -97,7 +97,7 @@ def answers_of(reference) -> list[tuple[str, str]]:
 
 
 def _answers_of(reference) -> list[tuple[str, str]]:
-    from par.course.exercises import is_check
+    from par.course.authoring.generate import is_check
     checked, given, jobs = set(), set(), set()
     for cell in reference.cells:
         if cell.cell_type != "code":

@@ -1,14 +1,14 @@
 """What stands in the grader's namespace for the student's code: the checks call these, never the kernel's objects.
 
     Proxy(session, "bytes_per_param")(*args)     the student's function: arguments to the kernel as data
-                                                 (par.course.codec), its result back as data; arguments it
+                                                 (par.course.grading.codec), its result back as data; arguments it
                                                  changed in place written back; a result that needs autograd
                                                  (09's dispatch buffer) joins the grader's graph, its backward
                                                  computed in the kernel; a planner Plan (07) recomputed here
     sandboxed_launch(box, env, session)          `par.runtime.launch.run` in a check: the job starts from the
                                                  grader in a sandbox of its own; for the real-rank exercises
                                                  the grader draws the inputs and judges the raw outputs
-                                                 (par.course.rank_io), never the ranks' own result
+                                                 (par.course.grading.rank_io), never the ranks' own result
     launching_import(run)                        the checks' `__import__`: `par.runtime.launch` is the above
 """
 from __future__ import annotations
@@ -21,9 +21,9 @@ import subprocess
 import sys
 import time
 
-from par.course import nbval_run, references, sandbox
-from par.course.codec import decode, encode
-from par.course.kernel import CellTimeout, Kernel, NotebookTimeout
+from par.course.grading import nbval_run, references, sandbox
+from par.course.grading.codec import decode, encode
+from par.course.grading.kernel import CellTimeout, Kernel, NotebookTimeout
 from par.runtime.lifeline import dies_with_parent
 
 
@@ -207,12 +207,12 @@ def sandboxed_launch(box: sandbox.Sandbox, env: dict | None, session: "Session")
     """`par.runtime.launch.run` as a check in the grader calls it: the job starts in a sandbox of its own (the
     submission's folder, not its kernel), from the grader; its result comes back as data on the launcher's
     stdout. Replacing `par.runtime.launch` in the student's kernel changes nothing here. For the real-rank
-    exercises (`par.course.rank_io`), whose ranks run the student's module, nothing the job says is believed:
+    exercises (`par.course.grading.rank_io`), whose ranks run the student's module, nothing the job says is believed:
     the grader draws the inputs, and computes the result itself from the raw outputs the ranks left in a folder
     of its own, mounted into the job's sandbox only."""
     def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: str = "auto",
             env_: dict | None = None, quiet: bool = False, threads_per_rank: int = 1, **kw):
-        from par.course import rank_io
+        from par.course.grading import rank_io
         from par.runtime.launch import LaunchError
         exercise, args = rank_io.exercise(module), [str(a) for a in args]
         job_box, io = box, None
@@ -243,9 +243,9 @@ def sandboxed_launch(box: sandbox.Sandbox, env: dict | None, session: "Session")
 
 
 def _launch(box: sandbox.Sandbox, env: dict | None, session: "Session", spec: dict) -> dict:
-    """Run `python -m par.course.standins launch SPEC` in `box`; the launcher's answer ({"result"} or {"error"})."""
+    """Run `python -m par.course.grading.standins launch SPEC` in `box`; the launcher's answer ({"result"} or {"error"})."""
     from par.runtime.launch import LaunchError, _kill_tree
-    cmd = box.wrap([sys.executable, "-m", "par.course.standins", "launch", json.dumps(spec)])
+    cmd = box.wrap([sys.executable, "-m", "par.course.grading.standins", "launch", json.dumps(spec)])
     # PYTHONSAFEPATH: `-m` would put the submission's folder first on sys.path, where a `par/` the student wrote
     # would stand in for the package (Python >= 3.11; the ranks inherit it)
     proc = subprocess.Popen(cmd, cwd=box.workdir, env={**box.env(env), "PYTHONSAFEPATH": "1"},
@@ -301,7 +301,7 @@ def launching_import(run):
 
 
 def _launch_main(spec_text: str) -> int:
-    """`python -m par.course.standins launch SPEC`: inside a sandbox, launch the job; print its result as data."""
+    """`python -m par.course.grading.standins launch SPEC`: inside a sandbox, launch the job; print its result as data."""
     from par.runtime.launch import LaunchError, run
     spec = json.loads(spec_text)
     try:

@@ -1,7 +1,7 @@
 """`python -m par exercises generate | check | record | release DIR`: the exercises' command line.
 
-`generate`, `check` and `record` are `par.course.exercises`; `release` is `par.course.release` (which builds
-on `par.course.exercises`): this module imports both, so that neither imports the other.
+`generate`, `check` and `record` are `par.course.authoring.generate`; `release` is `par.course.authoring.release` (which builds
+on `par.course.authoring.generate`): this module imports both, so that neither imports the other.
 """
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from par.course import release
-from par.course.exercises import ROOT, ExerciseError, generate, out_of_sync, record, solutions
+from par.course.authoring import release
+from par.course.authoring.generate import ROOT, ExerciseError, generate, out_of_sync, record, solutions
 
 
 def main(argv=None) -> int:

@@ -16,16 +16,16 @@ A solution notebook has three kinds of cells the tools care about:
 * every other cell (text, setup, demos) is copied as it is.
 
 The exercise is the solution with answers stubbed, hidden checks removed, outputs and execution counts
-stripped, and a note on top. Cell ids are kept: they are how `par.course.grade` matches a student's answer cells
+stripped, and a note on top. Cell ids are kept: they are how `par.course.grading.grade` matches a student's answer cells
 with the instructor's.
 
     python -m par exercises generate   # write exercises/NN.ipynb for every solutions/NN.ipynb (and delete
                                        # exercises that have no solution any more)
     python -m par exercises check      # exit 1 naming every exercise out of sync (missing, stale, extra)
     python -m par exercises record [NN_topic ...]   # execute solutions, keep their outputs, then generate
-    python -m par exercises release DIR             # the student bundle, without solutions/ (par.course.release)
+    python -m par exercises release DIR             # the student bundle, without solutions/ (par.course.authoring.release)
 
-(The command line is `par.course.exercises_cli`.)
+(The command line is `par.course.authoring.cli`.)
 
 `record` stores each solution's outputs in the notebook: they are the reference that
 `tests/test_exercises.py` compares with strict nbval (`pytest --nbval`, sanitized by
@@ -46,9 +46,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-from par.course.markers import BEGIN, CHECK, END, HIDDEN_BEGIN, HIDDEN_END, HIDDEN_NOTE, NOTE_ID, STUB
+from par.course.authoring.markers import BEGIN, CHECK, END, HIDDEN_BEGIN, HIDDEN_END, HIDDEN_NOTE, NOTE_ID, STUB
 
-ROOT = Path(__file__).resolve().parents[2]
+from par.runtime.paths import ROOT
 SANITIZE = Path("tests") / "nbval_sanitize.cfg"
 
 
@@ -229,7 +229,7 @@ def execute_in_place(path: Path, timeout: float = 300) -> None:
     import nbformat
     from nbclient import NotebookClient
 
-    from par.course.kernel_poll import sliced
+    from par.course.batch.kernel_poll import sliced
     nb = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory(prefix="par-record-") as tmp, sliced():
         NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,

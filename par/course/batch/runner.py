@@ -6,25 +6,25 @@
 
 Before anything runs, the backend is checked against this machine (`par.runtime.preflight`): NCCL
 without a GPU per rank stops at once (`BackendError`, exit 2). On a GPU server the batch also
-checks each notebook's launches (`par.course.launches`) and does not run a notebook it knows will fail
+checks each notebook's launches (`par.course.batch.launches`) and does not run a notebook it knows will fail
 (a layout its degrees cannot split, a launch that needs more GPUs or more memory than there are); on any
-machine it does not run one whose in-kernel work (`par.course.launches.kernel_work`) needs more memory than
+machine it does not run one whose in-kernel work (`par.course.batch.launches.kernel_work`) needs more memory than
 GPU 0 or the host has. Its row says "not run" and why.
 
 Each `notebooks/*.ipynb` (sorted) runs top to bottom in a fresh kernel "python3" of
 this interpreter, with its `parameters` cell overridden by world_size, backend,
 preset and steps, and is saved executed into `runs/<YYYYmmdd-HHMMSS>/`. A failing
 notebook is reported and the batch goes on. A cell may run for `--timeout` seconds; by
-default a notebook's cell timeout scales with its launches (`par.course.launches.notebook_timeout`).
+default a notebook's cell timeout scales with its launches (`par.course.batch.launches.notebook_timeout`).
 The folder gets `summary.json` and `summary.md`: per notebook its status (ok, FAILED with
 the error's first line, or not run), its duration, and the key numbers it left with
-`par.course.notebook.record`; `summary.json` also merges every notebook's numbers under `records`.
+`par.course.batch.record.record`; `summary.json` also merges every notebook's numbers under `records`.
 `summary.json`'s `provenance` says where the run came from (date, machine, CPU, GPUs, backend chosen,
 world size, preset, steps, torch, commit): `python -m par site` shows it on every page.
 The exit code is 1 when any notebook failed or was not run.
 
 `--dry-run` runs nothing: it checks every launch of every notebook for a server of
-`--world-size` GPUs with `--gpu-memory` bytes each (`par.course.launches.dry_run`), and the work each
+`--world-size` GPUs with `--gpu-memory` bytes each (`par.course.batch.launches.dry_run`), and the work each
 notebook does in its own kernel (demos, single-process references) against GPU 0 and `--host-memory`
 (default: this machine's); it prints the predicted memory and time per launch, the in-kernel work, then
 one line per problem; exit 0 when everything fits, else 2.
@@ -76,8 +76,8 @@ def run_one(notebook: Path, output: Path, parameters: dict, timeout: float) -> d
     import nbformat
     import papermill
 
-    from par.course.kernel_poll import sliced
-    from par.course.notebook import records
+    from par.course.batch.kernel_poll import sliced
+    from par.course.batch.record import records
 
     start = time.perf_counter()
     error = None
@@ -130,18 +130,18 @@ def gpu_memory_here() -> float | None:
 
 def known_failures(notebook: Path, parameters: dict) -> tuple[list, float | None]:
     """(problems that make this notebook fail here, its automatic cell timeout); ([], None) when the
-    course registry does not know the notebook. Its in-kernel work (`par.course.launches.kernel_work`) that
+    course registry does not know the notebook. Its in-kernel work (`par.course.batch.launches.kernel_work`) that
     needs more memory than GPU 0 or this machine's host memory has; the layouts that cannot split (checked as the
     dry run does, for the backend the batch runs); on a GPU server (backend NCCL) also the launches that need
     more GPUs or more memory than there are."""
-    from par.course import launches as course
+    from par.course.batch import launches as course
     if notebook.stem not in course.REGISTRY:
         return [], None
     p = parameters
     try:
         found = course.launches(notebook.stem, p["world_size"], p["backend"], p["preset"], p["steps"])
     except Exception as e:  # the registry's own bug must not stop the course: run the notebook, say so
-        print(f"warning: par.course.launches could not list {notebook.stem}'s launches ({type(e).__name__}: {e}); "
+        print(f"warning: par.course.batch.launches could not list {notebook.stem}'s launches ({type(e).__name__}: {e}); "
               f"running it unchecked", flush=True)
         return [], None
     timeout = course.notebook_timeout(found)
@@ -188,7 +188,7 @@ def provenance(parameters: dict) -> dict:
 def run(notebooks, out_root: Path, parameters: dict, timeout: float | None = None) -> dict:
     """Execute `notebooks` in order into a new timestamped folder under `out_root`; return the summary.
 
-    `timeout`: seconds a cell may run (None: per notebook, `par.course.launches.notebook_timeout`, else 600)."""
+    `timeout`: seconds a cell may run (None: per notebook, `par.course.batch.launches.notebook_timeout`, else 600)."""
     logging.getLogger("papermill").setLevel(logging.WARNING)
     warning = kernel_warning()
     if warning:
@@ -287,7 +287,7 @@ def parse_bytes(text: str) -> float:
 
 def dry_run(args) -> int:
     """`--dry-run`: the course's launches checked for the imagined server; exit 0 if all fit, else 2."""
-    from par.course import launches as course
+    from par.course.batch import launches as course
     from par.runtime.preflight import choose_backend
     choose_backend(args.world_size, args.backend, gpus=args.world_size)   # a backend name that exists
     if args.gpu_memory is None and args.backend != "gloo":
@@ -345,7 +345,7 @@ def main(argv=None) -> int:
     notebooks = sorted(Path().glob(args.notebooks)) if not Path(args.notebooks).is_absolute() else \
         sorted(Path(args.notebooks).parent.glob(Path(args.notebooks).name))
     if not notebooks:
-        from par.course.launches import CourseError
+        from par.course.batch.launches import CourseError
         raise CourseError(f"no notebook matches {args.notebooks!r} in {Path.cwd()}: run from the repository root, "
                           f"or pass --notebooks")
     parameters = {"world_size": args.world_size, "backend": args.backend, "preset": args.preset, "steps": args.steps}

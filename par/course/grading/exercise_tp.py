@@ -1,15 +1,15 @@
 """Exercise 04's check on real ranks: the student's f/g operators and Megatron MLP against the dense MLP.
 
-    par.runtime.launch.run("par.course.exercise_tp", nproc=2, args=["--answer", "my_tp.py"])
+    par.runtime.launch.run("par.course.grading.exercise_tp", nproc=2, args=["--answer", "my_tp.py"])
 
 A dense MLP (d → ffn → d, GeLU), its input and a fixed upstream gradient are drawn at random; every rank gets
 only its shards: the rows of fc (column parallel, `par.tp.layers.column_shard`), the columns of proj (row
 parallel, `row_shard`), proj's bias whole, and the input. It runs the student's
 `parallel_mlp(x, fc_w, fc_b, proj_w, proj_b)` forward and backward, and counts the all-reduces it made in
-forward and in backward (on the process group objects, `par.course.answers.on_the_wire`). par's own f/g
+forward and in backward (on the process group objects, `par.course.grading.answers.on_the_wire`). par's own f/g
 (`par.tp.ops`) and collectives are switched off while the student's code runs. `verify` compares the output
 and every gradient with the dense ones (the shard of the dense gradient for sharded weights): in the grader's
-own process when the grader launched the job (`--io`, `par.course.rank_io`), on rank 0 otherwise.
+own process when the grader launched the job (`--io`, `par.course.grading.rank_io`), on rank 0 otherwise.
 
 Result: world_size, backend, and
     errors     {output, input_grad, fc_w_grad, fc_b_grad, proj_w_grad, proj_b_grad}: the largest |student -
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from par.course import answers, rank_io
+from par.course.grading import answers, rank_io
 from par.runtime.job_args import JobArgs, arg
 from par.tp.layers import column_shard, row_shard
 
@@ -53,7 +53,7 @@ class Args(JobArgs):
     answer: str = arg("my_tp.py", "the student's module file")
     d: int = arg(12, "the model width")
     ffn: int = arg(24, "the MLP's hidden width")
-    io: str = arg("", "the grader's folder of inputs and outputs (par.course.rank_io); none: rank 0 verifies")
+    io: str = arg("", "the grader's folder of inputs and outputs (par.course.grading.rank_io); none: rank 0 verifies")
 
 
 def make_inputs(args: Args, n: int, seed: int):

@@ -30,8 +30,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from par.course import exercises
-from par.course.markers import LEAKING
+from par.course.authoring import generate as exercises
+from par.course.authoring.markers import LEAKING
 from par.runtime.checks import check_writable
 
 FILES = ("README.md", "requirements.txt", "pyproject.toml", ".gitignore")

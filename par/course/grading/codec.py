@@ -1,12 +1,12 @@
 """The data that crosses between the grader and the student's kernel: plain values, encoded the same on both sides.
 
-    encode(x) -> JSON-able      decode(y) -> x              (in the grader: `par.course.codec.encode`/`decode`)
+    encode(x) -> JSON-able      decode(y) -> x              (in the grader: `par.course.grading.codec.encode`/`decode`)
     KERNEL_HELPER                                           (the same codec and the comm target, run in the kernel)
 
 Data is what JSON holds, plus tuples, dicts with any plain keys, floats inf/nan, tensors (dtype, shape, values,
 and whether they require grad), and a few of par's plain records (`_PAR_TYPES`: a GPT config, a planner's
 Workload and Hardware), rebuilt by the receiver's own class. A planner's Plan crosses as a claim (its layout:
-`_PLAN_KEYS`); the grader computes the plan itself (`par.course.standins.Session`). Each side decodes into its
+`_PLAN_KEYS`); the grader computes the plan itself (`par.course.grading.standins.Session`). Each side decodes into its
 own objects, so nothing the student returns has behaviour (an object equal to everything arrives as an error).
 """
 from __future__ import annotations
@@ -111,7 +111,7 @@ def _decode(y, depth=0):
 KERNEL_HELPER = CODEC + r'''
 
 class __par_grader__:
-    """The grader's end of the data channel in this kernel (see par.course.checks): a comm, whose messages call
+    """The grader's end of the data channel in this kernel (see par.course.grading.checks): a comm, whose messages call
     the student's functions on the kernel's main thread without IPython's cell machinery (~1 ms a call)."""
 
     @staticmethod

@@ -115,7 +115,7 @@ def close(got: torch.Tensor | None, want: torch.Tensor, atol: float = 1e-5) -> b
 
 def exercise(module: str):
     """The exercise module (make_inputs, run_rank, verify) whose outputs the grader judges, or None."""
-    if module not in ("par.course.exercise_ring", "par.course.exercise_tp", "par.course.exercise_alltoall"):
+    if module not in ("par.course.grading.exercise_ring", "par.course.grading.exercise_tp", "par.course.grading.exercise_alltoall"):
         return None
     import importlib
     return importlib.import_module(module)

@@ -13,8 +13,8 @@ What a sandboxed submission sees and may do (bwrap, no root needed where unprivi
   package (made once per batch, `package_copy`), its own work folder (the notebook's files, writable), and a
   private /tmp and HOME that vanish with it. The checkout (solutions/, tests/), other submissions, the report
   and feedback paths are not mounted;
-* par's reference answers to the exercise replaced by stubs that raise (`overlays`, `par.course.references`),
-  and, for a real-rank job, the grader's input/output folder mounted (`binds`, `par.course.rank_io`);
+* par's reference answers to the exercise replaced by stubs that raise (`overlays`, `par.course.grading.references`),
+  and, for a real-rank job, the grader's input/output folder mounted (`binds`, `par.course.grading.rank_io`);
 * limits per process: CPU seconds (RLIMIT_CPU) and address space (RLIMIT_AS), set before the kernel starts;
 * a cap on processes (`ProcessCap`): the grader counts the processes of the sandbox's pid namespace ten times
   a second and kills them all when there are more than MAX_PROCESSES (PAR_GRADE_MAX_PROCESSES, 256) at once: a
@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from par.runtime.paths import ROOT
 MEMORY = int(os.environ.get("PAR_GRADE_MEMORY", 16 << 30))   # bytes of address space per process
 MAX_PROCESSES = int(os.environ.get("PAR_GRADE_MAX_PROCESSES", 256))   # processes at once in one sandbox
 TASKS = 4096         # RLIMIT_NPROC in a sandbox (threads included), where the kernel counts it per user namespace
@@ -140,7 +140,7 @@ class Sandbox:
 
     def wrap(self, cmd: list[str]) -> list[str]:
         """`cmd` run inside the sandbox, with the limits set (the limits also apply unsandboxed)."""
-        limited = [sys.executable, "-m", "par.course.sandbox", "limit", str(self.cpu_seconds),
+        limited = [sys.executable, "-m", "par.course.grading.sandbox", "limit", str(self.cpu_seconds),
                    str(self.memory_bytes), "--", *cmd]
         if not self.sandboxed:
             return limited
@@ -173,7 +173,7 @@ def _per_namespace_nproc() -> bool:
 
 
 def limit(argv: list[str]) -> None:
-    """`python -m par.course.sandbox limit CPU_SECONDS MEMORY_BYTES -- cmd...`: set the limits, exec cmd."""
+    """`python -m par.course.grading.sandbox limit CPU_SECONDS MEMORY_BYTES -- cmd...`: set the limits, exec cmd."""
     cpu, memory, sep, *cmd = argv
     assert sep == "--" and cmd, "usage: limit CPU_SECONDS MEMORY_BYTES -- cmd..."
     resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu) + 5))

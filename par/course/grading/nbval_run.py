@@ -18,7 +18,7 @@ Nothing can hang or crash the caller:
 * a kernel that dies (a segfault, `os._exit`, out of memory) is noticed within a fraction of a second by
   a watchdog in the pytest process, which records it (`result.kernel_died`) and ends the run.
 
-This module is also the pytest plugin that records the cells (`-p par.course.nbval_run`): one JSON line per
+This module is also the pytest plugin that records the cells (`-p par.course.grading.nbval_run`): one JSON line per
 event in the file named by `PAR_NBVAL_REPORT`.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ REPORT_ENV = "PAR_NBVAL_REPORT"
 _RUNNING: set = set()          # the pytest processes of runs in progress (stop_all ends them)
 _LOCK = threading.Lock()
 KERNEL_DIED_EXIT = 3
-ROOT = Path(__file__).resolve().parents[2]
+from par.runtime.paths import ROOT
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 LAUNCH_ROOT_CAUSE = re.compile(r"\brank (\d+) failed: (.+)$")
 ERROR_LINE = re.compile(r"^\s*(?:\[\w+\]:\s*)*[\w.]+(?:Error|Exception|Interrupt|Exit)\b")
@@ -83,7 +83,7 @@ def run(nb, *, timeout: float = 600, cell_timeout: float = 300, name: str = "not
         (tmp / "pytest.ini").write_text("[pytest]\n")  # no ini or conftest of any repository applies
         cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
                f"--nbval-cell-timeout={max(1, int(cell_timeout))}", "-p", "no:cacheprovider",
-               "-p", "par.course.nbval_run", "-q", "-rN", "--color=no", path.name]
+               "-p", "par.course.grading.nbval_run", "-q", "-rN", "--color=no", path.name]
         child_env = {**os.environ, REPORT_ENV: str(report), "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
                      "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
                      "TMPDIR": str(tmp),   # nbval's kernel connection file: removed with the folder, even after a kill

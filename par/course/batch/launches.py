@@ -758,7 +758,7 @@ def sized(notebook: str, cell: str, model, batch: int, device: str, shrink: bool
     if work.memory() > KERNEL_MEMORY:
         return replace(work, skipped=f"{work.describe()} would need {format_bytes(work.memory())} in the "
                                      f"notebook's kernel, more than the {format_bytes(KERNEL_MEMORY)} that in-kernel "
-                                     f"work may take (par.course.launches.KERNEL_MEMORY)")
+                                     f"work may take (par.course.batch.launches.KERNEL_MEMORY)")
     return work
 
 

@@ -1,0 +1,1 @@
+"""The batch: every lecture notebook executed with papermill (`runner`), the launches it sizes and times (`launches`), the record a notebook leaves for the summary (`record`), headless kernel polling (`kernel_poll`)."""

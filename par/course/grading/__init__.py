@@ -1,0 +1,1 @@
+"""Grading a student's notebook: the grader (`grade`), its checks and kernel driver, the codec and stand-ins between them, the reference answers, the sandbox per submission, and the real-rank exercise runners."""
