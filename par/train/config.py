@@ -35,6 +35,8 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -152,13 +154,54 @@ def check_keys(cfg: dict) -> None:
         raise ConfigError("; ".join(msgs))
 
 
-def _int(cfg: dict, key: str, default=None):
-    v = cfg.get(key, default)
+def _number(node: dict, path: str, default=None, *, integer: bool = False, minimum=None, above=None, below=None):
+    """The number at `path` ("section.key") of the config, checked: JSON true/false is not a number, nor is a
+    string; NaN and Infinity are refused, and so is a value outside [minimum, ∞) ∩ (above, below); None if absent
+    and no default."""
+    v = node.get(path.rsplit(".", 1)[-1], default)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < 1:
-        raise ConfigError(f"{key} must be a positive integer, got {v!r}")
-    return int(v)
+    kind = "a whole number" if integer else "a number"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ConfigError(f"{path} must be {kind}, got {json.dumps(v)}")
+    if not math.isfinite(v):
+        raise ConfigError(f"{path} must be a finite number, got {v}")
+    if integer and v != int(v):
+        raise ConfigError(f"{path} must be {kind}, got {v!r}")
+    for bad, rule in ((minimum is not None and v < minimum, f">= {minimum}"), (above is not None and not v > above,
+                      f"> {above}"), (below is not None and not v < below, f"< {below}")):
+        if bad:
+            raise ConfigError(f"{path} must be {rule}, got {v!r}")
+    return int(v) if integer else float(v)
+
+
+def _int(cfg: dict, key: str, default=None, section: str = ""):
+    """A whole number >= 1 (sizes, degrees, steps)."""
+    return _number(cfg, f"{section}.{key}" if section else key, default, integer=True, minimum=1)
+
+
+def _bool(node: dict, path: str, default: bool = False) -> bool:
+    """true or false, nothing else (1 and "yes" are refused: a typo must not switch a feature on or off)."""
+    v = node.get(path.rsplit(".", 1)[-1], default)
+    if not isinstance(v, bool):
+        raise ConfigError(f"{path} must be true or false, got {json.dumps(v)}")
+    return v
+
+
+def _choice(node: dict, path: str, default, choices) -> str:
+    """One of `choices` (strings), named in the error."""
+    v = node.get(path.rsplit(".", 1)[-1], default)
+    if v not in choices or not isinstance(v, str):
+        raise ConfigError(f"{path} {json.dumps(v)} is not supported: use one of {', '.join(map(str, choices))}")
+    return v
+
+
+def _section(cfg: dict, path: str) -> dict:
+    """The JSON object at `path` ({} when absent; `check_keys` has refused one that is not an object)."""
+    node = cfg
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else {}
 
 
 def degrees(world_size: int, pp: int, tp: int) -> int:
@@ -183,8 +226,8 @@ def parse(cfg: dict, world_size: int) -> TrainConfig:
 
 def _parse(cfg: dict, world_size: int) -> TrainConfig:
     check_keys(cfg)
-    pp = _int(cfg.get("pipeline", {}), "stages", 1)
-    tp = _int(cfg.get("tensor_parallel", {}), "tp_size", 1)
+    pp = _int(_section(cfg, "pipeline"), "stages", 1, "pipeline")
+    tp = _int(_section(cfg, "tensor_parallel"), "tp_size", 1, "tensor_parallel")
     dp = degrees(world_size, pp, tp)
     try:
         b = resolve_batch(dp, _int(cfg, "train_batch_size"), _int(cfg, "train_micro_batch_size_per_gpu"),
@@ -192,44 +235,19 @@ def _parse(cfg: dict, world_size: int) -> TrainConfig:
     except BatchSizeError as e:
         raise ConfigError(f"batch sizes: {e} [world_size here is the data-parallel degree dp = {world_size} ranks "
                           f"/ (pp {pp} × tp {tp}) = {dp}]") from None
-    opt = cfg.get("optimizer", {"type": "Adam"})
-    kind = str(opt.get("type", "Adam")).lower()
-    if kind not in OPTIMIZERS:
-        raise ConfigError(f"optimizer.type {opt.get('type')!r} is not supported: use Adam, AdamW, SGD or Momentum")
-    oparams = dict(opt.get("params", {}))
-    if kind == "momentum" and "momentum" in oparams:
-        raise ConfigError("optimizer.type Momentum fixes momentum = 0.9: for another value use type SGD "
-                          "with params.momentum")
-    if kind in ("sgd", "momentum") and ("betas" in oparams or "eps" in oparams):
-        raise ConfigError(f"optimizer.params betas/eps belong to Adam, not {opt.get('type')}")
-    lr = float(oparams.pop("lr", 1e-3))
-    if "betas" in oparams:
-        oparams["betas"] = tuple(oparams["betas"])
-    warmup, min_lr, decay, wtype = 0, 0.0, None, "log"
-    if "scheduler" in cfg:
-        sch = cfg["scheduler"]
-        if sch.get("type") not in SCHEDULERS:
-            raise ConfigError(f"scheduler.type {sch.get('type')!r} is not supported: use {' or '.join(SCHEDULERS)}")
-        sp = sch.get("params", {})
-        warmup = int(sp.get("warmup_num_steps", 0))
-        min_lr = float(sp.get("warmup_min_lr", 0.0))
-        lr = float(sp.get("warmup_max_lr", lr))
-        wtype = sp.get("warmup_type", "log")
-        if wtype not in ("log", "linear"):
-            raise ConfigError(f"scheduler.params.warmup_type {wtype!r}: use 'log' or 'linear'")
-        if sch["type"] == "WarmupDecayLR":
-            if "total_num_steps" not in sp:
-                raise ConfigError("scheduler WarmupDecayLR needs params.total_num_steps")
-            decay = int(sp["total_num_steps"])
-    fp16, bf16 = cfg.get("fp16", {}).get("enabled", False), cfg.get("bf16", {}).get("enabled", False)
+    kind, lr, oparams = optimizer(cfg)
+    warmup, min_lr, lr, wtype, decay = scheduler(cfg, lr)
+    fp16 = _bool(_section(cfg, "fp16"), "fp16.enabled")
+    bf16 = _bool(_section(cfg, "bf16"), "bf16.enabled")
     if fp16 and bf16:
         raise ConfigError("fp16.enabled and bf16.enabled are both true: pick one")
     precision = "fp16" if fp16 else "bf16" if bf16 else "fp32"
-    zero = cfg.get("zero_optimization", {})
+    zero = _section(cfg, "zero_optimization")
     stage = zero.get("stage", 0)
-    if stage not in (0, 1, 2, 3):
-        raise ConfigError(f"zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
-    offload = (zero.get("offload_optimizer") or {}).get("device", "none") == "cpu"
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        raise ConfigError(f"zero_optimization.stage must be 0, 1, 2 or 3, got {json.dumps(stage)}")
+    offload = _choice(_section(cfg, "zero_optimization.offload_optimizer"), "zero_optimization.offload_optimizer.device",
+                      "none", ("cpu", "none")) == "cpu"
     if offload and stage == 0:
         raise ConfigError("zero_optimization.offload_optimizer needs stage 1, 2 or 3 (stage 0 is plain DP)")
     if (pp > 1 or tp > 1) and stage > 1:
@@ -238,21 +256,96 @@ def _parse(cfg: dict, world_size: int) -> TrainConfig:
     if (pp > 1 or tp > 1) and (precision != "fp32" or offload):
         raise ConfigError(f"{precision if precision != 'fp32' else 'offload'} with pipeline stages {pp} / tensor "
                           f"degree {tp} is not implemented in par: use fp32 without offload, or pp = tp = 1")
-    scale = _loss_scale(cfg.get("fp16", {}))
-    prefetch = bool(zero.get("prefetch", False))
+    scale = _loss_scale(_section(cfg, "fp16"))
+    prefetch = _bool(zero, "zero_optimization.prefetch")
     if prefetch and stage != 3:
         raise ConfigError(f"zero_optimization.prefetch gathers parameters ahead, which only stage 3 does (stage {stage})")
-    pipe = cfg.get("pipeline", {})
-    steps = _int(cfg, "steps", 10)
+    from par.pp.schedules import GENERATORS
+    pipe = _section(cfg, "pipeline")
+    clip = _number(cfg, "gradient_clipping", minimum=0)
     tc = TrainConfig(world_size, dp, pp, tp, b.train_batch_size, b.micro_batch, b.grad_accum,
-                       optimizer=OPTIMIZERS[kind], lr=lr, optimizer_params=oparams, warmup_steps=warmup,
-                       warmup_min_lr=min_lr, warmup_type=wtype, decay_steps=decay, precision=precision, zero_stage=stage,
-                       offload=offload, schedule=pipe.get("schedule", "1f1b"),
-                       partition_method=pipe.get("partition_method", "parameters"),
-                       gradient_clipping=cfg.get("gradient_clipping"), loss_scale=scale, prefetch=prefetch, model=dict(cfg.get("model", {"preset": "tiny"})),
-                       steps=steps, seed=int(cfg.get("seed", 0)))
+                     optimizer=OPTIMIZERS[kind], lr=lr, optimizer_params=oparams, warmup_steps=warmup,
+                     warmup_min_lr=min_lr, warmup_type=wtype, decay_steps=decay, precision=precision, zero_stage=stage,
+                     offload=offload, schedule=_choice(pipe, "pipeline.schedule", "1f1b", sorted(GENERATORS)),
+                     partition_method=_choice(pipe, "pipeline.partition_method", "parameters", PARTITION_METHODS),
+                     gradient_clipping=clip or None, loss_scale=scale, prefetch=prefetch, model=model_section(cfg),
+                     steps=_int(cfg, "steps", 10), seed=_number(cfg, "seed", 0, integer=True, minimum=0, below=2 ** 63))
     check_model(tc)
     return tc
+
+
+PARTITION_METHODS = ("parameters", "uniform")   # par.pp.partition.METHODS (that module imports torch)
+
+
+def optimizer(cfg: dict) -> tuple[str, float, dict]:
+    """(kind, lr, the other params) of the `optimizer` section: lr > 0, betas two numbers in [0, 1), eps > 0,
+    weight_decay >= 0, momentum in [0, 1)."""
+    opt = cfg.get("optimizer", {"type": "Adam"})
+    name = opt.get("type", "Adam")
+    kind = name.lower() if isinstance(name, str) else name
+    if kind not in OPTIMIZERS:
+        raise ConfigError(f"optimizer.type {json.dumps(name)} is not supported: use Adam, AdamW, SGD or Momentum")
+    params = _section(cfg, "optimizer.params")
+    if kind == "momentum" and "momentum" in params:
+        raise ConfigError("optimizer.type Momentum fixes momentum = 0.9: for another value use type SGD "
+                          "with params.momentum")
+    if kind in ("sgd", "momentum") and ("betas" in params or "eps" in params):
+        raise ConfigError(f"optimizer.params betas/eps belong to Adam, not {name}")
+    lr = _number(params, "optimizer.params.lr", 1e-3, above=0)
+    out = {}
+    for key, rule in (("eps", {"above": 0}), ("weight_decay", {"minimum": 0}), ("momentum", {"minimum": 0, "below": 1})):
+        if key in params:
+            out[key] = _number(params, f"optimizer.params.{key}", **rule)
+    if "betas" in params:
+        betas = params["betas"]
+        if not isinstance(betas, list) or len(betas) != 2:
+            raise ConfigError(f"optimizer.params.betas must be two numbers [beta1, beta2], got {json.dumps(betas)}")
+        out["betas"] = tuple(_number({"betas": b}, "optimizer.params.betas", minimum=0, below=1) for b in betas)
+    return kind, lr, out
+
+
+def scheduler(cfg: dict, lr: float) -> tuple[int, float, float, str, int | None]:
+    """(warmup steps, min lr, max lr, warmup type, decay end) of the `scheduler` section: lrs >= 0 with
+    max > 0 and min <= max, step counts whole, total_num_steps after the warm-up."""
+    if "scheduler" not in cfg:
+        return 0, 0.0, lr, "log", None
+    kind = _choice(cfg["scheduler"], "scheduler.type", None, SCHEDULERS)
+    sp = _section(cfg, "scheduler.params")
+    warmup = _number(sp, "scheduler.params.warmup_num_steps", 0, integer=True, minimum=0)
+    min_lr = _number(sp, "scheduler.params.warmup_min_lr", 0.0, minimum=0)
+    max_lr = _number(sp, "scheduler.params.warmup_max_lr", lr, above=0)
+    if min_lr > max_lr:
+        raise ConfigError(f"scheduler.params.warmup_min_lr {min_lr:g} is above warmup_max_lr {max_lr:g}: the warm-up "
+                          f"climbs from min to max; swap them")
+    wtype = _choice(sp, "scheduler.params.warmup_type", "log", ("log", "linear"))
+    decay = None
+    if kind == "WarmupDecayLR":
+        if "total_num_steps" not in sp:
+            raise ConfigError("scheduler WarmupDecayLR needs params.total_num_steps")
+        decay = _number(sp, "scheduler.params.total_num_steps", integer=True, minimum=max(1, warmup))
+    return warmup, min_lr, max_lr, wtype, decay
+
+
+MODEL_SIZES = ("vocab_size", "block_size", "n_layer", "n_head", "d_model")
+
+
+def model_section(cfg: dict) -> dict:
+    """The `model` section checked: a preset's name, sizes whole numbers >= 1 (d_ff may be null), and
+    n_head dividing d_model (each head gets d_model / n_head features)."""
+    from par.model import PRESETS
+    m = dict(_section(cfg, "model") or {"preset": "tiny"})
+    name = m.get("preset", "tiny")
+    if not isinstance(name, str) or name not in PRESETS:
+        raise ConfigError(f"model.preset: unknown preset {name!r}: use one of {', '.join(PRESETS)}")
+    for key in MODEL_SIZES + ("d_ff",):
+        if key in m:
+            m[key] = _int(m, key, section="model")
+    base = PRESETS[m.get("preset", "tiny")]
+    heads, width = m.get("n_head", base.n_head), m.get("d_model", base.d_model)
+    if width % heads:
+        raise ConfigError(f"model.n_head {heads} does not divide model.d_model {width}: each head gets d_model / "
+                          f"n_head features; pick n_head among the divisors of {width}")
+    return m
 
 
 def check_model(tc: TrainConfig) -> None:
@@ -275,12 +368,20 @@ def check_model(tc: TrainConfig) -> None:
 
 def _loss_scale(fp16: dict) -> dict:
     """DeepSpeed's fp16 keys as `par.precision.loss_scaler` arguments: loss_scale > 0 is a static scale S; 0 (the
-    default) a dynamic one starting at 2^initial_scale_power, raised after loss_scale_window clean steps."""
-    if fp16.get("loss_scale", 0):
-        return {"static": float(fp16["loss_scale"])}
-    keys = {"initial_scale_power": "init_scale", "loss_scale_window": "window", "hysteresis": "hysteresis",
-            "min_loss_scale": "min_scale"}
-    out = {keys[k]: v for k, v in fp16.items() if k in keys}
+    default) a dynamic one starting at 2^initial_scale_power (a power in [0, 127], finite in fp32), raised after
+    loss_scale_window clean steps."""
+    static = _number(fp16, "fp16.loss_scale", 0, minimum=0)
+    if static:
+        return {"static": static}
+    out = {}
+    for key, name, rule in (("initial_scale_power", "init_scale", {"integer": True, "minimum": 0}),
+                            ("loss_scale_window", "window", {"integer": True, "minimum": 1}),
+                            ("hysteresis", "hysteresis", {"integer": True, "minimum": 1}),
+                            ("min_loss_scale", "min_scale", {"above": 0})):
+        if key in fp16:
+            out[name] = _number(fp16, f"fp16.{key}", **rule)
+    if out.get("init_scale", 0) > 127:
+        raise ConfigError(f"fp16.initial_scale_power must be <= 127 (2^128 overflows fp32), got {out['init_scale']}")
     if "init_scale" in out:
         out["init_scale"] = 2.0 ** out["init_scale"]
     return out
@@ -302,18 +403,44 @@ def _short(text: str, n: int = 60) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
+MAX_CONFIG_BYTES = 1 << 20   # a config is a few hundred bytes; a bigger file is the wrong file
+
+
+def read_file(path) -> str:
+    """The text of a config file: a regular file (a FIFO, a device or a folder is refused without blocking: opened
+    with O_NONBLOCK, checked with fstat), at most MAX_CONFIG_BYTES, UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror}; pass a JSON file (e.g. configs/ddp.json) "
+                          f"or a JSON object") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a file"
+            raise ConfigError(f"config {path} is {kind}, not a regular file: pass a JSON file such as configs/ddp.json")
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config {path} is over {MAX_CONFIG_BYTES} bytes: a config is a small JSON file; "
+                          f"is it the right file?")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config {path} is not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r}): "
+                          f"save it as UTF-8") from None
+
+
 def read(source) -> dict:
-    """The config as a dict: from a JSON file (path), a JSON object given as text, or a dict."""
+    """The config as a dict: from a JSON file (path, `read_file`), a JSON object given as text, or a dict."""
     if isinstance(source, dict):
         return source
     text = str(source)
     try:
-        return json.loads(text if text.lstrip().startswith("{") else Path(source).read_text())
+        return json.loads(text if text.lstrip().startswith("{") else read_file(source))
     except json.JSONDecodeError as e:
         raise ConfigError(f"{_short(text)}: not valid JSON ({e})") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read config {text}: {e.strerror}; pass a JSON file (e.g. configs/ddp.json) "
-                          f"or a JSON object") from None
+    except RecursionError:
+        raise ConfigError(f"{_short(text)}: JSON nested too deeply to be a config") from None
 
 
 def load(source, world_size: int) -> TrainConfig:
