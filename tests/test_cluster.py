@@ -114,14 +114,14 @@ def test_placements_put_the_other_axis_on_the_link():
     assert placement.groups_of(4, 2) == {"node": [[0, 1], [2, 3]], "across": [[0, 2], [1, 3]]}
     assert placement.crossing("tp-in-node") == "dp" and placement.crossing("tp-across") == "tp"
     pred = placement.predictions("25mbit", placement.RECORDED_CALIBRATION)
-    inside, across = pred["tp-in-node"], pred["tp-across"]
-    assert inside["link_bytes"] == 2 * inside["dp_bytes"] and across["link_bytes"] == 2 * across["tp_bytes"]
+    inside, across = pred["tp-in-node"], pred["tp-across"]      # {placement: typed prediction}
+    assert inside.link_bytes == 2 * inside.dp_bytes and across.link_bytes == 2 * across.tp_bytes
     w = placement.workload()
     # 4 all-reduces per layer of one replica's activations b·s·d in fp32, 2(t-1)/t of it sent (t = 2)
-    assert across["tp_bytes"] == 4 * w.model.n_layer * (128 // 2) * 64 * 16 * 4
+    assert across.tp_bytes == 4 * w.model.n_layer * (128 // 2) * 64 * 16 * 4
     link = 25e6 / 8 / 2                                   # a host's link shared by its 2 ranks
-    assert across["tp_s"] == pytest.approx(across["tp_bytes"] / link)
-    assert across["step_s"] > 4 * inside["step_s"]        # the lesson: the link dominates when TP crosses it
+    assert across.tp_s == pytest.approx(across.tp_bytes / link)
+    assert across.step_s > 4 * inside.step_s              # the lesson: the link dominates when TP crosses it
 
 
 def test_the_in_node_bandwidth_is_what_a_tp_step_gets_beyond_the_dense_one():
@@ -194,14 +194,17 @@ def test_the_placement_lesson_trains_the_same_model_both_ways_and_counts_the_lin
     """Lecture 07b's measurement, once: both placements are the same TP2 x DP2 math (same losses), and the
     bytes the kernel counted on a host's link are the planner's and a little more (headers, barriers)."""
     from par.train import placement
+    from par.measure import JobResult
     result = placement.measure(link="100mbit", steps=1, timeout=150, prefix=PREFIX)
-    runs = {r["placement"]: r for r in result["runs"]}
+    assert isinstance(result, JobResult)
+    runs = {r.placement: r for r in result.runs}
     assert set(runs) == set(placement.PLACEMENTS)
-    assert runs["tp-in-node"]["losses"] == pytest.approx(runs["tp-across"]["losses"], abs=1e-5)
-    cal = result["calibration"]
-    assert 0 < cal["node_bytes_s"] <= cal["allreduce_bytes_s"] and cal["node_step_s"] > 0
+    assert runs["tp-in-node"].losses == pytest.approx(runs["tp-across"].losses, abs=1e-5)
+    cal = result.calibration
+    assert 0 < cal.node_bytes_s <= cal.allreduce_bytes_s and cal.node_step_s > 0
     for row in placement.compare(result):
         # every payload byte crosses, plus TCP/IP headers, acks and the barriers' messages (most of a small step)
-        assert row["predicted"]["link_bytes"] <= row["link_bytes"] <= 1.3 * row["predicted"]["link_bytes"], row
-        counted = row["counted"]["tp_bytes" if row["crossing"] == "tp" else "dp_bytes"]
-        assert counted == pytest.approx(row["predicted"][f"{row['crossing']}_bytes"], rel=1e-6), row
+        assert row.predicted.link_bytes <= row.link_bytes <= 1.3 * row.predicted.link_bytes, row
+        counted = row.counted.tp_bytes if row.crossing == "tp" else row.counted.dp_bytes
+        assert counted == pytest.approx(row.predicted.tp_bytes if row.crossing == "tp" else row.predicted.dp_bytes,
+                                        rel=1e-6), row

@@ -129,4 +129,4 @@ def test_launch_reads_like_a_command():
     zero = course.find("06_zero", "stages", 4, "gloo", "tiny", 20)
     filled = zero[0].fill(checkpoint="/tmp/x").args
     assert zero[0].args.checkpoint == "{checkpoint}" and (filled.checkpoint, filled.resume) == ("/tmp/x", "")
-    assert zero[0].args.runs[-1] == zero_job.Run(3, fsdp2=True) and "3+offload" in zero[0].command()
+    assert zero[0].args.runs[-1] == zero_job.ZeroRun(3, fsdp2=True) and "3+offload" in zero[0].command()

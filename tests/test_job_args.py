@@ -1,5 +1,5 @@
 """A job's arguments as one typed object (`par.runtime.job_args`): the command line parses back to the same
-object, the options keep the spellings the jobs always had, and ZeRO's runs are typed (`par.zero.job.Run`)."""
+object, the options keep the spellings the jobs always had, and ZeRO's runs are typed (`par.zero.job.ZeroRun`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from par.runtime.job_args import JobArgs, arg
-from par.zero.job import Args as ZeroArgs, Run
+from par.zero.job import Args as ZeroArgs, ZeroRun
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,9 @@ def test_bad_values_are_argparse_errors(capsys):
 
 def test_zero_runs_are_typed_and_keep_their_labels():
     labels = ["0", "3+offload", "3+prefetch", "2+bf16", "1+fp16", "3+resume", "fsdp2"]
-    assert [str(Run.parse(label)) for label in labels] == labels
-    assert Run.parse("fsdp2") == Run(3, fsdp2=True) and Run.parse("2+bf16") == Run(2, precision="bf16")
+    assert [str(ZeroRun.parse(label)) for label in labels] == labels
+    assert ZeroRun.parse("fsdp2") == ZeroRun(3, fsdp2=True) and ZeroRun.parse("2+bf16") == ZeroRun(2, precision="bf16")
     args = ZeroArgs.parse(["--runs", "0,3+offload", "--checkpoint-run", "3", "--timeline-runs", ""])
-    assert args == ZeroArgs(runs=(Run(0), Run(3, offload=True)), checkpoint_run=Run(3), timeline_runs=())
+    assert args == ZeroArgs(runs=(ZeroRun(0), ZeroRun(3, offload=True)), checkpoint_run=ZeroRun(3), timeline_runs=())
     with pytest.raises(ValueError, match="use a stage 0-3"):
-        Run.parse("4+offload")
+        ZeroRun.parse("4+offload")

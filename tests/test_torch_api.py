@@ -72,9 +72,9 @@ def test_autocast_grad_scaler_equals_par_scaler():
     cfg = preset("tiny", n_layer=1, block_size=16)
     batches = list(global_batches(CharDataset(block_size=cfg.block_size), 2, 6, seed=0))
     r = torch_api.compare(build(cfg, seed=0), batches, window=2, blow_up=(3,))
-    assert r["same_scales"] and r["same_skips"] and r["max_param_diff"] == 0.0
-    assert r["par"]["skipped"] == [False, False, False, True, False, False]
-    assert r["par"]["scale"] == [2.0 ** 16, 2.0 ** 16, 2.0 ** 17, 2.0 ** 17, 2.0 ** 16, 2.0 ** 16]
+    assert r.same_scales and r.same_skips and r.max_param_diff == 0.0
+    assert r.par.skipped == [False, False, False, True, False, False]
+    assert r.par.scale == [2.0 ** 16, 2.0 ** 16, 2.0 ** 17, 2.0 ** 17, 2.0 ** 16, 2.0 ** 16]
 
 
 def test_batch_summary_joins_the_notebooks_traces_and_torch_diffs():

@@ -61,13 +61,15 @@ def train(model, batches, scaler: str = "par", dtype=torch.float16, init_scale: 
 
 def compare(model, batches, **kwargs) -> dict:
     """par's scaler and torch's GradScaler, each training a copy of `model` on `batches` under autocast: their
-    scales and skips per step, and the largest |difference| of the parameters after the last step."""
+    scales and skips per step, and the largest |difference| of the parameters after the last step; typed
+    (`par.measure.typed`: `out.par.scale`, `out.max_param_diff`)."""
+    from par.measure import typed
     runs = {}
     models = {}
     for name in ("par", "torch"):
         models[name] = copy.deepcopy(model)
         runs[name] = train(models[name], batches, scaler=name, **kwargs)
     diff = max((a - b).abs().max().item() for a, b in zip(models["par"].parameters(), models["torch"].parameters()))
-    return {"par": runs["par"], "torch": runs["torch"], "max_param_diff": diff,
-            "same_scales": runs["par"]["scale"] == runs["torch"]["scale"],
-            "same_skips": runs["par"]["skipped"] == runs["torch"]["skipped"]}
+    return typed({"par": runs["par"], "torch": runs["torch"], "max_param_diff": diff,
+                  "same_scales": runs["par"]["scale"] == runs["torch"]["scale"],
+                  "same_skips": runs["par"]["skipped"] == runs["torch"]["skipped"]})

@@ -18,7 +18,7 @@ A job declares its options as the fields of a frozen dataclass (type, default, h
 
 Types: str, int, float; `X | None` (None: not given); bool, a flag (default False); `tuple[X, ...]`,
 comma-separated, or one option per item with `arg(..., repeat=True)` (items that contain commas); and any
-class X with `X.parse(text)` whose `str(x)` is the text it parses (e.g. `par.zero.job.Run`).
+class X with `X.parse(text)` whose `str(x)` is the text it parses (e.g. `par.zero.job.ZeroRun`).
 `arg(..., choices=...)` checks every value, `arg(..., minimum=1)` every number (steps, sizes: an
 `argparse.ArgumentError` naming the option wherever the arguments are made, in the launcher when it builds
 them, before any rank starts); a field without a default is a required option.

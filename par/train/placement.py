@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from par.measure import parse, typed
 from par.train import planner
 
 PLACEMENTS = ("tp-in-node", "tp-across")
@@ -98,23 +99,24 @@ def predictions(link: str, calibration: dict, nodes: int = 2, per_node: int = 2,
     w = workload(sizes)
     flops = planner.step_flops(w) / (nodes * per_node) / calibration["compute_s"]
     hw = emulated_hardware(parse_rate(link), per_node, flops, calibration["node_bytes_s"])
-    return {p: predict(w, nodes, per_node, p, hw) for p in PLACEMENTS}
+    return typed({p: predict(w, nodes, per_node, p, hw) for p in PLACEMENTS})
 
 
 def measure(link: str = "25mbit", hosts: int = 2, per_node: int = 2, steps: int = 3, timeout: float = 240.0,
             quiet: bool = True, prefix: str | None = None, **sizes) -> dict:
     """Run `par.train.placement_job` on an emulated cluster (`par.runtime.cluster`, root only; its namespaces named
-    `prefix`-...) whose links are capped at `link`; return its result with the bytes each host's link
-    carried ("links")."""
+    `prefix`-...) whose links are capped at `link`; return its result (a `par.measure.JobResult`) with the
+    bytes each host's link carried (`links`)."""
     from par.runtime.cluster import PREFIX, Cluster
     args = [f"--steps={steps}"] + [f"--{k.replace('_', '-')}={v}" for k, v in {**JOB_DEFAULTS, **sizes}.items()]
     with Cluster(hosts, rate=link, prefix=prefix or PREFIX) as cluster:
         result = cluster.run("par.train.placement_job", args, nproc_per_node=per_node, timeout=timeout, quiet=quiet)
-    return {**result, "link": link, "steps": steps, "sizes": {**JOB_DEFAULTS, **sizes}}
+    return parse({**result, "link": link, "steps": steps, "sizes": {**JOB_DEFAULTS, **sizes}})
 
 
-def compare(result: dict) -> list[dict]:
-    """Per placement: measured step time (median) and link bytes per host and step, beside the planner's."""
+def compare(result) -> list:
+    """Per placement, typed (`row.step_s`, `row.predicted.step_s`): measured step time (median) and link bytes
+    per host and step, beside the planner's."""
     per_node = result["ranks_per_node"]
     pred = predictions(result["link"], result["calibration"], result["world_size"] // per_node, per_node,
                        result["sizes"])
@@ -127,4 +129,4 @@ def compare(result: dict) -> list[dict]:
                      "link_bytes": max(end[h] - begin[h] for h in end) / len(run["step_s"]),
                      "predicted": pred[p],
                      "counted": {k: run["per_rank"][0][k] for k in ("tp_bytes", "dp_bytes")}})
-    return rows
+    return typed(rows)

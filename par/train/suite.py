@@ -36,6 +36,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from par.measure import typed
 from par.train import job, planner
 from par.train.config import ConfigError, model_config, parse
 from par.memory.accounting import format_bytes
@@ -212,6 +213,12 @@ def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
             rows[name].update(measured)
             rows[name]["launch_s"] = time.perf_counter() - t0
     return [rows[name] for name in names]
+
+
+def results(rows: list[dict]) -> list:
+    """The rows as typed results (`par.measure.typed`), as a notebook reads them: `row.samples_per_s`,
+    `row.config.model`; every function here reads them too."""
+    return typed(rows)
 
 
 def measured(rows: list[dict]) -> list[dict]:

@@ -29,7 +29,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from par.comm import collectives, commlog
-from par.measure import sync
+from par.measure import sync, typed
 from par.tp.ops import group_rank, group_size
 
 MODES = ("none", "full", "partitioned")
@@ -100,7 +100,8 @@ def recompute_cost(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, l
                    threads: int = 1) -> dict:
     """Seconds of one training step (forward + backward) without and with full recomputation, and of one
     forward of the transformer layers (with autograd recording, as the recomputation runs); medians of
-    `repeats`, with every sample and the prediction t_step + t_forward(layers).
+    `repeats`, with every sample and the prediction t_step + t_forward(layers); typed (`par.measure.typed`:
+    `cost.ratio`, `cost.samples.full`).
 
     On the CPU: this process's CPU time (time.process_time) on `threads` threads, which other programs
     on the machine do not inflate. On a GPU: wall time between synchronizations."""
@@ -141,7 +142,7 @@ def recompute_cost(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, l
         torch.set_num_threads(before)
         model.zero_grad(set_to_none=True)
     med = {k: statistics.median(v) for k, v in samples.items()}
-    return {"step_s": med["none"], "step_recompute_s": med["full"], "forward_layers_s": med["forward_layers"],
-            "predicted_recompute_s": med["none"] + med["forward_layers"],
-            "ratio": med["full"] / med["none"], "predicted_ratio": (med["none"] + med["forward_layers"]) / med["none"],
-            "clock": "wall (CUDA synchronized)" if cuda else f"CPU time, {threads} thread(s)", "samples": samples}
+    return typed({"step_s": med["none"], "step_recompute_s": med["full"], "forward_layers_s": med["forward_layers"],
+                  "predicted_recompute_s": med["none"] + med["forward_layers"], "ratio": med["full"] / med["none"],
+                  "predicted_ratio": (med["none"] + med["forward_layers"]) / med["none"],
+                  "clock": "wall (CUDA synchronized)" if cuda else f"CPU time, {threads} thread(s)", "samples": samples})

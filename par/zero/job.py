@@ -44,8 +44,8 @@ from par.zero.engine import Zero, zero_bytes_per_step
 
 
 @dataclass(frozen=True)
-class Run:
-    """One run of the job; its label (`str(run)`, `Run.parse(label)`) is how a command line names it:
+class ZeroRun:
+    """One run of the job; its label (`str(run)`, `ZeroRun.parse(label)`) is how a command line names it:
     '2' stage 2; '3+offload', '3+prefetch', '2+bf16' (this run in bf16; or fp16), '3+resume' (load --resume
     first, train the steps after it); 'fsdp2' torch's fully_shard (ZeRO-3)."""
     stage: int
@@ -67,7 +67,7 @@ class Run:
         return self.label
 
     @classmethod
-    def parse(cls, label: str) -> Run:
+    def parse(cls, label: str) -> ZeroRun:
         """The run a label names (ValueError for a label that names none)."""
         if label == "fsdp2":
             return cls(3, fsdp2=True)
@@ -90,8 +90,8 @@ def collectives_issued(events) -> int:
 
 @dataclass(frozen=True)
 class Args(JobArgs):
-    runs: tuple[Run, ...] = arg((Run(0), Run(1), Run(2), Run(3), Run(3, offload=True)),
-                                "comma-separated: stage, stage+offload, fsdp2 (see `Run`)")
+    runs: tuple[ZeroRun, ...] = arg((ZeroRun(0), ZeroRun(1), ZeroRun(2), ZeroRun(3), ZeroRun(3, offload=True)),
+                                "comma-separated: stage, stage+offload, fsdp2 (see `ZeroRun`)")
     preset: str = arg("tiny")
     steps: int = arg(10, minimum=1)
     batch: int = arg(8, "global batch size (a multiple of the world size)")
@@ -100,11 +100,11 @@ class Args(JobArgs):
     impl: str = arg("ring", choices=("ring", "torch"))
     precision: str = arg("fp32", choices=("fp32", "fp16", "bf16"))
     seed: int = arg(0)
-    timeline_runs: tuple[Run, ...] = arg((Run(3), Run(3, offload=True)),
+    timeline_runs: tuple[ZeroRun, ...] = arg((ZeroRun(3), ZeroRun(3, offload=True)),
                                          "runs whose last step is recorded as a timeline")
     checkpoint: str = arg("", "directory for a sharded checkpoint of the last run")
     checkpoint_step: int = arg(0, "save after this many steps (default: the end)")
-    checkpoint_run: Run | None = arg(None, "the run whose state is saved (default: the last)")
+    checkpoint_run: ZeroRun | None = arg(None, "the run whose state is saved (default: the last)")
     resume: str = arg("", "the checkpoint the '+resume' runs load (any N_d, any stage)")
 
 
@@ -140,7 +140,7 @@ def release(device) -> None:
     memory.reset_cuda_peak(device)
 
 
-def train_run(run: Run, args: Args, env, batches, finals: dict) -> dict:
+def train_run(run: ZeroRun, args: Args, env, batches, finals: dict) -> dict:
     """One run on this rank; returns this rank's numbers (rank 0 merges them)."""
     release(env.device)
     model = build(preset(args.preset), seed=args.seed).to(env.device)
@@ -178,7 +178,7 @@ def train_run(run: Run, args: Args, env, batches, finals: dict) -> dict:
            "bytes": step_bytes, "calls": calls, "start_step": start}
     if rec is not None:     # the last step only: before the full-state gathers below, which are no part of it
         out["timeline"] = rec.gather()
-    if run == Run(3) and any(r.fsdp2 for r in args.runs):
+    if run == ZeroRun(3) and any(r.fsdp2 for r in args.runs):
         finals["3"] = engine.full_state_dict()
     if run.fsdp2:
         full = torch_zero.full_parameters(engine.model)
@@ -196,7 +196,7 @@ def train_run(run: Run, args: Args, env, batches, finals: dict) -> dict:
     return out
 
 
-def merge(run: Run, ranks: list[dict], args: Args, n: int, numel: int) -> dict:
+def merge(run: ZeroRun, ranks: list[dict], args: Args, n: int, numel: int) -> dict:
     """Rank 0: one run's result from every rank's numbers."""
     mine = ranks[0]
     precision = run.precision or args.precision

@@ -179,12 +179,14 @@ class Launch:
 
     def run(self, show: bool = True, **kwargs):
         """Run it: `par.runtime.launch.run` with exactly these parameters (quiet=..., env=... pass through).
-        `show`: first print the one-line command (what a student would type), so the notebook says what runs."""
+        `show`: first print the one-line command (what a student would type), so the notebook says what runs.
+        Returns rank 0's result parsed once into the typed `par.measure.JobResult` (`result.runs[0].losses`)."""
+        from par.measure import parse
         from par.runtime.launch import run
         if show:
             print(f"$ {self.command()}")
-        return run(self.module, nproc=self.nproc, args=self.args.to_argv(), backend=self.backend,
-                   timeout=self.timeout, **kwargs)
+        return parse(run(self.module, nproc=self.nproc, args=self.args.to_argv(), backend=self.backend,
+                         timeout=self.timeout, **kwargs))
 
     def command(self) -> str:
         """The launch as a shell command: `torchrun --nproc-per-node=N -m module args...`."""
@@ -312,7 +314,7 @@ def precision_work(args: precision_job.Args, nproc: int) -> list:
 
 @work.register
 def zero_work(args: zero_job.Args, nproc: int) -> list:
-    """One run per `Run`: its stage, offload and precision."""
+    """One run per `ZeroRun`: its stage, offload and precision."""
     cfg = model_preset(args.preset)
     return [Training(cfg, args.batch, dp=nproc, zero_stage=r.stage, offload=r.offload,
                      precision=r.precision or args.precision, optimizer=args.optimizer, steps=args.steps,
@@ -564,7 +566,7 @@ def launches_06(W, backend, preset, steps):
     half = "bf16"        # the CPU, and the GPUs of a course server (Ampere or newer), compute in bf16
     degrees = [n for n in world_sizes({2, 3, 4, W}, W, backend) if n == W or not long or W % n == 0]
     batch = W if long else math.lcm(2, 3, 4, W)          # gpt3-small's 2048 tokens: one sequence per rank
-    Run, out = zero_job.Run, []
+    Run, out = zero_job.ZeroRun, []
     for n in sorted(degrees, reverse=True):              # 4 first: it saves the checkpoint 2 loads
         main = n == W
         runs = (*(Run(st) for st in ZERO_STAGES), *(Run(st, precision=half) for st in ZERO_STAGES),

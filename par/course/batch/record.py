@@ -18,7 +18,10 @@ RECORD_MIME = "application/vnd.par.record+json"
 
 
 def record(name: str, value) -> None:
-    """Show `name = value` and keep it for the batch summary."""
+    """Show `name = value` and keep it for the batch summary. A typed result (`par.measure.JobResult`, a run,
+    a rank's or any measured quantities) is kept as its JSON (`to_json()`), lists and mappings of them too."""
+    from par.measure import plain
+    value = plain(value)
     try:
         from IPython.display import display
     except ImportError:  # plain python: just print
