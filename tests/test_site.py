@@ -31,7 +31,7 @@ from chromium import launched, needs_chromium
 from tiers import slow
 
 from par.course.authoring import markers
-from par.site import build, numbers, theme
+from par.site import build, mathml, numbers, theme
 
 ROOT = Path(__file__).resolve().parents[1]
 LECTURES = ["03_pipelines", "08_sequence_context_parallel", "09_mixture_of_experts"]
@@ -201,13 +201,14 @@ def test_lecture_pages_show_text_code_outputs_figures_and_status(site):
     assert re.search(r'<img [^>]*src="data:image/png;base64,', page)
     assert "a warning" in page and "0/4" not in page and "widget-state" not in page   # no dead progress bar
     assert "interactive widget: open this notebook in JupyterLab" in page and "Dropdown" not in page
-    assert theme.MATHJAX_URL in page                                                       # it has a formula
+    assert "<math " in page and "mathjax" not in page.lower()           # its formulas, as MathML, no script
+    assert mathml.raw_tex_left(text_of(site / "lectures" / "03_pipelines.html")) == []
     assert "Key numbers of this run" in page and "bubble_measured_vs_m" in page
     failed = text_of(site / "lectures" / "08_sequence_context_parallel.html")
     assert "did not complete" in failed and "ZeroDivisionError" in failed
     not_run = text_of(site / "lectures" / "09_mixture_of_experts.html")
     assert "not run" in not_run and "needs 3 GPUs" in not_run
-    assert theme.MATHJAX_URL not in (site / "docs" / "ta.html").read_text()   # no formula, no MathJax
+    assert "<script" not in (site / "docs" / "ta.html").read_text()
 
 
 def test_the_index_shows_key_numbers_beside_their_formulas(site):
@@ -324,13 +325,13 @@ def test_bad_input_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
 
 def browser_problems(browser, site: Path) -> tuple[list[str], dict]:
     """Open every page of `site` from disk: (the problems a reader would meet: console errors, uncaught exceptions,
-    images not decoded or of no size, links to missing files; {page: what it shows}: the syllabus' lecture links
-    of the index, the number of images of each page). Requests to the network are answered by a stub script (no
-    network here: the MathJax CDN)."""
+    images not decoded or of no size, links to missing files, any request to the network (a site is read offline:
+    the network is blocked and each request counted), formulas left as raw TeX; {page: what it shows}: the
+    syllabus' lecture links of the index, the number of images and of typeset formulas of each page)."""
     problems, seen = [], {}
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.route(re.compile(r"^https?://"), lambda route: route.fulfill(
-        status=200, content_type="application/javascript", body="window.mathjaxStub = true;"))
+    requested: list[str] = []
+    context.route(re.compile(r"^(https?|wss?)://"), lambda route: (requested.append(route.request.url), route.abort()))
     page = context.new_page()
     errors: list[str] = []
     page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
@@ -348,7 +349,13 @@ def browser_problems(browser, site: Path) -> tuple[list[str], dict]:
             problems += [f"{where}: {e}" for e in errors]
             problems += [f"{where}: image not decoded: {i['src']}" for i in images if not i["ok"]]
             problems += [f"{where}: link to a missing file: {h}" for h in missing]
-            seen[where] = {"images": len(images), "syllabus": page.evaluate(
+            problems += [f"{where}: network request: {url}" for url in requested]
+            requested.clear()
+            raw = mathml.raw_tex_left(page.evaluate("""() => { const b = document.body.cloneNode(true);
+                b.querySelectorAll('pre, code, script, style').forEach(e => e.remove()); return b.innerText; }"""))
+            problems += [f"{where}: raw TeX: {tex}" for tex in raw[:3]]
+            seen[where] = {"images": len(images), "formulas": page.evaluate("() => document.querySelectorAll('math').length"),
+                           "syllabus": page.evaluate(
                 "() => [...document.querySelectorAll('.lecture-card h3 a')].map(a => a.getAttribute('href'))")}
     finally:
         context.close()
@@ -359,20 +366,36 @@ def browser_problems(browser, site: Path) -> tuple[list[str], dict]:
 @needs_chromium
 def test_every_page_renders_in_chromium(site):
     """Each page opened from disk: no console error or uncaught exception, every image decoded with a size,
-    every internal link's file present, and the syllabus lists every lecture. The MathJax CDN is answered by a
-    stub (no network here); typesetting itself is MathJax's business."""
+    every internal link's file present, no request to the network (it is blocked), no formula left as raw TeX, and
+    the syllabus lists every lecture."""
     with launched() as browser:
         problems, seen = browser_problems(browser, site)
         broken = site.parent / "broken"                  # the check itself: it sees a broken page
         shutil.copytree(site, broken)
         index = broken / "index.html"
         index.write_text(index.read_text().replace("</main>", '<img src="missing.png"><a href="nowhere.html">x</a>'
-                                                              '<script>console.error("boom")</script></main>'))
+                                                              '<script>console.error("boom")</script>'
+                                                              '<img src="https://example.org/x.png"><p>$x^2$</p></main>'))
         found, _ = browser_problems(browser, broken)
     assert problems == []
     assert seen["index.html"]["syllabus"] == [f"lectures/{s}.html" for s in LECTURES]
     assert seen["lectures/03_pipelines.html"]["images"] == 1
+    assert seen["lectures/03_pipelines.html"]["formulas"] > 0
     assert len(seen) == len(pages_of(site))
     kinds = {p.split(": ", 1)[1].split(":")[0] for p in found}
-    assert {"console error", "image not decoded", "link to a missing file"} <= kinds, found
+    assert {"console error", "image not decoded", "link to a missing file", "network request", "raw TeX"} <= kinds, \
+        found
     assert any(p.endswith("console error: boom") for p in found) and all(p.startswith("index.html: ") for p in found)
+
+
+def test_formulas_become_mathml_and_code_and_prices_stay_as_written():
+    page = ('<p>The bubble is $(p-1)/(m+p-1)$; it costs $5 or $6.</p><pre>$ python -m par</pre>'
+            '<p>$$\\frac{a}{b} &lt; 1$$</p><code>$x$</code><p>$\\unknowncommand{$</p><img alt="$x$">')
+    out = mathml.typeset(page)
+    assert out.count('display="inline"') == 1 and out.count('display="block"') == 1
+    assert "costs $5 or $6." in out and "<pre>$ python -m par</pre>" in out and "<code>$x$</code>" in out
+    assert 'alt="$x$"' in out and "<mo>&#x0003C;</mo>" in out             # an entity in TeX is read as its character
+    assert '<code class="tex">\\unknowncommand{</code>' in out               # unreadable TeX stays visible
+    prose = re.sub(r"<(pre|code)>.*?</\1>", "\n", out)                   # what a reader reads as text
+    assert mathml.raw_tex_left(html.unescape(re.sub(r"<[^>]+>", "\n", prose))) == []
+    assert mathml.raw_tex_left("a $x^2$ b") == ["$x^2$"]

@@ -17,13 +17,14 @@ a GPU run).
 The tool: nbconvert's `HTMLExporter` (its `basic` template: the cells as HTML, nothing else) with a small index,
 page frame and style of our own, and `mistune` (nbconvert's own markdown renderer) for docs/*.md. Both are
 already installed with Jupyter, so the build needs no new dependency, no Node, and nothing from the network,
-and it takes seconds: a notebook is one exporter call. Jupyter Book or Sphinx with MyST-NB would give a search
+and it takes seconds: a notebook is one exporter call (formulas need `latex2mathml`, a small pure-Python package). Jupyter Book or Sphinx with MyST-NB would give a search
 box and cross-references, but they are not in the course's environment, pull in a large toolchain, and would
-re-implement what the index here does in a dozen lines. Formulas in the notebooks' text are typeset in the
-reader's browser by MathJax, loaded from a CDN (`--mathjax URL` for a copy of your own, `--mathjax ''` for none):
-without it the TeX stays readable as written.
+re-implement what the index here does in a dozen lines. Formulas in the notebooks' text become MathML when the
+site is built (`mathml`), which browsers draw without a script or the network: a site read offline, or on a closed
+network, shows every formula (`--mathjax URL` typesets them in the reader's browser with a MathJax of your own
+instead).
 
-One idea per file: `run` (reading a batch's folder), `numbers` (the key numbers each lecture shows, beside
+One idea per file: `mathml` (formulas typeset at build time), `run` (reading a batch's folder), `numbers` (the key numbers each lecture shows, beside
 their formulas), `exercises` (the student versions, from the release bundle), `pages` (a notebook or a markdown
 file as a page), `theme` (the frame and style of every page), `build` (the command: check, write, time).
 """

@@ -1,6 +1,6 @@
 """The frame and the style of every page: a header with the course's sections, where the numbers came from, the
-page, and the same provenance line at the foot. One stylesheet (`style.css`), no script of our own except the
-optional MathJax loader; cells come from nbconvert's `basic` template (classes `cell`, `input_area`,
+page, and the same provenance line at the foot. One stylesheet (`style.css`), no script: formulas are MathML,
+typeset when the site is built (`par.site.mathml`), unless a MathJax script is named (`--mathjax URL`); cells come from nbconvert's `basic` template (classes `cell`, `input_area`,
 `output_area`, `rendered_html`) and code is coloured by Pygments' classes.
 """
 from __future__ import annotations
@@ -9,14 +9,19 @@ from html import escape
 
 from pygments.formatters import HtmlFormatter
 
+from par.site import mathml
+
 SITE_NAME = "par — parallel training, run for real"
 
-# MathJax 3 (TeX between $...$ or $$...$$, as JupyterLab shows it), loaded only on pages with formulas
-MATHJAX_URL = "https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-chtml-full.js"
+# No MathJax by default: the site is read offline too. A MathJax 3 script named by `--mathjax URL` typesets the
+# TeX (between $...$ or $$...$$, as JupyterLab shows it) in the reader's browser instead, on pages with formulas.
+MATHJAX_URL = None
 MATHJAX_CONFIG = ("window.MathJax = {tex: {inlineMath: [['$', '$'], ['\\\\(', '\\\\)']], processEscapes: true}, "
                   "options: {skipHtmlTags: ['script', 'noscript', 'style', 'textarea', 'pre', 'code']}};")
 
 CSS = """
+math { font-size: 1.15em; }
+code.tex { color: #8a1c1c; }
 :root { --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --bg-soft: #f6f8fa; --accent: #0b5cad;
         --ok: #1a7f37; --bad: #cf222e; --warn: #9a6700; }
 * { box-sizing: border-box; }
@@ -105,6 +110,8 @@ def frame(*, title: str, body: str, depth: int, nav: list[tuple[str, str]], here
     math = ""
     if mathjax_url:
         math = f'<script>{MATHJAX_CONFIG}</script>\n<script async src="{escape(mathjax_url)}"></script>\n'
+    else:
+        body = mathml.typeset(body)
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
