@@ -5,6 +5,7 @@ Each launch runs on 2 gloo ranks in the fast tier; more ranks in the full suite.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,3 +85,14 @@ def test_batch_summary_joins_the_notebooks_traces_and_torch_diffs():
             {"records": {"x": [2]}}]
     assert merge_records(rows) == {"torch_api_max_diff": {"ddp": 0.0, "dtensor_tp": 1e-7},
                                    "profiler_traces": ["a.json", "b.json"], "x": [2]}
+
+
+def test_the_batch_points_the_traces_at_its_run_folder_whatever_folder_a_notebook_runs_in(tmp_path, monkeypatch):
+    """Notebooks run in notebooks/: a relative PAR_TRACE_DIR would put their traces there, not in the run."""
+    import os
+    from par.course.batch.runner import traces_into
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PAR_TRACE_DIR", raising=False)
+    with traces_into(Path("runs") / "r1" / "traces"):
+        assert os.environ["PAR_TRACE_DIR"] == str(tmp_path / "runs" / "r1" / "traces")
+    assert "PAR_TRACE_DIR" not in os.environ

@@ -24,7 +24,7 @@ world size, preset, steps, torch, commit): `python -m par site` shows it on ever
 The exit code is 1 when any notebook failed or was not run.
 
 `--dry-run` runs nothing: it checks every launch of every notebook for a server of
-`--world-size` GPUs with `--gpu-memory` bytes each (`par.course.batch.launches.dry_run`), and the work each
+`--world-size` GPUs with `--gpu-memory` bytes each (`par.course.batch.dry_run`), and the work each
 notebook does in its own kernel (demos, single-process references) against GPU 0 and `--host-memory`
 (default: this machine's); it prints the predicted memory and time per launch, the in-kernel work, then
 one line per problem; exit 0 when everything fits, else 2.
@@ -43,7 +43,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-CELL_TIMEOUT_S = 600.0   # a notebook's cell timeout when the course registry does not know it
+from par.course.batch.cost import CELL_TIMEOUT_S   # a notebook's cell timeout when no lecture module knows it
 
 
 def first_line(error: BaseException) -> str:
@@ -71,8 +71,14 @@ def kernel_warning() -> str | None:
     return None
 
 
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]   # the kernel's own log (its TCP-transport warning) stays quiet
+
+
 def run_one(notebook: Path, output: Path, parameters: dict, timeout: float) -> dict:
-    """Execute one notebook with papermill into `output`; return its summary row (never raises)."""
+    """Execute one notebook with papermill into `output`; return its summary row (never raises).
+
+    papermill saves into a temporary file beside `output`, renamed to `output` once it reads back as a notebook:
+    a write that failed (a full disk) leaves no truncated notebook, only the row's error."""
     import nbformat
     import papermill
 
@@ -80,17 +86,26 @@ def run_one(notebook: Path, output: Path, parameters: dict, timeout: float) -> d
     from par.course.batch.record import records
 
     start = time.perf_counter()
-    error = None
+    error, found = None, {}
+    partial = output.with_name(f".{output.stem}.tmp{output.suffix}")
     try:
         with sliced():  # a lost wake-up must not stall a cell for its whole timeout
-            papermill.execute_notebook(str(notebook), str(output), parameters=parameters, kernel_name="python3",
+            papermill.execute_notebook(str(notebook), str(partial), parameters=parameters, kernel_name="python3",
                                        cwd=str(notebook.parent), execution_timeout=timeout,
-                                       progress_bar=False, log_output=False)
+                                       progress_bar=False, log_output=False, extra_arguments=KERNEL_ARGUMENTS)
     except Exception as e:  # the batch reports every failure and goes on
         error = first_line(e)
-    found = records(nbformat.read(output, as_version=4)) if output.exists() else {}
+    try:
+        if partial.exists():
+            found = records(nbformat.read(partial, as_version=4))
+            os.replace(partial, output)
+    except Exception as e:   # truncated (the disk filled up), or not renamed: no half-written notebook is kept
+        error = error or f"the executed notebook could not be saved: {first_line(e)}"
+        with contextlib.suppress(OSError):
+            partial.unlink()
     return {"notebook": notebook.name, "status": "FAILED" if error else "ok", "error": error,
-            "duration_s": round(time.perf_counter() - start, 1), "records": found, "output": str(output)}
+            "duration_s": round(time.perf_counter() - start, 1), "records": found,
+            "output": str(output) if output.exists() else None}
 
 
 CONCATENATED = ("profiler_traces",)   # records whose lists add up over the notebooks (02 and 03 save traces)
@@ -134,8 +149,8 @@ def known_failures(notebook: Path, parameters: dict) -> tuple[list, float | None
     needs more memory than GPU 0 or this machine's host memory has; the layouts that cannot split (checked as the
     dry run does, for the backend the batch runs); on a GPU server (backend NCCL) also the launches that need
     more GPUs or more memory than there are."""
-    from par.course.batch import launches as course
-    if notebook.stem not in course.REGISTRY:
+    from par.course.batch import dry_run as checker, launches as course
+    if notebook.stem not in course.lectures():
         return [], None
     p = parameters
     try:
@@ -147,10 +162,10 @@ def known_failures(notebook: Path, parameters: dict) -> tuple[list, float | None
     timeout = course.notebook_timeout(found)
     memory = gpu_memory_here() or float("inf")
     kernel = [problem for k in course.kernel_work(notebook.stem, p["world_size"], p["backend"], p["preset"], p["steps"])
-              for problem in course.check_kernel(k, memory, course.host_memory_here())]
+              for problem in checker.check_kernel(k, memory, checker.host_memory_here())]
     from par.runtime.preflight import choose_backend
     gloo = choose_backend(p["world_size"], p["backend"]) == "gloo"   # then every launch runs gloo here
-    problems = [problem for l in found for problem in course.check(replace(l, backend="gloo") if gloo else l,
+    problems = [problem for l in found for problem in checker.check(replace(l, backend="gloo") if gloo else l,
                                                                    p["world_size"], memory, timeout)[1]
                 if problem.kind in ("layout", "memory")]
     return problems + kernel, timeout
@@ -200,22 +215,49 @@ def run(notebooks, out_root: Path, parameters: dict, timeout: float | None = Non
         suffix += 1
     folder.mkdir(parents=True)
     origin = provenance(parameters)
-    with traces_into(folder / "traces"):
-        rows = run_all(notebooks, folder, parameters, timeout)
-    summary = {"folder": str(folder), "parameters": parameters, "provenance": origin, "timeout_s": timeout,
-               "notebooks": rows,
-               "failed": sum(r["status"] != "ok" for r in rows),
-               "duration_s": round(sum(r["duration_s"] for r in rows), 1), "records": merge_records(rows)}
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (folder / "summary.md").write_text(markdown(summary))
-    return summary
+
+    def save(rows: list[dict]) -> dict:
+        """summary.json and summary.md of the rows so far, each replaced atomically after every notebook: a batch
+        stopped by a full disk keeps the summary of every notebook done before."""
+        from par.runtime.checks import write_atomic
+        summary = {"folder": str(folder), "parameters": parameters, "provenance": origin, "timeout_s": timeout,
+                   "notebooks": rows, "failed": sum(r["status"] != "ok" for r in rows),
+                   "duration_s": round(sum(r["duration_s"] for r in rows), 1), "records": merge_records(rows)}
+        write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
+        write_atomic(folder / "summary.md", markdown(summary))
+        return summary
+    with traces_into(folder / "traces"), quiet_home(folder):
+        rows = run_all(notebooks, folder, parameters, timeout, save)
+    return save(rows)
+
+
+@contextlib.contextmanager
+def quiet_home(folder: Path):
+    """With HOME unwritable, the kernels' IPython and matplotlib settings folders go into a folder of the run that
+    is removed afterwards (otherwise each kernel leaves a tmp* folder in /tmp)."""
+    import shutil
+    import tempfile
+    home = Path(os.environ.get("HOME") or "~").expanduser()
+    if os.access(home, os.W_OK):
+        yield
+        return
+    scratch = Path(tempfile.mkdtemp(prefix=".settings-", dir=folder))
+    saved = {k: os.environ.get(k) for k in ("IPYTHONDIR", "MPLCONFIGDIR")}
+    os.environ.update({k: str(scratch / k.lower()) for k in saved if saved[k] is None})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def traces_into(folder: Path):
     """The profiler traces the notebooks save (`par.runtime.profile.trace_dir`) go into the run's own folder."""
     previous = os.environ.get("PAR_TRACE_DIR")
-    os.environ["PAR_TRACE_DIR"] = str(folder)
+    os.environ["PAR_TRACE_DIR"] = str(folder.resolve())   # the notebooks run in their own folder
     try:
         yield
     finally:
@@ -225,8 +267,9 @@ def traces_into(folder: Path):
             os.environ["PAR_TRACE_DIR"] = previous
 
 
-def run_all(notebooks, folder: Path, parameters: dict, timeout: float | None) -> list[dict]:
-    """Each notebook in order into `folder`: its summary row (a failure is reported and the batch goes on)."""
+def run_all(notebooks, folder: Path, parameters: dict, timeout: float | None, save=None) -> list[dict]:
+    """Each notebook in order into `folder`: its summary row (a failure is reported and the batch goes on);
+    `save(rows)` after each one."""
     rows = []
     bar = tqdm(list(notebooks), desc="notebooks", unit="nb")
     for notebook in bar:
@@ -241,6 +284,8 @@ def run_all(notebooks, folder: Path, parameters: dict, timeout: float | None) ->
         rows.append(row)
         if row["error"]:
             bar.write(f"{row['status'].upper()} {notebook.name}: {row['error']}")
+        if save is not None:
+            save(rows)
     bar.close()
     return rows
 
@@ -287,7 +332,7 @@ def parse_bytes(text: str) -> float:
 
 def dry_run(args) -> int:
     """`--dry-run`: the course's launches checked for the imagined server; exit 0 if all fit, else 2."""
-    from par.course.batch import launches as course
+    from par.course.batch import dry_run as course
     from par.runtime.preflight import choose_backend
     choose_backend(args.world_size, args.backend, gpus=args.world_size)   # a backend name that exists
     if args.gpu_memory is None and args.backend != "gloo":
@@ -301,8 +346,7 @@ def dry_run(args) -> int:
           f"{args.steps} steps; host memory {host / 1e9:g} GB\n")
     print(course.format_estimates(estimates) + "\n")
     backend = "nccl" if args.backend == "auto" else args.backend
-    kernel = [k for nb in course.REGISTRY for k in course.kernel_work(nb, args.world_size, backend, args.preset,
-                                                                       args.steps)]
+    kernel = course.every_kernel_work(args.world_size, backend, args.preset, args.steps)
     print(course.format_kernel(kernel) + "\n")
     for problem in problems:
         print(f"problem: {problem}")
