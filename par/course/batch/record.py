@@ -8,7 +8,8 @@ it for its summary.
 Importing this module in a notebook also makes a failed launch readable there: a
 `par.runtime.launch.LaunchError` is shown as its message alone (the root cause on the first
 line, then the failing rank's traceback), without the launcher's own frames, which
-say nothing about what went wrong.
+say nothing about what went wrong; and every figure it shows carries its alt text
+(`par.course.batch.alt_text`: its title and axis labels), which the website uses.
 """
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ def _install_in_ipython() -> None:
     if shell is not None and not shell.custom_exceptions:
         from par.runtime.launch import LaunchError
         shell.set_custom_exc((LaunchError,), show_launch_error)
+    if shell is not None:
+        from par.course.batch import alt_text
+        alt_text.install()
 
 
 _install_in_ipython()
