@@ -13,6 +13,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import pytest
@@ -91,7 +92,9 @@ def test_a_notebook_that_cannot_work_on_the_gpu_server_is_not_run(tmp_path, monk
 
     def fixture(W, backend, preset, steps):
         return [course.launch("10_records", "TP", W, tp_job.Args(), backend)]
-    monkeypatch.setitem(course.REGISTRY, "10_records", fixture)
+    known = {**course.lectures(), "10_records": SimpleNamespace(NOTEBOOK="10_records", CELLS=("TP",), launches=fixture,
+                                                                KEY_NUMBERS=[])}
+    monkeypatch.setattr(course, "lectures", lambda extra=None: known)
     monkeypatch.setattr("par.runtime.preflight.choose_backend", lambda *a, **k: "nccl")   # as if on a GPU server
     monkeypatch.setattr(batch, "run_one", lambda *a: pytest.fail("the notebook was run"))
     summary = batch.run([tmp_path / "10_records.ipynb"], tmp_path / "runs", {"world_size": 8, "backend": "nccl",
@@ -133,14 +136,14 @@ def test_a_failed_launch_shows_its_root_cause_in_the_notebook_and_the_summary(tm
 
 
 # ---------------------------------------------------------------- the course on one rank (a one-GPU server)
-# Run in the notebook's kernel first: the registry (`par.course.batch.launches.on_gpus`) and the suite (`choose_backend`)
+# Run in the notebook's kernel first: the lectures (`par.course.batch.cost.on_gpus`) and the suite (`choose_backend`)
 # take their GPU branch, as on a server with one GPU; the launches keep the notebook's backend, gloo, and the
 # kernel's own demos stay on the CPU.
 ONE_GPU_SERVER = """\
-import par.course.batch.launches as _course, par.runtime.preflight as _preflight, par.runtime.dist as _dist
+import par.course.batch.cost as _cost, par.runtime.preflight as _preflight, par.runtime.dist as _dist
 _real = _preflight.choose_backend
-_course.on_gpus = lambda backend, world_size: True
-_course.kernel_device = lambda backend, world_size: "host"
+_cost.on_gpus = lambda backend, world_size: True
+_cost.kernel_device = lambda backend, world_size: "host"
 _preflight.choose_backend = _dist.choose_backend = lambda world_size, requested="auto", gpus=None, local_world_size=None: (
     "nccl" if gpus is None else _real(world_size, requested, gpus, local_world_size))
 """

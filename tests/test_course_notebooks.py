@@ -1,11 +1,13 @@
-"""The lecture notebooks run the launches `par.course.batch.launches` describes, so the dry run checks exactly what runs.
+"""The lecture notebooks run the launches their lecture modules (`par/course/lectures/`) describe, so the dry run
+checks exactly what runs.
 
+- every notebook has exactly one lecture module, found by its NOTEBOOK;
 - no lecture notebook starts ranks itself (`par.runtime.launch.run`, `launch.run`, `!torchrun`, multiprocessing);
-- every cell name the registry knows for a notebook is used by that notebook (a string in its code), and
-  every `course.find` call in a notebook names a cell the registry knows (a lecture registered with no cells,
-  07b, launches nothing and calls no `course.find`);
-- lecture 07's launches in the registry are exactly those `par.train.suite.run_suite` makes;
-- the work a notebook does in its own kernel is the registry's (`course.in_kernel`), so the dry run checks it.
+- every cell name a lecture module declares (CELLS) is used by its notebook (a string in its code), and
+  every `course.find` call in a notebook names a declared cell (a lecture with no cells, 07b, launches nothing
+  and calls no `course.find`);
+- lecture 07's launches are exactly those `par.train.suite.run_suite` makes;
+- the work a notebook does in its own kernel is its lecture's (`course.in_kernel`), so the dry run checks it.
 Static: the notebooks are read, not executed (tests/test_notebooks.py executes them).
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from par.course.batch import launches as course
+from par.course.lectures import l07_putting_it_together as l07
 from par.zero import job as zero_job
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -47,8 +50,10 @@ def calls(tree: ast.Module) -> list[ast.Call]:
     return [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
 
 
-def test_every_lecture_has_launches_registered():
-    assert [p.stem for p in LECTURES] == list(course.REGISTRY) == list(course.CELLS)
+def test_every_notebook_has_exactly_one_lecture_module():
+    found = course.lectures()
+    assert [p.stem for p in LECTURES] == list(found)
+    assert all(m.__name__.startswith(f"par.course.lectures.l{nb.split('_')[0]}_") for nb, m in found.items())
 
 
 @pytest.mark.parametrize("path", LECTURES, ids=lambda p: p.stem)
@@ -65,10 +70,10 @@ def test_no_notebook_starts_ranks_itself(path):
 def test_every_registered_cell_is_used_by_its_notebook(path):
     tree = code(path)
     used = strings(tree)
-    missing = [cell for cell in course.CELLS[path.stem] if cell not in used]
+    missing = [cell for cell in course.lecture(path.stem).CELLS if cell not in used]
     assert missing == [], f"{path.name} never runs its registered cell(s) {missing}"
     finds = [c for c in calls(tree) if ast.unparse(c.func) == "course.find"]
-    if not course.CELLS[path.stem]:      # a lecture that launches nothing (07b: pure planner, its own cluster)
+    if not course.lecture(path.stem).CELLS:      # a lecture that launches nothing (07b: pure planner, its own cluster)
         assert finds == [] and course.launches(path.stem, 2, "gloo") == [], f"{path.name} has no cell to find"
         return
     assert finds, f"{path.name} never asks par.course.batch.launches for its launches"
@@ -77,11 +82,11 @@ def test_every_registered_cell_is_used_by_its_notebook(path):
         if isinstance(nb, ast.Constant):
             assert nb.value == path.stem, ast.unparse(c)
         if isinstance(cell, ast.Constant):
-            assert cell.value in course.CELLS[path.stem], ast.unparse(c)
+            assert cell.value in course.lecture(path.stem).CELLS, ast.unparse(c)
 
 
 @pytest.mark.parametrize("path", LECTURES, ids=lambda p: p.stem)
-def test_in_kernel_work_is_asked_of_the_registry(path):
+def test_in_kernel_work_is_asked_of_the_lecture_module(path):
     asked = [c for c in calls(code(path)) if ast.unparse(c.func) == "course.in_kernel"]
     assert all(isinstance(c.args[0], ast.Constant) and c.args[0].value == path.stem for c in asked)
     registered = [k.cell for k in course.kernel_work(path.stem, 2, "gloo", "tiny", 20)]
@@ -89,10 +94,10 @@ def test_in_kernel_work_is_asked_of_the_registry(path):
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_every_launch_belongs_to_a_registered_cell(world_size):
-    for nb in course.REGISTRY:
+def test_every_launch_belongs_to_a_declared_cell(world_size):
+    for nb, lecture in course.lectures().items():
         for launch in course.launches(nb, world_size, "gloo", "tiny", 20):
-            assert launch.cell in course.CELLS[nb], launch.name()
+            assert launch.cell in lecture.CELLS, launch.name()
 
 
 def test_find_knows_the_cells():
@@ -102,7 +107,7 @@ def test_find_knows_the_cells():
 
 
 def test_lecture_07_launches_are_the_suites(monkeypatch):
-    """What `suite.run_suite` launches in lecture 07 (recorded, not run) equals the registry's launches."""
+    """What `suite.run_suite` launches in lecture 07 (recorded, not run) equals the lecture module's launches."""
     import par.runtime.launch
     from par.train import suite
     made = []
@@ -112,9 +117,9 @@ def test_lecture_07_launches_are_the_suites(monkeypatch):
         raise par.runtime.launch.LaunchError("not run in this test")
     monkeypatch.setattr(par.runtime.launch, "run", fake_run)
     world_size, preset, steps = 2, "tiny", 20
-    for cell, names in (("3D", ["3D"]), ("benchmark table", [n for n in course.LECTURE_07_ROWS if n != "bf16"])):
+    for cell, names in (("3D", ["3D"]), ("benchmark table", [n for n in l07.ROWS if n != "bf16"])):
         made.clear()
-        suite.run_suite(names, nproc=world_size, preset=preset, steps=course.bench_steps(steps), backend="gloo")
+        suite.run_suite(names, nproc=world_size, preset=preset, steps=l07.bench_steps(steps), backend="gloo")
         expected = [(l.module, l.nproc, tuple(l.args.to_argv()), l.backend)
                     for l in course.find("07_putting_it_together", cell, world_size, "gloo", preset, steps)]
         assert sorted(made) == sorted(expected) and made, cell

@@ -1,10 +1,11 @@
-"""The course's launches as data (`par.course.batch.launches`) and the dry run of a GPU batch, without a GPU.
+"""The course's launches as data (each lecture module's `launches`, found by `par.course.batch.launches`) and the
+dry run of a GPU batch (`par.course.batch.dry_run`), without a GPU.
 
-- the registry is a pure function of (world_size, backend, preset, steps), and every launch names a job
+- each lecture's launches are a pure function of (world_size, backend, preset, steps), and every launch names a job
   that exists, with a timeout that scales with its work;
 - the dry run passes for gpt3-small on 8 x 80 GB and on 4 x 40 GB, and fails with one line per problem
   for 2 x 8 GB;
-- a synthetic registry of the launches as the notebooks made them before issue 18 (TP degree 8 on 12
+- a synthetic set of lectures with the launches as the notebooks made them before issue 18 (TP degree 8 on 12
   heads, a single-process reference of the whole pipeline batch, a 1-rank baseline on the CPU, fixed
   300 s timeouts) is caught, each problem by its kind;
 - the notebooks' own work in their kernel (demos, one-process references) is sized down or skipped, with the
@@ -15,11 +16,12 @@
 from __future__ import annotations
 
 import importlib.util
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from par.course.batch import runner as batch, launches as course
+from par.course.batch import cost, dry_run as checker, runner as batch, launches as course
 from par.dp import job as dp_job
 from par.model import preset as model_preset
 from par.pp import job as pp_job
@@ -31,9 +33,9 @@ GPT3 = "gpt3-small"
 
 @pytest.mark.parametrize("world_size, memory", [(8, 80e9), (4, 40e9)])
 def test_gpt3_small_fits_real_servers(world_size, memory):
-    estimates, problems = course.dry_run(world_size, "nccl", GPT3, 200, memory)
+    estimates, problems = checker.dry_run(world_size, "nccl", GPT3, 200, memory)
     assert problems == []
-    assert len(estimates) >= len(course.REGISTRY)
+    assert len(estimates) >= len(course.lectures())
     assert all(e.backend == "nccl" for e in estimates), "no launch may fall back to the CPU on a GPU server"
     assert all(e.launch.nproc <= world_size for e in estimates)
     assert max(e.memory for e in estimates) <= memory
@@ -41,12 +43,12 @@ def test_gpt3_small_fits_real_servers(world_size, memory):
 
 def test_gpt3_small_on_one_gpu_has_no_layout_problem():
     """The GPU tier's batch (--world-size 1): every launch fits one 80 GB GPU."""
-    estimates, problems = course.dry_run(1, "nccl", GPT3, 20, 80e9)
+    estimates, problems = checker.dry_run(1, "nccl", GPT3, 20, 80e9)
     assert problems == [] and {e.launch.nproc for e in estimates} == {1}
 
 
 def test_two_small_gpus_fail_with_one_line_per_problem():
-    _, problems = course.dry_run(2, "nccl", GPT3, 200, 8e9)
+    _, problems = checker.dry_run(2, "nccl", GPT3, 200, 8e9)
     assert problems, "gpt3-small does not fit 8 GB per GPU"
     assert {p.kind for p in problems} == {"memory"}
     for p in problems:
@@ -54,15 +56,15 @@ def test_two_small_gpus_fail_with_one_line_per_problem():
         assert "\n" not in line and "per GPU > 8.00 GB" in line and "[" in line   # names the notebook's cell
 
 
-def test_registry_is_pure_and_names_real_jobs():
-    for nb in course.REGISTRY:
+def test_every_lectures_launches_are_pure_and_name_real_jobs():
+    for nb, lecture in course.lectures().items():
         for args in [(2, "auto", "tiny", 20), (8, "nccl", GPT3, 200)]:
             first, again = course.launches(nb, *args), course.launches(nb, *args)
-            assert first == again and (first or not course.CELLS[nb]), nb   # 07b launches nothing
+            assert first == again and (first or not lecture.CELLS), nb   # 07b launches nothing
             for l in first:
                 assert importlib.util.find_spec(l.module) is not None, l.module
                 assert type(l.args).parse(l.args.to_argv()) == l.args
-                assert l.timeout >= course.MIN_TIMEOUT_S
+                assert l.timeout >= cost.MIN_TIMEOUT_S
 
 
 def test_timeouts_scale_with_the_work():
@@ -94,15 +96,20 @@ def test_gpu_sensible_choices():
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="here 'auto' means NCCL")
 def test_auto_means_this_machine_in_a_notebook_and_gpus_in_the_dry_run():
     assert course.find("03_pipelines", "gantt", 2, "auto", "tiny", 20)[0].nproc == 4       # gloo here
-    assert course.dry_run(4, "auto", GPT3, 200, 40e9) == course.dry_run(4, "nccl", GPT3, 200, 40e9)
+    assert checker.dry_run(4, "auto", GPT3, 200, 40e9) == checker.dry_run(4, "nccl", GPT3, 200, 40e9)
 
 
 def test_unknown_notebook_is_a_clear_error():
-    with pytest.raises(course.CourseError, match="no launches registered for notebook '99_nope'"):
+    with pytest.raises(course.CourseError, match="no lecture module for notebook '99_nope'"):
         course.launches("notebooks/99_nope.ipynb", 2)
 
 
 # ---------------------------------------------------------------- the checker catches what issue 18 found
+def synthetic(**launches) -> dict:
+    """A set of lectures {notebook: module} whose `launches` are the given functions (`known=` of the dry run)."""
+    return {nb: SimpleNamespace(NOTEBOOK=nb, CELLS=(), launches=fn, KEY_NUMBERS=[]) for nb, fn in launches.items()}
+
+
 def legacy_registry() -> dict:
     """The launches as the notebooks made them before issue 18, written as data."""
     def nb04(W, backend, preset, steps):   # TP degree = world size, whatever the heads
@@ -116,7 +123,7 @@ def legacy_registry() -> dict:
     def nb02(W, backend, preset, steps):   # the 1-rank baseline on the CPU, a fixed 300 s timeout
         return [course.launch("02_data_parallel", "loss curves", 1, dp_job.Args(
             dp=("none",), preset=GPT3, batch=32, steps=steps), "gloo", timeout=300)]
-    return {"02_data_parallel": nb02, "03_pipelines": nb03, "04_tensor_parallel": nb04}
+    return synthetic(**{"02_data_parallel": nb02, "03_pipelines": nb03, "04_tensor_parallel": nb04})
 
 
 def test_the_work_is_what_the_arguments_say():
@@ -131,7 +138,7 @@ def test_the_work_is_what_the_arguments_say():
 
 
 def test_the_checker_finds_issue_18s_problems():
-    _, problems = course.dry_run(8, "nccl", GPT3, 200, 80e9, registry=legacy_registry())
+    _, problems = checker.dry_run(8, "nccl", GPT3, 200, 80e9, known=legacy_registry())
     by_notebook = {}
     for p in problems:
         by_notebook.setdefault(p.where.split(" ")[0], []).append(p)
@@ -146,7 +153,7 @@ def test_the_checker_finds_issue_18s_problems():
 def test_a_launch_needing_more_gpus_than_the_server_has():
     def nb(W, backend, preset, steps):
         return [course.launch("03_pipelines", "gantt", max(W, 4), pp_job.Args(), backend)]
-    _, problems = course.dry_run(2, "nccl", "tiny", 20, 80e9, registry={"03_pipelines": nb})
+    _, problems = checker.dry_run(2, "nccl", "tiny", 20, 80e9, known=synthetic(**{"03_pipelines": nb}))
     assert [str(p) for p in problems] == [
         "03_pipelines [gantt] par.pp.job on 4 ranks: needs 4 GPUs, the server has 2"]
 
@@ -160,7 +167,7 @@ def test_cli_dry_run_passes_and_fails(capsys):
     assert batch.main([*args, "--world-size", "2", "--gpu-memory", "8GB"]) == 2
     out = capsys.readouterr().out
     problems = [line for line in out.splitlines() if line.startswith("problem: ")]
-    _, expected = course.dry_run(2, "nccl", GPT3, 200, 8e9)
+    _, expected = checker.dry_run(2, "nccl", GPT3, 200, 8e9)
     assert problems == [f"problem: {p}" for p in expected]
 
 
@@ -183,7 +190,7 @@ def test_in_kernel_work_scales_down_or_is_skipped_at_gpu_presets():
     """Issue 28: lecture 07 trained gpt3-small's 3D reference (64 x 2048 tokens, ~290 GB) on the host, and 05 and 06
     ran an fp32 gpt3-small step on 16 x 2048 tokens (~75 GB) on GPU 0, inside the notebook's kernel."""
     for world_size in (1, 8):
-        works = {k.cell: k for nb in course.KERNEL for k in course.kernel_work(nb, world_size, "nccl", GPT3, 200)}
+        works = {k.cell: k for nb in course.lectures() for k in course.kernel_work(nb, world_size, "nccl", GPT3, 200)}
         assert set(works) == {"naive model parallel", "fp16 demos", "recomputation", "3D reference"}
         for k in works.values():
             assert k.skipped or k.memory() <= course.KERNEL_MEMORY, k
@@ -197,20 +204,20 @@ def test_in_kernel_work_scales_down_or_is_skipped_at_gpu_presets():
     assert "needs 8 GPUs and this server has 1" in course.in_kernel(
         "07_putting_it_together", "3D reference", 1, "nccl", GPT3, 20).skipped
     # the tiny course keeps its demos whole: 16 sequences of the whole context, the 3D row's own batches
-    tiny = {k.cell: k for nb in course.KERNEL for k in course.kernel_work(nb, 2, "gloo", "tiny", 20)}
+    tiny = {k.cell: k for nb in course.lectures() for k in course.kernel_work(nb, 2, "gloo", "tiny", 20)}
     assert (tiny["fp16 demos"].batch, tiny["fp16 demos"].tokens) == (16, model_preset("tiny").block_size)
     assert not tiny["3D reference"].skipped and tiny["3D reference"].device == "host"
 
 
 def test_dry_run_refuses_in_kernel_work_that_does_not_fit_the_host_or_the_gpu():
-    _, problems = course.dry_run(8, "nccl", GPT3, 200, 80e9, host_memory=4e9)
+    _, problems = checker.dry_run(8, "nccl", GPT3, 200, 80e9, host_memory=4e9)
     (host,) = kernel_problems(problems)
     assert host.kind == "memory" and host.where == "03_pipelines [naive model parallel] in the notebook's kernel"
     assert "of host memory > 4.00 GB" in host.message and "gpt3-small on the host" in host.message
-    _, problems = course.dry_run(1, "nccl", GPT3, 20, 6e9, host_memory=512e9)
+    _, problems = checker.dry_run(1, "nccl", GPT3, 20, 6e9, host_memory=512e9)
     assert [p.where for p in kernel_problems(problems)] == ["05_mixed_precision [fp16 demos] in the notebook's kernel"]
     assert "per GPU > 6.00 GB" in kernel_problems(problems)[0].message
-    assert kernel_problems(course.dry_run(8, "nccl", GPT3, 200, 80e9, host_memory=512e9)[1]) == []
+    assert kernel_problems(checker.dry_run(8, "nccl", GPT3, 200, 80e9, host_memory=512e9)[1]) == []
 
 
 def test_dry_run_catches_the_in_kernel_work_issue_28_found():
@@ -218,14 +225,15 @@ def test_dry_run_catches_the_in_kernel_work_issue_28_found():
     cfg = model_preset(GPT3)
 
     def nb05(W, backend, preset, steps):    # an fp32 step of 16 x 2048 tokens and its fp16 copies on GPU 0
-        return [course.KernelWork("05_mixed_precision", "fp16 demos", cfg, 16, 2048, "gpu", GPT3, optimizer="adam",
-                                  states=20.0)]
+        return [course.KernelWork(notebook="05_mixed_precision", cell="fp16 demos", model=cfg, batch=16, tokens=2048,
+                                  device="gpu", label=GPT3, optimizer="adam", states=20.0)]
 
     def nb07(W, backend, preset, steps):    # the 3D row's one-process reference: 5 steps of 64 x 2048 on the host
-        return [course.KernelWork("07_putting_it_together", "3D reference", cfg, 64, 2048, "host", GPT3,
-                                  optimizer="adam", steps=5)]
-    _, problems = course.dry_run(4, "nccl", GPT3, 200, 40e9, host_memory=128e9,
-                                 kernel_registry={"05_mixed_precision": nb05, "07_putting_it_together": nb07})
+        return [course.KernelWork(notebook="07_putting_it_together", cell="3D reference", model=cfg, batch=64,
+                                  tokens=2048, device="host", label=GPT3, optimizer="adam", steps=5)]
+    known = synthetic(**{"05_mixed_precision": lambda *a: [], "07_putting_it_together": lambda *a: []})
+    known["05_mixed_precision"].kernel, known["07_putting_it_together"].kernel = nb05, nb07
+    _, problems = checker.dry_run(4, "nccl", GPT3, 200, 40e9, host_memory=128e9, known=known)
     found = {p.where.split(" ")[0]: p for p in kernel_problems(problems)}
     assert set(found) == {"05_mixed_precision", "07_putting_it_together"}
     assert "per GPU > 40.00 GB" in found["05_mixed_precision"].message

@@ -211,26 +211,39 @@ def test_lecture_pages_show_text_code_outputs_figures_and_status(site):
     assert "<script" not in (site / "docs" / "ta.html").read_text()
 
 
-def test_the_index_shows_key_numbers_beside_their_formulas(site):
+def test_the_index_shows_key_numbers_beside_their_formulas_and_targets(site):
     text = text_of(site / "index.html")
-    for key in numbers.KEY_NUMBERS["03"]:
+    for key in numbers.lecture_keys()["03_pipelines"]:
         if (key.record, key.part) in (("bubble_measured_vs_m", "1f1b"), ("pipeline_max_grad_diff_vs_single", None)):
             assert key.what in text and key.formula in text
-    assert "1: 0.5, 4: 0.2" in text and "1.2e-07" in text
+    assert "1: 0.5, 4: 0.2" in text and "1.2e-07 met" in text and "≤ 1e-05" in text   # 1.2e-7 meets "≤ 1e-5"
     assert "torch pipelining" not in text             # a record the run lacks is left out, not shown empty
 
 
+def test_a_target_is_data_the_site_evaluates_to_a_verdict():
+    key = numbers.Key("bubble gap", "≤ 0.05", "gap", target=numbers.at_most(0.05))
+    assert numbers.verdict(key, {"gap": 0.03}) == numbers.MET and numbers.verdict(key, {"gap": 0.06}) == numbers.MISSED
+    assert numbers.verdict(key, {}) == "" and numbers.verdict(key, {"gap": "n/a"}) == ""
+    per_m = numbers.Key("ratio", "→ 1", "r", "zb", target=numbers.near(1.0, 0.05))
+    assert numbers.verdict(per_m, {"r": {"zb": {"4": 0.97, "8": 1.02}}}) == numbers.MET
+    assert numbers.verdict(per_m, {"r": {"zb": {"4": 0.97, "8": 1.2}}}) == numbers.MISSED   # every number must hold
+    assert numbers.verdict(numbers.Key("equal", "", "e", target=numbers.equal(True)), {"e": False}) == numbers.MISSED
+    assert numbers.verdict(numbers.Key("no target", "", "x"), {"x": 1.0}) == ""
+    assert numbers.Key.from_dict(json.loads(json.dumps(key.to_dict()))) == key     # what the command hands the site
+
+
 def test_key_numbers_are_records_of_their_own_lecture():
-    """Every lecture has its key numbers, keyed by its number ("07b" for 07b_at_scale), and each is a record its own
-    notebook makes (a section moved to another lecture takes its key numbers with it); a lecture NNb shows the
+    """Every lecture has its key numbers (its lecture module's, read through `python -m par.course.lectures`), and each
+    is a record its own notebook makes (a section moved to another lecture takes its key numbers with it); a lecture NNb shows the
     exercise of NN."""
     from par.site.run import Lecture
     lectures = [Lecture(p.stem, "ok", None, 0.0, {}, None) for p in sorted((ROOT / "notebooks").glob("*.ipynb"))]
-    assert sorted(numbers.KEY_NUMBERS) == sorted(l.number for l in lectures)
+    keys = numbers.lecture_keys()
+    assert sorted(keys) == sorted(l.stem for l in lectures)
     for lecture in lectures:
         cells = json.loads((ROOT / "notebooks" / f"{lecture.stem}.ipynb").read_text())["cells"]
         code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-        for key in numbers.KEY_NUMBERS[lecture.number]:
+        for key in keys[lecture.stem]:
             assert f'record("{key.record}"' in code, f"{lecture.stem} does not record {key.record!r}"
         assert list((ROOT / "exercises").glob(f"{lecture.exercise_number}_*.ipynb")), lecture.stem
     assert Lecture("07b_at_scale", "ok", None, 0.0, {}, None).exercise_number == "07"

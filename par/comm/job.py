@@ -229,6 +229,14 @@ class Args(JobArgs):
     warmup: int = arg(2)
 
 
+def work(args: Args, nproc: int) -> list:
+    """What a launch of these arguments computes (the course's dry run costs it): the counted sizes and the
+    timed ones, `warmup + reps` times each (ring and torch)."""
+    from par.runtime.job_work import Collectives
+    counted = args.bytes_sizes if "bytes" in args.parts else ()
+    return [Collectives((*counted, *(args.sizes if "timing" in args.parts else ())), args.reps + args.warmup)]
+
+
 def main(argv=None) -> None:
     args = Args.parse(argv)
     env = par.runtime.dist.init()

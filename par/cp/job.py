@@ -53,6 +53,15 @@ class Args(JobArgs):
     seed: int = arg(0)
 
 
+def work(args: Args, nproc: int) -> list:
+    """What a launch of these arguments computes (the course's dry run costs it): TP+SP and CP training (and a
+    timeline) beside the dense model, costed as three TP trainings with the dense reference (the planner's TP
+    activations bound TP+SP's and CP's)."""
+    from par.runtime.job_work import Training
+    return [Training(model=preset(args.preset), global_batch=args.batch_size, tp=nproc, steps=3 * args.steps,
+                     reference_batch=args.batch_size, label=f"TP+SP and CP on {nproc}")]
+
+
 def sweep(cfg, n: int, seqs: tuple[int, ...]) -> list[int]:
     """Sequence lengths for the memory figure, rounded up to a multiple of 2n (SP and CP both split them)."""
     seqs = list(seqs) or (

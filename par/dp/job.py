@@ -68,6 +68,16 @@ class Args(JobArgs):
     profile_step: int = arg(1, minimum=0)
 
 
+def work(args: Args, nproc: int) -> list:
+    """What a launch of these arguments computes (the course's dry run costs it): one run per --dp ×
+    --compression, the global batch in micro-batches of --micro-batch where given."""
+    from par.runtime.job_work import Training
+    cfg = preset(args.preset, tie_embeddings=args.tie_embeddings)
+    accum = args.accum or (args.batch // (args.micro_batch * nproc) if args.micro_batch else 1)
+    return [Training(model=cfg, global_batch=args.batch, dp=nproc, microbatches=accum, optimizer=args.optimizer,
+                     steps=args.steps, label=f"{v}, {c}") for v in args.dp for c in args.compression]
+
+
 def expected_bytes(dp, comp, n: int, rank: int) -> dict:
     """What one step should send: exact for this rank (ring, uneven chunks) and the lecture's formula."""
     params = [p for p in dp.module.parameters() if p.requires_grad] if hasattr(dp, "module") else []

@@ -47,6 +47,15 @@ class Args(JobArgs):
     seed: int = arg(0)
 
 
+def work(args: Args, nproc: int) -> list:
+    """What a launch of these arguments computes (the course's dry run costs it): one data-parallel run per
+    precision × optimizer, `batch` sequences per rank."""
+    from par.runtime.job_work import Training
+    cfg = preset(args.preset)
+    return [Training(model=cfg, global_batch=args.batch * nproc, dp=nproc, precision=p, optimizer=o, steps=args.steps,
+                     label=f"{p} {o}") for p in args.precisions for o in args.optimizers]
+
+
 def measure_one(cfg, precision: str, optimizer: str, batch: int, steps: int, seed: int, env) -> dict:
     """`steps` steps; live model-state bytes after build, the first backward and each step."""
     memory.free_device_memory()       # the previous configuration's tensors must not count in this peak

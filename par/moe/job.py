@@ -52,6 +52,20 @@ class Args(JobArgs):
                                  "torch's all_to_all_single, and run a MoE layer with each (result['torch_api'])")
 
 
+def work(args: Args, nproc: int) -> list:
+    """What a launch of these arguments computes (the course's dry run costs it): one run per alpha. The planner
+    has no MoE: a dense model whose FFN holds the experts a rank keeps (a go/no-go estimate), the
+    single-process reference beside (--check)."""
+    import math
+    from dataclasses import replace
+    from par.runtime.job_work import Training
+    cfg = preset(args.preset)
+    held = replace(cfg, d_ff=cfg.ffn * max(args.k, math.ceil(args.experts / (args.ep or nproc))))
+    batch = args.batch * nproc
+    return [Training(model=held, global_batch=batch, dp=nproc, steps=args.steps,
+                     reference_batch=batch if args.check else 0, label=f"alpha {a}") for a in args.alphas]
+
+
 def device_of(model) -> torch.device:
     return next(model.parameters()).device
 

@@ -88,6 +88,34 @@ class Args(JobArgs):
     record_comm: bool = arg(False, "also record blocking waits (lane 'comm')")
 
 
+def work(args: Args, nproc: int) -> list:
+    """What a launch of these arguments computes (the course's dry run costs it): one run per schedule × m on dp
+    replicas of a pipeline of nproc / dp stages, after `warmup` steps; the single-process reference of the same
+    batch beside (--check)."""
+    from par.runtime.job_work import Training
+    cfg = config(args) if args.model == "gpt" else square_in_gpt_terms(args, nproc)
+    rows_per_sequence = 1 if args.model == "gpt" else cfg.block_size
+    out = []
+    for schedule in args.schedules:
+        for m in args.microbatches:
+            batch = -(-(args.batch or args.dp * m * args.micro_batch_size) // rows_per_sequence)
+            out.append(Training(model=cfg, global_batch=batch, dp=args.dp, pp=nproc // args.dp, microbatches=m,
+                                steps=args.steps + args.warmup, reference_batch=batch if args.check else 0,
+                                label=f"{schedule} m={m}"))
+    return out
+
+
+def square_in_gpt_terms(args: Args, nproc: int):
+    """`--model square` for the planner: L square layers of width d hold L·d² weights and cost 6·L·d² FLOPs per
+    row, those of L/12 GPT blocks of width d (12·d² weights each), a row a token (the planner's shortest sequence:
+    2 tokens, so 2 rows); the planner's activations per block bound a square layer's from above. At least a
+    block per stage."""
+    import math
+    from par.model import GPTConfig
+    width, layers = square_width(args), square_layers(args)
+    return GPTConfig(vocab_size=2, block_size=2, n_layer=max(nproc, math.ceil(layers / 12)), n_head=1, d_model=width)
+
+
 def config(args):
     """The GPT-lite configuration of --preset and its overrides (--model gpt)."""
     overrides = {"n_layer": args.n_layer, "d_model": args.d_model, "n_head": args.n_head,

@@ -37,6 +37,17 @@ class Args(JobArgs):
     seed: int = arg(0)
 
 
+def work(args: Args, nproc: int) -> list:
+    """What a launch of these arguments computes (the course's dry run costs it): the same pipeline under par's
+    runtime and torch's."""
+    from dataclasses import replace
+    from par.runtime.job_work import Training
+    cfg = preset(args.preset, **({"n_layer": args.n_layer} if args.n_layer else {}))
+    one = Training(model=cfg, global_batch=args.microbatches * args.micro_batch_size, pp=nproc,
+                   microbatches=args.microbatches, steps=args.steps, label=f"{args.schedule} m={args.microbatches}")
+    return [one, replace(one, label=f"torch {one.label}")]
+
+
 def run_step(runtime, opt, x, y, device):
     """(loss, seconds) of one forward and backward of `runtime` (the optimizer steps later)."""
     opt.zero_grad(set_to_none=True)

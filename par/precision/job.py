@@ -58,6 +58,14 @@ class Args(JobArgs):
     seed: int = arg(0)
 
 
+def work(args: Args, nproc: int) -> list:
+    """What a launch of these arguments computes (the course's dry run costs it): one data-parallel run per dtype."""
+    from par.runtime.job_work import Training
+    cfg = preset(args.preset)
+    return [Training(model=cfg, global_batch=args.batch, dp=nproc, precision=d, optimizer=args.optimizer,
+                     steps=args.steps, label=d) for d in args.dtype]
+
+
 def make_scaler(args, dtype: str):
     if dtype == "bf16":
         return StaticLossScaler(1.0)

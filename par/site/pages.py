@@ -29,8 +29,8 @@ def exporter():
 
 
 def static_notebook(nb):
-    """A copy of `nb` that a static page can show: widget outputs replaced (progress bars dropped, other widgets
-    by a note), the widget state removed."""
+    """A copy of `nb` that a static page can show: figures with their alt text, widget outputs replaced (progress
+    bars dropped, other widgets by a note), the widget state removed."""
     import nbformat
     nb = copy.deepcopy(nb)
     nb.metadata.pop("widgets", None)
@@ -38,6 +38,8 @@ def static_notebook(nb):
         outputs = []
         for out in cell.get("outputs", []):
             data = out.get("data", {})
+            if "image/png" in data:
+                out = figure_with_alt(out)
             if WIDGET in data:
                 if PROGRESS.search(str(data.get("text/plain", ""))):
                     continue
@@ -46,6 +48,17 @@ def static_notebook(nb):
         if "outputs" in cell:
             cell.outputs = outputs
     return nb
+
+
+def figure_with_alt(out):
+    """A figure's output as an image that carries its alt text: the description the notebook's kernel recorded
+    (`par.course.batch.alt_text`: the figure's titles and axis labels), or a plain note where none was."""
+    import nbformat
+    meta = out.get("metadata", {})
+    alt = meta.get("alt") or meta.get("image/png", {}).get("alt") or "A figure (no description was recorded)."
+    src = "".join(out["data"]["image/png"].split())
+    return nbformat.v4.new_output("display_data", data={"text/html": f'<img src="data:image/png;base64,{src}" '
+                                                                     f'alt="{escape(alt)}">'})
 
 
 def notebook_body(nb, html_exporter) -> str:
@@ -132,19 +145,27 @@ def _columns(runs: list[Run]) -> str:
     return "".join(f'<th>run {chr(65 + i)}: {escape(r.label())}</th>' for i, r in enumerate(runs))
 
 
-def key_numbers_table(number: str, stem: str, runs: list[Run]) -> str:
-    """The chosen key numbers of lecture `number`, one column per run; '' when no run has any."""
+def key_numbers_table(stem: str, runs: list[Run]) -> str:
+    """The key numbers of the lecture of notebook `stem` (its lecture module's, `numbers.lecture_keys`), one column
+    per run, each value beside its verdict where the lecture states a target; '' when no run has any."""
     records = [(r.lecture(stem).records if r.lecture(stem) else {}) for r in runs]
-    keys = [k for k in numbers.KEY_NUMBERS.get(number, [])
+    keys = [k for k in numbers.lecture_keys().get(stem, [])
             if any(numbers.value(rec, k) is not numbers.MISSING for rec in records)]
     if not keys:
         return ""
+
+    def cell(rec, k) -> str:
+        verdict = numbers.verdict(k, rec)
+        look = "ok" if verdict == numbers.MET else "bad"
+        badge = f' <span class="status {look}">{verdict}</span>' if verdict else ""
+        return f'<td class="num">{escape(numbers.fmt(numbers.value(rec, k)))}{badge}</td>'
     rows = "".join(
         f'<tr><td>{escape(k.what)}</td><td class="formula">{escape(k.formula)}</td>'
-        + "".join(f'<td class="num">{escape(numbers.fmt(numbers.value(rec, k)))}</td>' for rec in records) + "</tr>"
+        f'<td class="formula">{escape(k.target.text if k.target else "")}</td>'
+        + "".join(cell(rec, k) for rec in records) + "</tr>"
         for k in keys)
-    return f"<table><thead><tr><th>quantity</th><th>formula / expected</th>{_columns(runs)}</tr></thead>" \
-           f"<tbody>{rows}</tbody></table>"
+    return f"<table><thead><tr><th>quantity</th><th>formula / expected</th><th>target</th>{_columns(runs)}</tr>" \
+           f"</thead><tbody>{rows}</tbody></table>"
 
 
 def records_table(stem: str, runs: list[Run]) -> str:
@@ -231,7 +252,7 @@ def index_body(run: Run, runs: list[Run], titles: dict[str, str], exercises: dic
             meta.append(f"<span>{escape(lecture.error[:160])}</span>")
         if exercise:
             meta.append(f'exercise: <a href="exercises/{escape(exercise)}.html">{escape(exercise)}</a>')
-        table = key_numbers_table(lecture.number, lecture.stem, runs)
+        table = key_numbers_table(lecture.stem, runs)
         parts.append(f'<section class="lecture-card" id="lecture-{escape(lecture.stem)}">'
                      f'<h3><a href="lectures/{escape(lecture.stem)}.html">{escape(titles[lecture.stem])}</a></h3>'
                      f'<div class="meta">{" · ".join(meta)}</div>{table}</section>')

@@ -53,6 +53,19 @@ class Args(JobArgs):
     no_reference: bool = arg(False, "skip the dense model (big presets)")
 
 
+def work(args: Args, nproc: int) -> list:
+    """What a launch of these arguments computes (the course's dry run costs it): TP training on nproc ranks, the
+    dense model trained beside (unless --no-reference); --torch-api: par's TP and DTensor's side by side."""
+    from dataclasses import replace
+    from par.runtime.job_work import Training
+    sizes = {k: v for k, v in (("n_head", args.n_head), ("d_model", args.d_model)) if v is not None}
+    one = Training(model=preset(args.preset, **sizes), global_batch=args.batch_size, tp=nproc,
+                   optimizer=args.optimizer, steps=args.steps,
+                   reference_batch=0 if args.no_reference else args.batch_size, label=f"TP {nproc}")
+    return [one] + ([replace(one, steps=2 * args.torch_api, reference_batch=0, label=f"TP {nproc}: par and DTensor")]
+                    if args.torch_api else [])
+
+
 def train(model, batches, optimizer, lr, device, eps=1e-8):
     """Plain training loop; returns (losses, seconds per step, the first step's communication log, optimizer)."""
     opt = make_optimizer(model.parameters(), optimizer, lr, **({"eps": eps} if optimizer.startswith("adam") else {}))

@@ -28,6 +28,21 @@ class Args(JobArgs):
     check: bool = arg(False, "train the single-process model beside and compare")
 
 
+def work(args: Args, nproc: int) -> list:
+    """What a launch of these arguments computes (the course's dry run costs it): one run per config, as
+    `par.train.config` parses it for nproc ranks."""
+    from par.runtime.job_work import Training
+    from par.train.config import model_config, parse
+    out = []
+    for source in args.config:
+        tc = parse(read(source), nproc)
+        out.append(Training(model=model_config(tc), global_batch=tc.train_batch_size, dp=tc.dp, pp=tc.pp, tp=tc.tp,
+                            zero_stage=tc.zero_stage, offload=tc.offload, microbatches=tc.grad_accum,
+                            precision=tc.precision, optimizer=tc.optimizer,
+                            steps=tc.steps if args.steps is None else args.steps, label=tc.strategy))
+    return out
+
+
 def main(argv=None) -> int:
     """Parse, train, gather, save (on every rank, under torchrun)."""
     import par.runtime.dist

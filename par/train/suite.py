@@ -25,7 +25,7 @@ What makes the timings honest:
 The 3D row is a real one, every degree > 1 (dp2xpp2xtp2 on 8 ranks below a world of 8); where it cannot
 be timed it trains the preset and is checked against one process trained on the same batches (`--check`). A launch that fails makes its
 rows carry the error; `run_suite(strict=True)` (the lecture's cell) raises it, in one line, at once.
-Plot with `par.course.plots.benchmark_table(rows)`.
+Plot with `par.course.lectures.l07_putting_it_together.benchmark_table(rows)`.
 """
 from __future__ import annotations
 

@@ -52,6 +52,13 @@ class Args(JobArgs):
     seed: int = arg(0)
 
 
+def work(args: Args, nproc: int) -> list:
+    """What a launch of these arguments computes (the course's dry run costs it): one TP step whose activations
+    are measured."""
+    from par.runtime.job_work import Training
+    return [Training(model=preset(args.preset), global_batch=args.batch, tp=nproc, steps=1, label="ZeRO-R activations")]
+
+
 def main(argv=None) -> None:
     args = Args.parse(argv)
     env = par.runtime.dist.init()

@@ -108,6 +108,16 @@ class Args(JobArgs):
     resume: str = arg("", "the checkpoint the '+resume' runs load (any N_d, any stage)")
 
 
+def work(args: Args, nproc: int) -> list:
+    """What a launch of these arguments computes (the course's dry run costs it): one run per `ZeroRun`, its stage,
+    offload and precision."""
+    from par.runtime.job_work import Training
+    cfg = preset(args.preset)
+    return [Training(model=cfg, global_batch=args.batch, dp=nproc, zero_stage=r.stage, offload=r.offload,
+                     precision=r.precision or args.precision, optimizer=args.optimizer, steps=args.steps,
+                     label=f"ZeRO {r}") for r in args.runs]
+
+
 class FSDP2Engine:
     """torch FSDP2 behind the same three calls as `Zero` (backward, step, zero_grad)."""
 
