@@ -20,6 +20,7 @@ BENCHMARKS = {
     "tp": ("par.tp.bench", "par's tensor parallelism vs torch.distributed.tensor.parallel"),
     "zero": ("par.zero.bench", "par ZeRO-1/3 vs ZeroRedundancyOptimizer / FSDP2"),
     "suite": ("par.train.suite", "lecture 07's table: GPT-lite under every strategy, measured and predicted"),
+    "mfu": ("par.device.bench", "lecture 10: par eager and par's fast path vs a nanoGPT-style reference, MFU/HFU"),
 }
 
 

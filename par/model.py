@@ -7,6 +7,15 @@
 
 `model.to_layers()` gives the forward as a plain list of modules whose
 composition is the model; pipeline parallelism cuts this list into stages.
+
+The fast path (lecture 10), each part a config field or a function, the same numbers either way:
+- attention="sdpa" (the default): `F.scaled_dot_product_attention(is_causal=True)`, one fused kernel that never
+  writes the T × T scores to memory (flash attention where the device has it); attention="math" is the
+  lecture's explicit softmax(Q Kᵀ / √d + mask) V, equal in outputs and gradients (fp32, ≤ 1e-6);
+- padded_vocab: the embedding and LM-head tables get more rows than tokens (50304 = 64·786 for 50,257), so
+  the head's matmul has a width the tensor cores tile evenly; the extra rows are never a target;
+- tie_embeddings: the LM head multiplies by the token embedding's table (one weight, not two);
+- `compile_blocks(model)`: `torch.compile` per block, in place, so `to_layers()` still lists the same modules.
 """
 from __future__ import annotations
 
@@ -16,6 +25,41 @@ from dataclasses import asdict, dataclass, replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+def pad_to_multiple(n: int, multiple: int = 64) -> int:
+    """The smallest multiple of `multiple` that is ≥ n: ⌈n / m⌉·m (50,257 -> 50,304)."""
+    return -(-n // multiple) * multiple
+
+
+def fast(cfg: GPTConfig) -> GPTConfig:
+    """`cfg` on the fast path: SDPA attention, the vocabulary padded to a multiple of 64, the head tied to the
+    token embedding (what nanoGPT does). Same widths, depth and context; one table of V_padded·d fewer weights."""
+    return replace(cfg, attention="sdpa", padded_vocab=pad_to_multiple(cfg.vocab_size), tie_embeddings=True)
+
+
+def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(Q Kᵀ / √d + mask) V for (batch, heads, time, d_head) tensors, every step written out: the
+    (time × time) scores are materialised, scaled, masked and normalised one operation after another."""
+    t = q.size(-2)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return F.softmax(scores, dim=-1) @ v
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The same softmax(Q Kᵀ / √d + mask) V as one call, `F.scaled_dot_product_attention(is_causal=True)`: torch
+    picks a fused kernel (flash or memory-efficient attention) that keeps the scores in tiles on chip."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+ATTENTION = {"sdpa": sdpa_attention, "math": math_attention}
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str = "sdpa") -> torch.Tensor:
+    """softmax(Q Kᵀ / √d + mask) V for (batch, heads, time, d_head) tensors, by `kind`: "sdpa" or "math"."""
+    return ATTENTION[kind](q, k, v)
 
 
 @dataclass(frozen=True)
@@ -28,10 +72,24 @@ class GPTConfig:
     d_ff: int | None = None  # MLP hidden size; None means 4 * d_model
     dropout: float = 0.0
     tie_embeddings: bool = False
+    padded_vocab: int | None = None   # rows of the embedding and LM-head tables; None: vocab_size
+    attention: str = "sdpa"           # "sdpa" (one fused kernel) or "math" (the lecture's explicit attention)
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION:
+            raise ValueError(f"unknown attention {self.attention!r}: use one of {', '.join(ATTENTION)}")
+        if self.padded_vocab is not None and self.padded_vocab < self.vocab_size:
+            raise ValueError(f"padded_vocab {self.padded_vocab} is smaller than vocab_size {self.vocab_size}: "
+                             f"use at least {self.vocab_size}, e.g. {pad_to_multiple(self.vocab_size)}")
 
     @property
     def ffn(self) -> int:
         return self.d_ff or 4 * self.d_model
+
+    @property
+    def vocab(self) -> int:
+        """Rows of the token tables: padded_vocab when set, else vocab_size."""
+        return self.padded_vocab or self.vocab_size
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -39,15 +97,18 @@ class GPTConfig:
 
 PRESETS = {
     # trains on a laptop CPU in seconds; every test and CPU notebook uses it
-    "tiny": GPTConfig(vocab_size=65, block_size=32, n_layer=4, n_head=4, d_model=32),
+    "tiny": GPTConfig(vocab_size=65, block_size=32, n_layer=4, n_head=4, d_model=32, attention="math"),
     # a little bigger, for CPU benchmarks where compute should dominate
-    "small": GPTConfig(vocab_size=65, block_size=64, n_layer=6, n_head=8, d_model=128),
+    "small": GPTConfig(vocab_size=65, block_size=64, n_layer=6, n_head=8, d_model=128, attention="math"),
     # GPT-3 Small (Brown et al. 2020, Table 2.1): for accounting and GPU runs
-    "gpt3-small": GPTConfig(vocab_size=50257, block_size=2048, n_layer=12, n_head=12, d_model=768),
+    "gpt3-small": GPTConfig(vocab_size=50257, block_size=2048, n_layer=12, n_head=12, d_model=768, attention="math"),
     # tiny's widths with a long context (block_size > 256): the course's long-context path (no single-process
     # reference beside the parallel model, one sequence per rank) that gpt3-small takes, run on a CPU in seconds
-    "tiny-long": GPTConfig(vocab_size=65, block_size=512, n_layer=2, n_head=4, d_model=32),
+    "tiny-long": GPTConfig(vocab_size=65, block_size=512, n_layer=2, n_head=4, d_model=32, attention="math"),
 }
+# The presets keep the lecture's attention="math": lectures 01-08 measure the activations a block saves against
+# Korthikanti's formula, whose a·s²·b term is the materialised scores. `fast(cfg)` is the same model on the fast
+# path (lecture 10).
 
 
 def preset(name: str, **overrides) -> GPTConfig:
@@ -55,15 +116,6 @@ def preset(name: str, **overrides) -> GPTConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}: use one of {', '.join(PRESETS)}")
     return replace(PRESETS[name], **overrides)
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(Q Kᵀ / √d + mask) V for (batch, heads, time, d_head) tensors."""
-    t = q.size(-2)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return F.softmax(scores, dim=-1) @ v
 
 
 def split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -85,13 +137,14 @@ class Attention(nn.Module):
         super().__init__()
         if cfg.d_model % cfg.n_head:
             raise ValueError(f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
-        self.n_head = cfg.n_head
+        self.n_head, self.kind = cfg.n_head, cfg.attention
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
 
     def forward(self, x):
         q, k, v = self.qkv(x).chunk(3, dim=-1)
-        y = causal_attention(split_heads(q, self.n_head), split_heads(k, self.n_head), split_heads(v, self.n_head))
+        h = self.n_head
+        y = causal_attention(split_heads(q, h), split_heads(k, h), split_heads(v, h), self.kind)
         return self.proj(merge_heads(y))
 
 
@@ -127,7 +180,7 @@ class Embedding(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
         self.pos = nn.Embedding(cfg.block_size, cfg.d_model)
 
     def forward(self, idx):
@@ -136,12 +189,12 @@ class Embedding(nn.Module):
 
 
 class Head(nn.Module):
-    """Final LayerNorm and the LM head: (B, T, d) -> (B, T, vocab) logits."""
+    """Final LayerNorm and the LM head: (B, T, d) -> (B, T, vocab) logits (cfg.vocab columns: padded ones too)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.ln = nn.LayerNorm(cfg.d_model)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
 
     def forward(self, x):
         return self.lm_head(self.ln(x))
@@ -167,6 +220,15 @@ class GPTLite(nn.Module):
         for layer in self.to_layers():
             x = layer(x)
         return x
+
+
+def compile_blocks(model: nn.Module, **options) -> nn.Module:
+    """`torch.compile` each block of `model` in place (`nn.Module.compile`): every block's forward and backward
+    become fused kernels, while `to_layers()`, the parameters and the hooks others put on the modules stay
+    where they were. `options` go to torch.compile (mode, dynamic, ...). Returns `model`."""
+    for block in model.blocks:
+        block.compile(**options)
+    return model
 
 
 def _init_weights(m: nn.Module) -> None:

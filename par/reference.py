@@ -10,9 +10,19 @@ import torch
 import torch.nn as nn
 
 
-def make_optimizer(params, name: str = "adam", lr: float = 1e-2, **kw) -> torch.optim.Optimizer:
-    """sgd, momentum (SGD with 0.9), adam or adamw, with course defaults."""
+def fused_supported(device) -> bool:
+    """Whether torch has a fused Adam/AdamW kernel (the whole update of every tensor in one launch) for
+    `device`'s type: CUDA, and the CPU in recent torch."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    return torch.device(device).type in _get_fused_kernels_supported_devices()
+
+
+def make_optimizer(params, name: str = "adam", lr: float = 1e-2, fused: bool = False, **kw) -> torch.optim.Optimizer:
+    """sgd, momentum (SGD with 0.9), adam or adamw, with course defaults. fused=True: Adam and AdamW use torch's
+    fused kernel where the parameters' device has one (`fused_supported`), the for-each kernels elsewhere."""
     params = list(params)
+    if fused and name in ("adam", "adamw") and params and fused_supported(params[0].device):
+        kw = {**kw, "fused": True}
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, **kw)
     if name == "momentum":
@@ -27,7 +37,8 @@ def make_optimizer(params, name: str = "adam", lr: float = 1e-2, **kw) -> torch.
 def train_single(model: nn.Module, batches, loss_fn, optimizer: str = "adam", lr: float = 1e-2,
                  lr_at=None, **opt_kw) -> list[float]:
     """Train `model` in place on the (input, target) `batches`; return the loss of each step.
-    `lr_at(step)`: a learning-rate schedule (default: `lr` throughout); `opt_kw`: betas, eps, ..."""
+    `lr_at(step)`: a learning-rate schedule (default: `lr` throughout); `opt_kw`: betas, eps, fused, ...
+    The losses stay on the device until the end: no step waits for the host to read its loss."""
     opt = make_optimizer(model.parameters(), optimizer, lr, **opt_kw)
     losses = []
     for step, (x, y) in enumerate(batches):
@@ -38,8 +49,8 @@ def train_single(model: nn.Module, batches, loss_fn, optimizer: str = "adam", lr
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
-        losses.append(loss.item())
-    return losses
+        losses.append(loss.detach())
+    return torch.stack(losses).tolist() if losses else []
 
 
 def max_abs_diff(a: nn.Module | dict, b: nn.Module | dict) -> float:

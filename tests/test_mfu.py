@@ -1,11 +1,15 @@
-"""par.mfu: the FLOPs per token against a hand count for gpt3-small, and the peak table's SKUs."""
+"""par.mfu: the FLOPs per token against a hand count and FlopCounterMode, the peak table's exact SKUs, MFU and HFU; the
+roofline and `python -m par bench mfu` (lecture 10) on the CPU."""
 from __future__ import annotations
 
+import json
+
 import pytest
+import torch
 
 from par import mfu
 from par.memory.accounting import param_count
-from par.model import preset
+from par.model import GPTConfig, build, lm_loss, preset
 from par.train import planner
 
 
@@ -41,13 +45,96 @@ def test_the_planner_counts_the_same_flops():
 @pytest.mark.parametrize("name, sku, bf16", [
     ("NVIDIA H100 80GB HBM3", "H100 SXM5 80GB", 989e12), ("NVIDIA H100 PCIe", "H100 PCIe 80GB", 756e12),
     ("NVIDIA H100 NVL", "H100 NVL 94GB", 835e12), ("NVIDIA H200", "H200 SXM 141GB", 989e12),
-    ("NVIDIA A100-SXM4-80GB", "A100 SXM4 or PCIe, 40 or 80GB", 312e12), ("NVIDIA A10", "A10 24GB", 125e12),
-    ("NVIDIA L4", "L4 24GB", 121e12), ("NVIDIA L40S", "L40S 48GB", 362e12)])
+    ("NVIDIA H200 NVL", "H200 NVL 141GB", 835e12),
+    ("NVIDIA GH200 480GB", "GH200 Grace Hopper (its GPU is an H100/H200 SXM)", 989e12),
+    ("NVIDIA A100-SXM4-80GB", "A100 SXM4 or PCIe, 40 or 80GB", 312e12),
+    ("NVIDIA A100 80GB PCIe", "A100 SXM4 or PCIe, 40 or 80GB", 312e12), ("NVIDIA A10", "A10 24GB", 125e12),
+    ("NVIDIA A10G", "A10G 24GB (AWS G5; the figures AWS quotes, no NVIDIA datasheet)", 70e12),
+    ("NVIDIA L4", "L4 24GB", 121e12), ("NVIDIA L40", "L40 48GB", 181e12), ("NVIDIA L40S", "L40S 48GB", 362e12),
+    ("Tesla V100-SXM2-16GB", "V100 SXM2 (fp16 only, no TF32: fp32 runs at the fp32 rate)", 125e12),
+    ("NVIDIA GeForce RTX 4090", "GeForce RTX 4090", 165e12)])
 def test_the_peak_names_the_sku_it_assumes(name, sku, bf16):
     assert mfu.peak_of(name)[:2] == (sku, bf16) and mfu.peak_flops(name, "bf16") == bf16
     assert mfu.peak_flops(name, "fp32", tf32=True) == mfu.peak_of(name)[2]
+    assert mfu.peak_flops(name, "fp32") == mfu.peak_of(name)[3]
+
+
+@pytest.mark.parametrize("a, b", [("NVIDIA L4", "NVIDIA L40"), ("NVIDIA L40", "NVIDIA L40S"),
+                                  ("NVIDIA A10", "NVIDIA A10G"), ("NVIDIA H200", "NVIDIA GH200 480GB"),
+                                  ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"), ("NVIDIA H100 PCIe", "NVIDIA H100 NVL")])
+def test_a_name_inside_another_is_a_different_sku(a, b):
+    assert mfu.sku(a) != mfu.sku(b) and mfu.peak_of(a) != mfu.peak_of(b)
 
 
 def test_mfu_and_an_unknown_gpu():
-    assert mfu.peak_flops("Some Future GPU") is None and mfu.peak_of("Some Future GPU") is None
+    for name in ("Some Future GPU", "NVIDIA L4000", "NVIDIA A1000", "", "NVIDIA"):
+        assert mfu.peak_flops(name) is None and mfu.peak_of(name) is None and mfu.sku(name) is None
     assert mfu.mfu(1e15, 2.0, 4, 250e12) == 0.5
+
+
+def counted_flops(cfg, batch: int) -> int:
+    """FlopCounterMode's count of one forward and backward of GPT-lite on `batch` sequences of block_size."""
+    from torch.utils.flop_counter import FlopCounterMode
+    model = build(cfg)
+    x = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size), generator=torch.Generator().manual_seed(0))
+    with FlopCounterMode(display=False) as counter:
+        lm_loss(model(x), x).backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("cfg", [preset("tiny", attention="math"), preset("small", attention="math"),
+                                 GPTConfig(vocab_size=100, block_size=24, n_layer=3, n_head=2, d_model=40, d_ff=72,
+                                           attention="math", tie_embeddings=True)])
+def test_flops_per_token_is_what_torch_counts_on_the_math_path(cfg):
+    batch = 3
+    assert counted_flops(cfg, batch) == mfu.flops_per_token(cfg) * batch * cfg.block_size
+
+
+def test_causal_convention_hfu_padding_and_recomputation():
+    cfg = preset("gpt3-small")
+    L, d, s = 12, 768, 2048
+    assert mfu.flops_per_token(cfg) - mfu.flops_per_token(cfg, attention="causal") == 6 * L * s * d
+    assert mfu.hardware_flops_per_token(cfg) == mfu.flops_per_token(cfg)
+    padded = preset("gpt3-small", padded_vocab=50304)
+    assert mfu.flops_per_token(padded) == mfu.flops_per_token(cfg), "MFU counts the model's vocabulary"
+    assert mfu.hardware_flops_per_token(padded) - mfu.flops_per_token(cfg) == 6 * d * (50304 - 50257)
+    forward_blocks = 2 * L * (4 * d * d + 2 * d * 4 * d) + 4 * L * s * d
+    assert mfu.hardware_flops_per_token(cfg, recompute=True) - mfu.flops_per_token(cfg) == forward_blocks
+    with pytest.raises(ValueError, match="full or causal"):
+        mfu.flops_per_token(cfg, attention="half")
+
+
+def test_the_roofline_measures_this_device():
+    from par.device import roofline
+    p, b = roofline.matmul_flops_per_s("cpu", n=128, repeats=2), roofline.copy_bytes_per_s("cpu", mib=4, repeats=2)
+    assert p > 0 and b > 0 and roofline.ridge_point(p, b) == p / b
+    assert roofline.attainable(0.0, p, b) == 0 and roofline.attainable(1e9, p, b) == p
+    assert roofline.attainable(roofline.ridge_point(p, b) / 2, p, b) == pytest.approx(p / 2)
+
+
+def test_bench_mfu_runs_the_three_variants_on_the_cpu(tmp_path, capsys):
+    from par.device import bench
+    assert bench.main(["--device", "cpu", "--preset", "tiny", "--seq", "16,32", "--tokens", "64", "--steps", "1",
+                       "--repeats", "2", "--warmup", "1", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "mfu.json").read_text())
+    printed = capsys.readouterr().out
+    assert [(r["variant"], r["seq"], r["batch"]) for r in result["rows"]] == [
+        (v, s, 64 // s) for s in (16, 32) for v in ("par eager", "par fast", "reference")]
+    for r in result["rows"]:
+        assert r["step_s_min"] <= r["step_s"] <= r["step_s_max"] and r["tokens_per_s"] > 0
+        assert r["mfu_causal"] < r["mfu_full"] <= r["hfu_full"]
+    fast = next(r for r in result["rows"] if r["variant"] == "par fast")
+    assert fast["hfu_full"] > fast["mfu_full"], "the padded head's columns are hardware FLOPs, not model FLOPs"
+    assert [q["seq"] for q in result["ratios"]] == [16, 32] and all(q["fast_over_reference"] > 0
+                                                                     for q in result["ratios"])
+    assert not result["compile"] and "torch.compile off on the CPU" in printed
+    assert "par fast / reference" in printed and result["peak_source"].startswith("measured")
+
+
+def test_bench_mfu_refuses_in_one_line(capsys):
+    from par.device import bench
+    with pytest.raises(SystemExit) as stop:
+        bench.parse(["--device", "cuda"] if not torch.cuda.is_available() else ["--seq", "0"])
+    assert stop.value.code == 2
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        bench.parse(["--device", "cpu", "--preset", "huge"])

@@ -97,7 +97,7 @@ def gpt_param_count(cfg, tp: int = 1) -> int:
     """Ψ of GPT-lite = token emb (V·d) + position emb (T·d) + L blocks + final LayerNorm (2d)
     + LM head (d·V, no bias; 0 when tied to the token embedding). `tp`: on one tensor-parallel rank
     (embeddings, final LayerNorm and head replicated, the blocks as `gpt_block_params`)."""
-    d, v = cfg.d_model, cfg.vocab_size
+    d, v = cfg.d_model, getattr(cfg, "vocab", cfg.vocab_size)      # V: the table's rows, padded ones included
     head = 0 if cfg.tie_embeddings else d * v
     return v * d + cfg.block_size * d + cfg.n_layer * gpt_block_params(d, cfg.ffn, tp) + 2 * d + head
 

@@ -199,9 +199,9 @@ class TensorParallelMLP(nn.Module):
 class TensorParallelAttention(nn.Module):
     """Causal self-attention with the heads split: rank r owns heads r·H/N .. (r+1)·H/N - 1."""
 
-    def __init__(self, qkv: ColumnParallelLinear, proj: RowParallelLinear, n_head_local: int):
+    def __init__(self, qkv: ColumnParallelLinear, proj: RowParallelLinear, n_head_local: int, kind: str = "sdpa"):
         super().__init__()
-        self.qkv, self.proj, self.n_head = qkv, proj, n_head_local
+        self.qkv, self.proj, self.n_head, self.kind = qkv, proj, n_head_local, kind   # kind: the dense model's
 
     @classmethod
     def from_dense(cls, attn, group=None, impl: str = "ring", label: str = "attn") -> "TensorParallelAttention":
@@ -214,12 +214,12 @@ class TensorParallelAttention(nn.Module):
             if relaid.bias is not None:
                 relaid.bias.copy_(qkv_for_column_split(attn.qkv.bias, n))
         return cls(ColumnParallelLinear.from_dense(relaid, group, impl=impl, label=label),
-                   RowParallelLinear.from_dense(attn.proj, group, impl=impl, label=label), attn.n_head // n)
+                   RowParallelLinear.from_dense(attn.proj, group, impl=impl, label=label), attn.n_head // n, attn.kind)
 
     def forward(self, x):
         q, k, v = self.qkv(x).chunk(3, dim=-1)          # my heads of Q, K, V: (B, T, d/N) each
         h = self.n_head
-        y = causal_attention(split_heads(q, h), split_heads(k, h), split_heads(v, h))
+        y = causal_attention(split_heads(q, h), split_heads(k, h), split_heads(v, h), self.kind)
         return self.proj(merge_heads(y))
 
 

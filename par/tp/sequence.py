@@ -104,7 +104,7 @@ class SequenceParallelBlock(nn.Module):
         a, m = f"{self.label}/attn", f"{self.label}/mlp"
         q, k, v = self.column(self.ln1(x), self.attn.qkv, a).chunk(3, dim=-1)
         h = self.attn.n_head
-        y = causal_attention(split_heads(q, h), split_heads(k, h), split_heads(v, h))
+        y = causal_attention(split_heads(q, h), split_heads(k, h), split_heads(v, h), self.attn.kind)
         x = x + self.row(merge_heads(y), self.attn.proj, a)
         return x + self.row(F.gelu(self.column(self.ln2(x), self.mlp.fc, m)), self.mlp.proj, m)
 

@@ -34,7 +34,7 @@ from par.reference import make_optimizer
 from par.timeline import Recorder
 
 B, H, D = 2, 3, 8
-CFG = GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=4, d_model=32)
+CFG = GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=4, d_model=32, attention="math")
 
 
 def attention_case(n: int, r: int, seq: int, layout: str, attend=cp.ring_attention, heads: int = H) -> dict:
@@ -103,7 +103,7 @@ def timeline_case(n: int, seq: int) -> dict:
     return {"compute": sum(s.lane == "compute" for s in spans), "comm": sum(s.lane == "comm" for s in spans)}
 
 
-SP_CFG = GPTConfig(vocab_size=65, block_size=24, n_layer=2, n_head=12, d_model=48)   # splits over 2, 3 and 4
+SP_CFG = GPTConfig(vocab_size=65, block_size=24, n_layer=2, n_head=12, d_model=48, attention="math")   # splits over 2, 3 and 4
 
 
 def grads_as_module(m):
