@@ -414,10 +414,7 @@ def weight_gradients(edges, dys) -> None:
             continue
         for param, g in zip(params, torch.autograd.grad(edge, params, dy, retain_graph=True, allow_unused=True)):
             if g is not None:
-                if param.grad is None:
-                    param.grad = g
-                else:
-                    param.grad.add_(g)
+                param.grad = g if param.grad is None else param.grad.add_(g)     # .grad += g
 
 
 def linear_weight_gradients(layer, x, dy) -> bool:
@@ -432,15 +429,9 @@ def linear_weight_gradients(layer, x, dy) -> bool:
         return False
     g2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
     with torch.no_grad():
-        if weight.grad is None:
-            weight.grad = g2.t().mm(x2)
-        else:
-            weight.grad.addmm_(g2.t(), x2)
+        weight.grad = g2.t().mm(x2) if weight.grad is None else weight.grad.addmm_(g2.t(), x2)    # += gᵀx
         if bias is not None and bias.requires_grad:
-            if bias.grad is None:
-                bias.grad = g2.sum(0)
-            else:
-                bias.grad.add_(g2.sum(0))
+            bias.grad = g2.sum(0) if bias.grad is None else bias.grad.add_(g2.sum(0))            # += Σ g
     return True
 
 
