@@ -1,1 +1,1 @@
-"""The batch: every lecture notebook executed with papermill (`runner`), the launches it sizes and times (`launches`), the record a notebook leaves for the summary (`record`), headless kernel polling (`kernel_poll`)."""
+"""The batch: every lecture notebook executed with papermill (`runner`), the launches each lecture module describes, found and run by the engine (`launches`), what they cost (`cost`) and their check for a GPU server (`dry_run`), the record a notebook leaves for the summary (`record`), headless kernel polling (`kernel_poll`)."""
