@@ -3,7 +3,7 @@
 Each command lives in its own module; this file maps names to them, and is the one place that
 decides how an error ends the command (a command only raises): an exception of a type in
 `USER_ERRORS` (a config that cannot run, a backend this machine lacks, a bad argument, a missing
-file) prints `error: <message>` on stderr and exits 2, without a traceback. `--debug` anywhere on
+file, a full or read-only disk) prints `error: <message>` on stderr and exits 2, without a traceback. `--debug` anywhere on
 the line (or PAR_DEBUG=1) shows the traceback instead, and is exported as PAR_DEBUG=1 while the
 command runs, so that what it starts (ranks, notebooks, another `python -m par`) inherits it. A
 launched job that failed (`par.runtime.launch.LaunchError`) prints its root cause and the failing
@@ -24,7 +24,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 from contextlib import contextmanager
 
 from par.runtime.lifeline import stops_raise
@@ -40,6 +42,9 @@ COMMANDS = {
     "plan": ("par.train.planner", "rank 3D layouts by predicted memory and step time: --model 100,96,12288 --world 800"),
     "site": ("par.site.build", "the executed course as a static website: python -m par site [RUN_DIR] [--out DIR] "
                                "[--compare RUN_A RUN_B]"),
+    "wheelhouse": ("par.course.server.wheelhouse", "wheels of the course for a GPU node without internet: --out DIR "
+                                                   "[--set batch] [--python 3.12 --platform manylinux_2_28_x86_64]"),
+    "gpu-check": ("par.course.server.gpu_check", "check a GPU server and record its course run: --minutes 8"),
     "memory": ("par.memory.accounting", "per-rank model-state memory per ZeRO stage (--params 7.5e9 --dp 64 | --model llama-7b)"),
 }
 
@@ -64,6 +69,7 @@ USER_ERRORS = (
     "builtins:IsADirectoryError",
     "builtins:NotADirectoryError",
     "builtins:PermissionError",
+    "builtins:OSError",             # what the file system says: a full disk (ENOSPC), a read-only one (EROFS)
 )
 
 
@@ -81,7 +87,10 @@ def is_user_error(error: BaseException) -> bool:
 def one_line(error: BaseException) -> str:
     """The message of a user error as one line (a missing file says which)."""
     if isinstance(error, OSError) and error.filename is not None:
-        return f"{error.strerror or 'cannot open'}: {error.filename} (the path is relative to {os.getcwd()})"
+        where = "" if os.path.isabs(str(error.filename)) else f" (the path is relative to {os.getcwd()})"
+        return f"{error.strerror or 'cannot open'}: {error.filename}{where}"
+    if isinstance(error, OSError) and error.strerror:   # ENOSPC and the like, raised without a path
+        return f"{error.strerror} (errno {error.errno}); free some space or choose another output path"
     text = " ".join(str(error).split())
     return text or type(error).__name__
 
@@ -123,8 +132,10 @@ def preflight(name: str, argv: list[str], oversubscribe: bool = False) -> None:
     if name not in STARTS_RANKS or {"-h", "--help", "--dry-run", "--nnodes"} & {a.split("=")[0] for a in argv}:
         return
     from par.runtime import preflight as pf
+    from par.runtime.hang import hang_seconds
     default = pf.default_world_size() if STARTS_RANKS[name] == "default" else STARTS_RANKS[name]
     pf.check_command_line(argv, default, oversubscribe)
+    hang_seconds()                   # PAR_HANG_S=45s: refused here, naming the variable, not in the launcher
 
 
 # a dependency missing from the interpreter that runs `python -m par`: the fix, in one line
@@ -142,7 +153,17 @@ def usage() -> str:
             f"(par.runtime.preflight.RANKS_PER_CORE per core without it)\n")
 
 
+def quiet_exit() -> None:
+    """After a stop: a second Ctrl-C (or SIGTERM/SIGHUP) while Python exits is ignored, so that it cannot print
+    "Exception ignored in atexit ... KeyboardInterrupt" under the command's one line."""
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
 def main(argv=None) -> int:
+    as_program = argv is None        # `python -m par`, not a caller in the same process (a test)
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv or os.environ.get("PAR_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
@@ -164,6 +185,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt as e:   # Ctrl-C, or par.runtime.lifeline.Stopped (SIGTERM, SIGHUP)
         if debug:
             raise
+        if as_program:
+            quiet_exit()
         print(f"error: {str(e) or 'interrupted'}", file=sys.stderr, flush=True)
         return getattr(e, "exit_code", 130)
     except BrokenPipeError:          # the reader left (`python -m par plan | head`): not an error, nothing to say

@@ -6,6 +6,8 @@ exit 2 (`python -m par`, par/__main__.py):
     ap.add_argument("--steps", type=positive_int)            # 0, -1, "two": argparse's one-line error
     ap.add_argument("--world-sizes", type=world_sizes)       # "2,4" -> (2, 4); every one >= 1
     check_writable(args.json)                                # before the benchmark, not after it
+    write_atomic(path, text)                                 # tmp + fsync + rename: all of it or nothing
+    env_number("PAR_HANG_S", 45.0, minimum=0)                # "45s": CheckError naming PAR_HANG_S
     unknown("benchmark", "colectives", BENCHMARKS, "python -m par bench --help")   # did you mean 'collectives'?
 
 This module imports nothing heavy (no torch): a refusal comes within a second.
@@ -13,7 +15,9 @@ This module imports nothing heavy (no torch): a refusal comes within a second.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -34,14 +38,42 @@ def positive_int(text: str) -> int:
     return value
 
 
+def int_at_most(maximum: int, why: str):
+    """argparse type: a whole number in [1, maximum]; above it the error says `why` there is a bound."""
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:,} ({why}), got {value:,}")
+        return value
+    return parse
+
+
 def positive_float(text: str) -> float:
     """argparse type: a number > 0 (seconds, bytes)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+def env_number(name: str, default: float, minimum: float = 0.0) -> float:
+    """The number in environment variable `name` (`default` when unset or empty): finite and >= `minimum`,
+    else `CheckError` naming the variable ("PAR_HANG_S='45s' is not a number ...")."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value < minimum:
+        raise CheckError(f"{name}={text!r} is not a number >= {minimum:g} (seconds, e.g. {name}={default:g}): "
+                         f"fix it or unset it for the default {default:g}")
     return value
 
 
@@ -94,3 +126,32 @@ def check_writable(path, directory: bool = False, parents: bool = False) -> None
                 pass
     except OSError as e:
         raise CheckError(f"cannot write {path}: {e.strerror} ({base}); choose a path you can write") from None
+
+
+def write_atomic(path, data: str | bytes) -> None:
+    """Write `data` to `path` all at once or not at all: into a temporary file beside it, flushed to disk (fsync),
+    then renamed over `path`. A failure (a full disk: ENOSPC; a read-only one) removes the temporary file, leaves
+    an earlier `path` as it was, and raises `CheckError` naming the path and the cause."""
+    path, tmp = Path(path), None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())     # the mode a plain open() gives, not mkstemp's 0600
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise CheckError(f"cannot write {path}: {e.strerror or e}; free some space there or choose another "
+                             f"path") from e
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -6,16 +6,21 @@ So the heartbeat the launcher reads is the one the kernel already keeps for ever
 thread's CPU clock and run state, in `/proc/<pid>/task/<pid>/stat`, read once a second (`Watch.look`).
 Nothing runs inside the rank to produce it, so it is right even for a stopped rank or one stuck in C code.
 
-The job is hung (`Watch.hung`) when
+The job may be hung (`Watch.hung`) when
 
 * a rank has been stopped (state T) for `hang_s` seconds, or
-* no rank's main thread has used more than IDLE_CPU_S of CPU for `hang_s` seconds: the ranks that
-  wait in a collective wait for one that does not come.
+* some rank's main thread has used no more than IDLE_CPU_S of CPU for `hang_s` seconds: it waits for a
+  peer that does not come (one that sleeps, blocks, or spins in a busy loop without reaching the
+  collective), or
+* a rank's process is gone (it exited, even with code 0, or was never seen) and every rank left has made no
+  progress for GONE_S seconds since: they wait for it.
 
-The launcher then asks the ranks that can answer where they are (their Python stacks) and
-`describe` names the culprit first: the stopped rank, or the one that is not inside a collective
-(with the function it was last in), then what the others wait in. A rank that spins forever without
-waiting looks busy, not hung: only the launcher's overall timeout ends it.
+The launcher then asks the ranks that can answer where they are (their Python stacks). When every rank
+is idle, or a rank is stopped, the job is hung. Otherwise (`confirmed`) only when the stacks agree: every
+idle rank waits inside a collective (or init), and, when no rank is gone, some busy rank is outside one
+(it spins). `describe` then names the culprit first: the stopped rank, the rank that is gone, the one
+that is not inside a collective (with the function it was last in), then what the others wait in. A job
+whose ranks all compute looks busy, not hung: only the launcher's overall timeout ends it.
 
 `hang_s` defaults to 45 s (PAR_HANG_S; 0 turns the watch off). gloo and NCCL get a collective timeout
 a little later, `collective_timeout()` (60 s by default), so that the launcher's diagnosis comes first and
@@ -33,12 +38,15 @@ DEFAULT_HANG_S = 45.0
 IDLE_CPU_S = 0.05                # less CPU than this since the last sign of progress: no progress
 COLLECTIVE_MARGIN_S = 15.0       # the collectives' own timeout comes this long after the launcher's verdict
 MIN_COLLECTIVE_S = 60.0
+GONE_S = 5.0                     # a rank is gone and the others made no progress since, this long: they wait for it
 
 
 def hang_seconds(value: float | None = None) -> float:
-    """The hang limit in seconds: `value`, else PAR_HANG_S, else 45. 0 (or less) turns the watch off."""
+    """The hang limit in seconds: `value`, else PAR_HANG_S (a finite number >= 0, else `CheckError` naming it),
+    else 45. 0 (or less) turns the watch off."""
     if value is None:
-        value = float(os.environ.get(HANG_ENV) or DEFAULT_HANG_S)
+        from par.runtime.checks import env_number
+        value = env_number(HANG_ENV, DEFAULT_HANG_S)
     return max(0.0, float(value))
 
 
@@ -65,6 +73,7 @@ class RankClock:
     cpu: float                      # main-thread CPU seconds at the last sign of progress
     progress_at: float              # when that was (time.monotonic)
     stopped_at: float | None = None  # since when it is stopped, if it is
+    quiet_at: float | None = None   # the last look that found no progress (None: none yet, busy since progress_at)
 
 
 class Watch:
@@ -73,12 +82,22 @@ class Watch:
     def __init__(self, hang_s: float, nproc: int, clock=time.monotonic):
         self.hang_s, self.nproc, self.clock = hang_s, nproc, clock
         self.ranks: dict[int, RankClock] = {}
+        self.gone: dict[int, float] = {}      # rank -> when its process was found gone (or first missed)
+        self.first_look: float | None = None
+        self.refuted_at: float | None = None  # when the stacks last said "not hung": ask again hang_s later
 
     def look(self, pids: dict[int, int]) -> None:
-        """Read the main-thread clock and state of each {rank: pid}; forget ranks that are gone."""
+        """Read the main-thread clock and state of each {rank: pid}; a rank that is gone is remembered as gone."""
         now = self.clock()
+        if pids and self.first_look is None:
+            self.first_look = now
         for rank in set(self.ranks) - set(pids):
             del self.ranks[rank]
+            self.gone.setdefault(rank, now)
+        if self.first_look is not None and now - self.first_look >= GONE_S:   # never seen: gone before the first look
+            for rank in set(range(self.nproc)) - set(pids) - set(self.gone):
+                if rank not in self.ranks:
+                    self.gone[rank] = self.first_look
         for rank, pid in pids.items():
             stat = main_thread_stat(pid)
             if stat is None:
@@ -86,9 +105,11 @@ class Watch:
             state, cpu = stat
             c = self.ranks.get(rank)
             if c is None or c.pid != pid:
-                c = self.ranks[rank] = RankClock(pid, cpu, now)
+                c = self.ranks[rank] = RankClock(pid, cpu, now, quiet_at=now)
             if cpu - c.cpu >= IDLE_CPU_S:
                 c.cpu, c.progress_at = cpu, now
+            else:
+                c.quiet_at = now
             c.stopped_at = (c.stopped_at or now) if state in "Tt" else None
 
     def stopped(self) -> dict[int, float]:
@@ -101,33 +122,85 @@ class Watch:
         now = self.clock()
         return {r: now - c.progress_at for r, c in sorted(self.ranks.items())}
 
+    def busy(self) -> dict[int, float]:
+        """{rank: seconds its main thread has made progress at every look} of the ranks busy now."""
+        now = self.clock()
+        return {r: now - c.quiet_at for r, c in sorted(self.ranks.items())
+                if c.quiet_at is not None and c.progress_at > c.quiet_at}
+
+    def vanished(self) -> dict[int, float]:
+        """{rank: seconds since its process was found gone} while other ranks still run."""
+        now = self.clock()
+        return {r: now - t for r, t in sorted(self.gone.items())} if self.ranks else {}
+
+    def waiting_for_gone(self) -> bool:
+        """A rank is gone and no rank left has made progress for GONE_S seconds since it went."""
+        if not self.ranks or not self.gone:
+            return False
+        since = max(self.gone.values())
+        now = self.clock()
+        return all(now - max(c.progress_at, since) >= min(GONE_S, self.hang_s) for c in self.ranks.values())
+
     def hung(self) -> bool:
+        """Whether to ask the ranks where they are: a rank stopped or idle for hang_s, or the ranks left waiting
+        for one that is gone (not again within hang_s of stacks that said "not hung")."""
         if not self.hang_s:
             return False
         if any(s >= self.hang_s for s in self.stopped().values()):
             return True
+        if self.refuted_at is not None and self.clock() - self.refuted_at < self.hang_s:
+            return False
+        idle, busy = self.idle(), self.busy()
+        waited = [r for r, s in idle.items() if s >= self.hang_s]
+        spun = all(r in waited or busy.get(r, 0) >= self.hang_s for r in idle)   # the others all along busy
+        return bool(waited) and spun and len(idle) >= self.nproc or self.waiting_for_gone()
+
+    def confirmed(self, places: dict[int, tuple[bool, str]]) -> bool:
+        """Whether the stacks the ranks gave (`places`: {rank: launch.where(stack)}) make `hung` a hang: a stopped
+        rank, or every rank idle; else every idle rank waits in a collective and a rank is gone or one that is
+        busy is outside a collective (it spins). When they do not, `hung` stays quiet for hang_s."""
         idle = self.idle()
-        return len(idle) >= self.nproc and min(idle.values()) >= self.hang_s
+        if self.stopped() or (len(idle) >= self.nproc and min(idle.values()) >= self.hang_s):
+            return True
+        limit = min(self.hang_s, GONE_S) if self.gone else self.hang_s
+        quiet = [r for r, s in idle.items() if s >= limit]
+        busy = [r for r in self.busy() if r not in quiet]
+        waits = quiet and all(places.get(r, (False, ""))[0] for r in quiet)
+        ok = bool(waits) and (bool(self.vanished()) or any(not places.get(r, (True, ""))[0] for r in busy))
+        if not ok:
+            self.refuted_at = self.clock()
+        return ok
 
 
-def describe(stopped: dict[int, float], idle: dict[int, float],
-             places: dict[int, tuple[bool, str]]) -> tuple[str, list[int]]:
-    """(one line, [culprit ranks]) of a hung job, from `Watch.stopped()`, `Watch.idle()` and `places`:
-    {rank: launch.where(its stack)} of the ranks that answered.
+def describe(stopped: dict[int, float], idle: dict[int, float], places: dict[int, tuple[bool, str]],
+             vanished: dict[int, float] | None = None, busy: dict[int, float] | None = None) -> tuple[str, list[int]]:
+    """(one line, [culprit ranks]) of a hung job, from `Watch.stopped()`, `Watch.idle()`, `places`:
+    {rank: launch.where(its stack)} of the ranks that answered, `Watch.vanished()` and `Watch.busy()`.
 
-    The culprits are the stopped ranks, or else the ranks that made no progress outside a collective:
-    'rank 1 made no progress for 45 s, last in step at job.py:12; rank 0 waits in all_reduce at job.py:30'."""
-    culprits = list(stopped) or [r for r in idle if not places.get(r, (False, ""))[0]]
-    said = [f"rank {r} is stopped (SIGSTOP: process state T) for {stopped[r]:.0f} s" if r in stopped else
-            f"rank {r} made no progress for {idle[r]:.0f} s{_last(places.get(r, (False, 'no answer'))[1])}"
-            for r in culprits]
+    The culprits are the stopped ranks, else the ranks that are gone, else the ranks outside a collective
+    (asleep: 'rank 1 made no progress for 45 s, last in step at job.py:12'; or spinning: 'rank 1 spins in step at
+    job.py:12 (busy, never reaching the collective the others wait in)'); then what the others wait in."""
+    vanished, busy = vanished or {}, busy or {}
+    culprits = list(stopped) or list(vanished) or [r for r in idle if not places.get(r, (False, ""))[0]]
+    longest = max(idle.values(), default=0)
+
+    def said(r: int) -> str:
+        if r in stopped:
+            return f"rank {r} is stopped (SIGSTOP: process state T) for {stopped[r]:.0f} s"
+        if r in vanished:
+            return f"rank {r} exited (its process is gone) while the others still wait for it"
+        text = places.get(r, (False, "no answer"))[1]
+        if r in busy and text.startswith("busy in "):
+            return (f"rank {r} spins in {text[len('busy in '):]} (busy for {longest:.0f} s, never reaching the "
+                    f"collective the others wait in)")
+        return f"rank {r} made no progress for {idle.get(r, 0):.0f} s{_last(text)}"
     others = [f"rank {r} " + (text.replace("waiting in", "waits in", 1) if waiting else
                               text.replace("busy in", "is in", 1))
               for r, (waiting, text) in sorted(places.items()) if r not in culprits]
     if not culprits:
         return (f"no rank made progress for {min(idle.values(), default=0):.0f} s, every rank waits "
                 f"(mismatched collectives?): " + "; ".join(others)), sorted(places)
-    return "; ".join(said + others), culprits
+    return "; ".join([said(r) for r in culprits] + others), culprits
 
 
 def _last(text: str) -> str:

@@ -15,8 +15,9 @@ swallowed failure, never a silent second try:
   by that rank's traceback or last output;
 * torchrun ends the other ranks when one dies (even by SIGKILL: they would wait forever in
   their next collective);
-* a job where no rank makes progress for `hang_s` seconds (45 by default), or with a rank stopped that
-  long, is hung (`par.runtime.hang`): the error names the stopped or stuck rank and what the others wait in;
+* a job where a rank waits `hang_s` seconds (45 by default) for a peer that sleeps, blocks or spins, with a
+  rank stopped that long, or waiting for a rank that exited (even with code 0), is hung (`par.runtime.hang`):
+  the error names the stopped, stuck, spinning or vanished rank and what the others wait in;
 * at `timeout` the launcher asks every rank still running where it is (SIGUSR1: Python's
   faulthandler, registered by `par.runtime.dist.init`, prints its stack), kills the whole process
   tree, and the error names the ranks that did not finish: which were busy where, and which
@@ -142,6 +143,13 @@ def cause_first(found: list[dict], lines: list[str]) -> list[dict]:
         exc = exception_line(rank_lines(lines, f["rank"])) or ""
         return 2 if any(p in exc for p in PEER_GONE) else 1
     return sorted(found, key=rank_of)   # stable: torchrun's order within a kind
+
+
+def left_early(lines: list[str], nproc: int) -> list[int]:
+    """The ranks of a failed job that exited with code 0: absent from torchrun's failure report, which lists every
+    rank that failed or that it stopped."""
+    failed = {f["rank"] for f in failures(lines)}
+    return [r for r in range(nproc) if r not in failed] if failed else []
 
 
 def describe_failure(lines: list[str]) -> tuple[str, list[int], bool, str]:
@@ -363,7 +371,9 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
                     watch.look(alive)
                     next_look = time.monotonic() + 1.0
                     if watch.hung():
-                        raise _hang_error(watch, alive, q, lines, quiet, f"{name} on {nproc} ranks", hang_s)
+                        error = _hang_error(watch, alive, q, lines, quiet, f"{name} on {nproc} ranks", hang_s)
+                        if error is not None:
+                            raise error
                 if time.monotonic() > deadline:
                     alive = _rank_pids(proc, result_path)
                     watch.look(alive)
@@ -374,7 +384,8 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
                                       f"{unfinished}\nLast output:\n{''.join(lines[-40:])}", ranks=sorted(alive),
                                       streamed=not quiet)
         except BaseException:  # a hang, the timeout, Ctrl-C, SIGTERM/SIGHUP: leave no rank behind
-            _kill_tree(proc, _still_ours(seen, result_path))
+            with lifeline.interrupts_held():    # a second Ctrl-C cannot cut the teardown short
+                _kill_tree(proc, _still_ours(seen, result_path))
             raise
         code = proc.wait()
         leftovers = _still_ours(seen, result_path)
@@ -384,20 +395,32 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
             head, ranks, crashed, details = describe_failure(lines)
             if code < 0 and not failures(lines):
                 head = f"torchrun itself was killed by {signal_name(-code)}; {head}"
+            early = left_early(lines, nproc) if any(p in head for p in PEER_GONE) else []
+            if early:            # the connection errors are the consequence; the rank that left is the cause
+                who = f"rank {early[0]}" if len(early) == 1 else "ranks " + ", ".join(map(str, early))
+                head, ranks = f"{who} exited with code 0 before the job finished, while the others waited for it; {head}", early
             raise LaunchError(f"{head}\n{name} on {nproc} ranks failed (exit code {code}). {details}",
                               crashed, ranks, streamed=not quiet)
         if os.path.exists(result_path):
-            with open(result_path) as f:
-                return json.load(f)
+            try:
+                with open(result_path) as f:
+                    return json.load(f)
+            except ValueError as e:   # rank 0's write was cut short (its temp folder's disk is full)
+                raise LaunchError(f"rank 0's result {result_path} is not complete JSON ({e}): is the disk of the "
+                                  f"temp folder ({tmp}) full?", ranks=[0], streamed=not quiet) from None
         return None
 
 
-def _hang_error(watch, alive: dict[int, int], q, lines: list[str], quiet: bool, job: str, hang_s: float) -> LaunchError:
-    """The LaunchError of a hung job: ask the ranks that can answer where they are, name the culprit first."""
-    stopped, idle = watch.stopped(), watch.idle()
+def _hang_error(watch, alive: dict[int, int], q, lines: list[str], quiet: bool, job: str,
+                hang_s: float) -> LaunchError | None:
+    """The LaunchError of a hung job: ask the ranks that can answer where they are, name the culprit first
+    (None when their stacks say it is not a hang: `hang.Watch.confirmed`)."""
+    stopped, idle, vanished, busy = watch.stopped(), watch.idle(), watch.vanished(), watch.busy()
     _ask_for_stacks([pid for rank, pid in alive.items() if rank not in stopped], q, lines, quiet)
     places = {rank: where(main_stack(rank_lines(lines, rank))) for rank in alive if rank not in stopped}
-    head, culprits = hang.describe(stopped, idle, places)
+    if not watch.confirmed(places):
+        return None
+    head, culprits = hang.describe(stopped, idle, places, vanished, busy)
     return LaunchError(f"{head}\n{job} hung and was killed ({hang.HANG_ENV}={hang_s:g} s). "
                        f"Last output:\n{''.join(lines[-40:])}", ranks=culprits, streamed=not quiet)
 

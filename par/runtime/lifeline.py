@@ -76,6 +76,20 @@ def stops_raise():
             signal.signal(number, handler)
 
 
+@contextlib.contextmanager
+def interrupts_held():
+    """Inside the block (a teardown), Ctrl-C is ignored (in the main thread; elsewhere nothing changes): a second
+    one cannot cut the killing of a job short and leave ranks behind. The handler comes back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 # ---------------------------------------------------------------- the launcher dies
 def _prctl_pdeathsig(signum: int) -> bool:
     """Ask Linux to send `signum` to this process when the thread that started it ends. False elsewhere."""

@@ -53,8 +53,24 @@ def docs_of(root: Path) -> list[tuple[str, Path]]:
 
 
 def write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    """One file of the site being built; a write the disk refuses (full: ENOSPC) is a SiteError naming it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise SiteError(f"cannot write the site's {path.name} in {path.parent}: {e.strerror or e}; free some space "
+                        f"or choose another --out (the previous site is left as it was)") from None
+
+
+def read_notebook(source: Path):
+    """An executed (or source) notebook, or a SiteError naming it when it is not one (truncated by a full disk)."""
+    import nbformat
+    try:
+        return nbformat.read(source, as_version=4)
+    except Exception as e:   # nbformat raises NotJSONError, ValidationError, UnicodeDecodeError, ...
+        raise SiteError(f"{source} is not a readable notebook ({type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}); "
+                        f"run that notebook again (python -m par batch --notebooks notebooks/{source.name}) or "
+                        f"delete it") from None
 
 
 def build(run_dir: Path | None = None, out: Path | None = None, compare: tuple[Path, Path] | None = None,
@@ -97,7 +113,7 @@ def build(run_dir: Path | None = None, out: Path | None = None, compare: tuple[P
         executed, titles = {}, {}
         for lecture in run.lectures:
             source = lecture.path or (root / "notebooks" / f"{lecture.stem}.ipynb")
-            nb = nbformat.read(source, as_version=4) if source.is_file() else None
+            nb = read_notebook(source) if source.is_file() else None
             executed[lecture.stem] = nb if lecture.path else None
             titles[lecture.stem] = pages.title_of(nb, lecture.stem) if nb is not None else lecture.stem
         exercise_of = {name.split("_", 1)[0]: Path(name).stem for name in student}
@@ -137,7 +153,7 @@ def build(run_dir: Path | None = None, out: Path | None = None, compare: tuple[P
         write(tmp / MARKER, json.dumps(info, indent=2) + "\n")
         if out.exists():
             shutil.rmtree(out)
-        tmp.rename(out)
+        os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -154,8 +170,8 @@ def main(argv=None) -> int:
     parser.add_argument("--compare", nargs=2, type=Path, default=None, metavar=("RUN_A", "RUN_B"),
                         help="show the key numbers of two runs side by side (e.g. a CPU run and a GPU run)")
     parser.add_argument("--mathjax", default=theme.MATHJAX_URL, metavar="URL",
-                        help="MathJax 3 script that typesets the formulas in the reader's browser (default: the "
-                             "jsDelivr CDN; '' for none: the TeX stays as written)")
+                        help="a MathJax 3 script that typesets the formulas in the reader's browser instead (default: "
+                             "none; formulas are MathML, typeset when the site is built, and need no network)")
     args = parser.parse_args(argv)
     info = build(args.run, args.out, tuple(args.compare) if args.compare else None, args.mathjax or None)
     counts = {kind: sum(p.startswith(kind) for p in info["pages"]) for kind in ("lectures/", "exercises/", "docs/")}

@@ -9,6 +9,7 @@ line (`SiteError`, a `CheckError`: `python -m par` prints `error: ...` and exits
 from __future__ import annotations
 
 import json
+import math
 import string
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -98,14 +99,27 @@ def load(folder: Path) -> Run:
     try:
         summary = json.loads(path.read_text())
         rows = summary["notebooks"]
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, OSError) as e:   # truncated, not UTF-8, unreadable
         raise SiteError(f"{path} is not a batch summary ({type(e).__name__}: {e}); run `python -m par batch` "
                         f"again") from None
-    lectures = []
-    for row in rows:
-        stem = Path(row["notebook"]).stem
-        executed = folder / f"{stem}.ipynb"
-        lectures.append(Lecture(stem=stem, status=row.get("status", "?"), error=row.get("error"),
-                                duration_s=float(row.get("duration_s") or 0.0), records=row.get("records") or {},
-                                path=executed if executed.is_file() else None))
+    lectures = [lecture(folder, row, i) for i, row in enumerate(rows if isinstance(rows, list) else [rows])]
     return Run(folder=folder, summary=summary, lectures=lectures)
+
+
+def lecture(folder: Path, row, index: int) -> Lecture:
+    """The `index`-th row of a summary as a Lecture; a row that is not one (no notebook name, a duration that is no
+    finite number, records that are no object) is a SiteError naming it."""
+    where = f"{folder / SUMMARY}: notebook row {index}"
+    if not isinstance(row, dict) or not isinstance(row.get("notebook"), str):
+        raise SiteError(f"{where} has no notebook name ({json.dumps(row)[:60]}); run `python -m par batch` again")
+    duration = row.get("duration_s") or 0.0
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not math.isfinite(duration):
+        raise SiteError(f"{where} ({row['notebook']}): duration_s must be a number of seconds, got "
+                        f"{json.dumps(duration)}; fix it in summary.json or run the batch again")
+    records = row.get("records") or {}
+    if not isinstance(records, dict):
+        raise SiteError(f"{where} ({row['notebook']}): records must be an object, got {json.dumps(records)[:60]}")
+    stem = Path(row["notebook"]).stem
+    executed = folder / f"{stem}.ipynb"
+    return Lecture(stem=stem, status=str(row.get("status", "?")), error=row.get("error"), duration_s=float(duration),
+                   records=records, path=executed if executed.is_file() else None)

@@ -129,16 +129,23 @@ class Plan:
 
 
 # ---------------------------------------------------------------- pure pieces
+def divisors(n: int) -> list[int]:
+    """The divisors of n, ascending, by trial division up to √n."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def layouts(world: int) -> list[tuple[int, int, int]]:
-    """Every (dp, pp, tp) with dp · pp · tp = world."""
-    out = []
-    for tp in range(1, world + 1):
-        if world % tp:
-            continue
-        for pp in range(1, world // tp + 1):
-            if (world // tp) % pp == 0:
-                out.append((world // (tp * pp), pp, tp))
-    return out
+    """Every (dp, pp, tp) with dp · pp · tp = world: tp a divisor of world, pp a divisor of world / tp."""
+    return [(world // (tp * pp), pp, tp) for tp in divisors(world) for pp in divisors(world // tp)]
+
+
+# what `python -m par plan` searches: beyond these the answer would take minutes (or overflow), and no machine has them
+MAX_WORLD = 1 << 20          # devices (the largest clusters have ~1e5)
+MAX_LAYERS = 256             # blocks (the largest models have ~100-200; the balanced cut is O(L²·pp))
+MAX_WIDTH = 1 << 20          # d_model
+MAX_SEQ = 1 << 24            # tokens of context
+MAX_BATCH = 1 << 30          # sequences per step
 
 
 def block_params(cfg, tp: int = 1) -> float:
@@ -375,20 +382,28 @@ def model_of(text: str, seq: int | None):
     except (ValueError, argparse.ArgumentTypeError):
         raise argparse.ArgumentError(None, f"--model {text!r}: give L,H,d as three whole numbers >= 1 "
                                            f"(layers,heads,width, e.g. 100,96,12288) or a preset") from None
+    if layers > MAX_LAYERS or width > MAX_WIDTH:
+        raise argparse.ArgumentError(None, f"--model {text!r}: at most {MAX_LAYERS:,} layers and width {MAX_WIDTH:,} "
+                                           f"(the planner's bounds; the largest models have ~200 layers)")
+    if width % heads:
+        raise argparse.ArgumentError(None, f"--model {text!r}: {heads} heads do not divide width {width}: "
+                                           f"pick heads among the divisors of {width}")
     return GPTConfig(vocab_size=50257, block_size=seq or 2048, n_layer=layers, n_head=heads, d_model=width)
 
 
 def main(argv=None) -> int:
     """`python -m par plan --model gpt3-small --world 64 --hardware a100-80gb --batch 512 [--recompute]`."""
     import argparse
-    from par.runtime.checks import positive_float, positive_int
+    from par.runtime.checks import int_at_most, positive_float, positive_int
     ap = argparse.ArgumentParser(prog="python -m par plan", description="rank (dp, pp, tp, ZeRO, m) layouts")
     ap.add_argument("--model", default="gpt3-small", help="a GPT-lite preset, or L,H,d (layers,heads,width)")
-    ap.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: the preset's)")
-    ap.add_argument("--world", type=positive_int, default=8)
+    ap.add_argument("--seq", type=int_at_most(MAX_SEQ, "the planner's bound"), default=None,
+                    help="sequence length (default: the preset's)")
+    ap.add_argument("--world", type=int_at_most(MAX_WORLD, "the planner's bound: a million devices"), default=8)
     ap.add_argument("--hardware", default="a100-80gb", choices=sorted(HARDWARE))
     ap.add_argument("--memory", type=positive_float, default=None, help="bytes per device (default: the hardware's)")
-    ap.add_argument("--batch", type=positive_int, default=512, help="global batch (sequences)")
+    ap.add_argument("--batch", type=int_at_most(MAX_BATCH, "the planner's bound"), default=512,
+                    help="global batch (sequences)")
     ap.add_argument("--precision", default="mixed", choices=("fp32", "mixed", "pure16"))
     ap.add_argument("--recompute", action="store_true", help="full activation recomputation")
     ap.add_argument("--top", type=positive_int, default=15)
