@@ -103,3 +103,23 @@ def test_compiled_blocks_compute_the_same_and_keep_to_layers():
     lm_loss(out_e, x).backward()
     lm_loss(out_c, x).backward()
     assert max((p.grad - q.grad).abs().max().item() for p, q in zip(eager.parameters(), compiled.parameters())) <= 1e-5
+
+
+@pytest.mark.parametrize("t, tile", [(17, 4), (64, 16), (33, 64), (40, 40)])
+def test_tiled_attention_equals_sdpa(t, tile):
+    from par.device.tiled_attention import tiled_attention, tiles_computed
+    q, k, v = (x.detach() for x in qkv(t=t))
+    out, lse = tiled_attention(q, k, v, tile)
+    assert close(sdpa_attention(q, k, v), out)
+    scores = (q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(torch.ones(t, t).tril() == 0, float("-inf"))
+    assert close(torch.logsumexp(scores, dim=-1, keepdim=True), lse)
+    n = -(-t // tile)
+    assert tiles_computed(t, tile) == n * (n + 1) // 2
+
+
+def test_tiled_attention_moves_no_t_squared_bytes():
+    from par.device.tiled_attention import score_bytes, tiled_bytes
+    b, h, d, tile = 8, 12, 64, 128
+    assert tiled_bytes(b, h, 128, d, tile) == 4 * b * h * 4 * 128 * d      # one tile: Q, K, V, O once each
+    ratios = [score_bytes(b, h, t) / tiled_bytes(b, h, t, d, tile) for t in (1024, 2048, 4096)]
+    assert ratios[0] < ratios[1] < ratios[2], "the scores grow as T², the tiles' traffic slower"

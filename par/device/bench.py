@@ -8,7 +8,7 @@ In one process, on the device there is (a GPU when torch sees one), for each seq
 * par eager: today's par (`par.model` with attention="math", AdamW with for-each kernels, the loss read by the
   host after every step);
 * par fast: `par.model.fast(cfg)` (SDPA, vocabulary padded to a multiple of 64, tied head), fused AdamW,
-  `compile_blocks`, the loss summed on the device and read once per run;
+  `compile_blocks` (and the head and the loss compiled), the loss summed on the device and read once per run;
 * reference: `par.device.nanogpt` (nanoGPT's model and choices), compiled whole.
 
 All three run the same widths (the preset's, block size s), the same batch (tokens // s sequences), under the same
@@ -87,13 +87,16 @@ def par_eager(cfg, device, dtype: str, compile: bool, lr: float = 6e-4) -> Runne
 
 
 def par_fast(cfg, device, dtype: str, compile: bool, lr: float = 6e-4) -> Runner:
-    """par's fast path: `fast(cfg)`, fused AdamW, each block compiled (when `compile`)."""
+    """par's fast path: `fast(cfg)`, fused AdamW, each block, the head and the loss compiled (when `compile`)."""
     cfg = fast(cfg)
     model = build(cfg).to(device)
+    loss = lm_loss
     if compile:
         compile_blocks(model, dynamic=False)        # one static graph per shape: each sequence length builds anew
+        model.head.compile(dynamic=False)           # the final LayerNorm and the LM head,
+        loss = torch.compile(lm_loss, dynamic=False)  # and the loss: its fp32 upcast fused into the log-softmax
     opt = make_optimizer(model.parameters(), "adamw", lr, fused=True, betas=(0.9, 0.95))
-    return Runner("par fast", cfg, _trainer(model, lambda m, x, y: lm_loss(m(x), y), opt, device, dtype), False)
+    return Runner("par fast", cfg, _trainer(model, lambda m, x, y: loss(m(x), y), opt, device, dtype), False)
 
 
 def reference(cfg, device, dtype: str, compile: bool, lr: float = 6e-4) -> Runner:
