@@ -121,7 +121,8 @@ class Measured(Mapping):
     (`run.memory.predicted.total`). `to_json()` gives the JSON it was read from; `has(name)` whether a
     quantity is there (a job leaves out what it did not measure, e.g. `max_diff` without a reference).
     Functions that take JSON-shaped records (a timeline's spans for `par.pp.sim.stage_costs` or a plot) read
-    it as the read-only mapping it was parsed from; notebooks read attributes (tests/test_measure.py checks)."""
+    it as the read-only mapping it was parsed from; notebooks read attributes (tests/test_notebook_results.py
+    checks)."""
     __slots__ = ("_data",)
 
     def __init__(self, data: dict):
@@ -145,6 +146,9 @@ class Measured(Mapping):
     def __len__(self) -> int:
         return len(self._data)
 
+    def __reduce__(self):
+        return _rebuilt, (type(self), self._data)        # copy and pickle: the same class over the same JSON
+
     def has(self, name: str) -> bool:
         return name in self._data
 
@@ -164,6 +168,13 @@ class Measured(Mapping):
 
     def __repr__(self) -> str:
         return repr(self.to_json())        # printed as the JSON it holds, as a notebook shows it
+
+
+def _rebuilt(cls, data: dict) -> Measured:
+    """A `Measured` (or subclass) over `data` as it was (what `Measured.__reduce__` names)."""
+    out = object.__new__(cls)
+    object.__setattr__(out, "_data", data)
+    return out
 
 
 class RankResult(Measured):

@@ -2,7 +2,9 @@
 result a launch returns (`parse`: attributes, runs, ranks, the JSON back)."""
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 import time
 
 import pytest
@@ -65,6 +67,10 @@ def test_a_result_says_what_it_lacks_and_what_it_holds():
     with pytest.raises(ValueError, match="backend"):
         parse({"world_size": 2})
     assert parse(None) is None
+    assert parse({"world_size": 1, "backend": "gloo", "x": {"from": 1}}).x == {"from": 1}   # a keyword: a mapping
+    twice = parse({"world_size": 1, "backend": "gloo", "runs": [{"m": 1}, {"m": 1}]})
+    with pytest.raises(LookupError, match="2 runs have"):
+        twice.find(m=1)
 
 
 def test_a_job_that_names_its_runs_reads_them_by_name():
@@ -80,6 +86,8 @@ def test_a_result_gives_back_the_json_it_was_read_from():
     assert plain({"a": [result.runs[0].memory.predicted]}) == {"a": [{"total": 160}]}
     assert repr(result.runs[0].memory.predicted) == "{'total': 160}"    # printed as the JSON it holds
     assert result.runs[0].memory.predicted == {"total": 160}
+    again = pickle.loads(pickle.dumps(result))
+    assert type(again) is JobResult and again == result and copy.deepcopy(result.runs[0].rank(1)).bytes == 9
 
 
 def test_record_keeps_a_typed_value_as_its_json(monkeypatch):
