@@ -46,9 +46,13 @@ class Stopped(KeyboardInterrupt):
         self.exit_code = 128 + signum      # what the shell reports for a process ended by this signal
 
 
+STOPPING = threading.Event()     # set once a stop signal arrived: what is said after it is the teardown's noise
+
+
 def _raise_stopped(signum, frame):
-    """The first SIGTERM/SIGHUP raises; later ones are ignored, so that a second `kill` cannot cut the teardown
-    short (the handlers come back when `stops_raise`'s block ends)."""
+    """The first SIGTERM/SIGHUP raises (and sets STOPPING); later ones are ignored, so that a second `kill` cannot
+    cut the teardown short (the handlers come back when `stops_raise`'s block ends)."""
+    STOPPING.set()
     for name in STOP_SIGNALS:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)

@@ -164,8 +164,12 @@ def _number(node: dict, path: str, default=None, *, integer: bool = False, minim
     kind = "a whole number" if integer else "a number"
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ConfigError(f"{path} must be {kind}, got {json.dumps(v)}")
-    if not math.isfinite(v):
-        raise ConfigError(f"{path} must be a finite number, got {v}")
+    try:
+        finite = math.isfinite(v)
+    except OverflowError:            # an integer beyond any float: 1e400 written out
+        finite = False
+    if not finite:
+        raise ConfigError(f"{path} must be a finite number, got {str(v)[:20]}")
     if integer and v != int(v):
         raise ConfigError(f"{path} must be {kind}, got {v!r}")
     for bad, rule in ((minimum is not None and v < minimum, f">= {minimum}"), (above is not None and not v > above,
@@ -414,11 +418,12 @@ def read_file(path) -> str:
     except OSError as e:
         raise ConfigError(f"cannot read config {path}: {e.strerror}; pass a JSON file (e.g. configs/ddp.json) "
                           f"or a JSON object") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a file"
+        raise ConfigError(f"config {path} is {kind}, not a regular file: pass a JSON file such as configs/ddp.json")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a file"
-            raise ConfigError(f"config {path} is {kind}, not a regular file: pass a JSON file such as configs/ddp.json")
         data = f.read(MAX_CONFIG_BYTES + 1)
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigError(f"config {path} is over {MAX_CONFIG_BYTES} bytes: a config is a small JSON file; "

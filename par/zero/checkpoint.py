@@ -17,6 +17,11 @@ into the new partitions. Element-wise optimizer state (Adam's m and v) is
 re-sharded the same way; scalars (Adam's step) are copied. Files hold only
 tensors, numbers, strings and lists, so they load with `torch.load(...,
 weights_only=True)` and never run pickled code.
+
+A checkpoint is never left half-written: `check_directory` refuses a folder that cannot be written before
+training starts; every file is written to a temporary name, flushed to disk (fsync) and renamed; a write that
+fails (a full disk) removes its temporary file and raises `CheckError` naming the file and the cause; and
+`meta.pt` is written last, after every shard exists, so a folder without it is no checkpoint (`load` says so).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from par.runtime.checks import CheckError, check_writable
 from par.zero.flat import padded_numel
 
 FORMAT = 1
@@ -49,6 +55,32 @@ def _load(path: str) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def check_directory(directory: str) -> None:
+    """Refuse (`CheckError`) a checkpoint folder that cannot be written (read-only, a file in the way), before the
+    training whose state would go there: tried by writing, as `par.runtime.checks.check_writable` does."""
+    check_writable(directory, directory=True, parents=True)
+
+
+def write_file(obj, path: str) -> None:
+    """`torch.save(obj)` to `path` atomically: a temporary file beside it, fsync, rename. On failure (ENOSPC: torch
+    reports it as "unexpected pos ..."), the temporary file is removed and `CheckError` names `path`."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        cause = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        raise CheckError(f"cannot write checkpoint file {path}: {cause}; free some space there or choose another "
+                         f"checkpoint folder") from e
+
+
 def metadata(zero, step: int = 0, extra: dict | None = None) -> dict:
     """What every loader needs to know: how the flat units are laid out, and the world they were cut for."""
     names = zero._names
@@ -61,17 +93,22 @@ def metadata(zero, step: int = 0, extra: dict | None = None) -> dict:
 
 
 def save(zero, directory: str, step: int = 0, extra: dict | None = None) -> None:
-    """Every rank writes its shard; rank 0 writes the metadata. Returns after all files exist."""
+    """Every rank writes its shard (`write_file`); once all exist, rank 0 writes the metadata. Returns after all
+    files exist."""
     os.makedirs(directory, exist_ok=True)
+    if zero.rank == 0 and os.path.exists(meta_path(directory)):   # an older checkpoint there: no longer complete
+        os.unlink(meta_path(directory))
+    _barrier(zero.group)
     masters, states = zero.updater.masters(), zero.updater.opt.state
     units = []
     for m in masters:
         st = {k: (v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v) for k, v in states.get(m, {}).items()}
         units.append({"master": m.detach().to("cpu", torch.float32).clone(), "state": st})
-    torch.save({"format": FORMAT, "rank": zero.rank, "world": zero.n, "units": units},
+    write_file({"format": FORMAT, "rank": zero.rank, "world": zero.n, "units": units},
                shard_path(directory, zero.rank, zero.n))
+    _barrier(zero.group)
     if zero.rank == 0:
-        torch.save(metadata(zero, step, extra), meta_path(directory))
+        write_file(metadata(zero, step, extra), meta_path(directory))
     _barrier(zero.group)
 
 
@@ -123,6 +160,9 @@ def _partitions_for(meta: dict, directory: str, world: int, rank: int, stage: in
 def load(zero, directory: str) -> dict:
     """Fill a freshly built `Zero` engine from a checkpoint (any N_d, any stage); returns the metadata
     (with "step" and "extra")."""
+    if not os.path.exists(meta_path(directory)):
+        raise FileNotFoundError(f"{directory} holds no complete checkpoint (no meta.pt, written last): save it "
+                                f"again (--checkpoint DIR)")
     meta = _load(meta_path(directory))
     if meta.get("format") != FORMAT:
         raise ValueError(f"{directory} holds checkpoint format {meta.get('format')}, this code reads {FORMAT}")

@@ -235,6 +235,8 @@ def merge(run: ZeroRun, ranks: list[dict], args: Args, n: int, numel: int) -> di
 
 def main(argv=None) -> None:
     args = Args.parse(argv)
+    if args.checkpoint:
+        checkpoint.check_directory(args.checkpoint)   # a read-only folder refused before the training, not after
     env = par.runtime.dist.init()
     if args.batch % env.world_size:
         raise SystemExit(f"--batch {args.batch} is not a multiple of the world size {env.world_size}: "

@@ -71,7 +71,45 @@ def kernel_warning() -> str | None:
     return None
 
 
-KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]   # the kernel's own log (its TCP-transport warning) stays quiet
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]   # the kernel's own log (its TCP-transport warning, its
+                                                          # complaints while it is shut down mid-cell) stays quiet
+NOISY_LOGGERS = ("papermill", "traitlets", "asyncio")      # what speaks while a stopped batch's kernel goes down
+
+
+class _AfterStop(logging.Filter):
+    """Drops every record once the batch was stopped (`par.runtime.lifeline.STOPPING`): the stop's one line is
+    what the user reads, not a dead kernel's messages."""
+
+    def filter(self, record) -> bool:
+        from par.runtime.lifeline import STOPPING
+        return not STOPPING.is_set()
+
+
+@contextlib.contextmanager
+def quiet_after_stop():
+    """Inside the block, Ctrl-C marks the batch stopped as SIGTERM and SIGHUP do (then raises KeyboardInterrupt),
+    and the NOISY_LOGGERS say nothing after a stop; the filter stays after a stop, for the messages of exit."""
+    import signal
+    import threading
+
+    from par.runtime.lifeline import STOPPING
+    gate = _AfterStop()
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).addFilter(gate)
+    main = threading.current_thread() is threading.main_thread()
+
+    def interrupted(signum, frame):
+        STOPPING.set()
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGINT, interrupted) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+        if not STOPPING.is_set():
+            for name in NOISY_LOGGERS:
+                logging.getLogger(name).removeFilter(gate)
 
 
 def run_one(notebook: Path, output: Path, parameters: dict, timeout: float) -> dict:
@@ -95,6 +133,9 @@ def run_one(notebook: Path, output: Path, parameters: dict, timeout: float) -> d
                                        progress_bar=False, log_output=False, extra_arguments=KERNEL_ARGUMENTS)
     except Exception as e:  # the batch reports every failure and goes on
         error = first_line(e)
+    except BaseException:   # stopped (Ctrl-C, SIGTERM): what ran is kept as the notebook, whole, then the stop goes on
+        keep(partial, output)
+        raise
     try:
         if partial.exists():
             found = records(nbformat.read(partial, as_version=4))
@@ -106,6 +147,17 @@ def run_one(notebook: Path, output: Path, parameters: dict, timeout: float) -> d
     return {"notebook": notebook.name, "status": "FAILED" if error else "ok", "error": error,
             "duration_s": round(time.perf_counter() - start, 1), "records": found,
             "output": str(output) if output.exists() else None}
+
+
+def keep(partial: Path, output: Path) -> None:
+    """`partial` renamed to `output` when it reads back as a notebook, else removed."""
+    import nbformat
+    try:
+        nbformat.read(partial, as_version=4)
+        os.replace(partial, output)
+    except Exception:
+        with contextlib.suppress(OSError):
+            partial.unlink()
 
 
 CONCATENATED = ("profiler_traces",)   # records whose lists add up over the notebooks (02 and 03 save traces)
@@ -226,7 +278,7 @@ def run(notebooks, out_root: Path, parameters: dict, timeout: float | None = Non
         write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
         write_atomic(folder / "summary.md", markdown(summary))
         return summary
-    with traces_into(folder / "traces"), quiet_home(folder):
+    with traces_into(folder / "traces"), quiet_home(folder), quiet_after_stop():
         rows = run_all(notebooks, folder, parameters, timeout, save)
     return save(rows)
 
