@@ -135,3 +135,25 @@ def test_launch_reads_like_a_command():
     filled = zero[0].fill(checkpoint="/tmp/x").args
     assert zero[0].args.checkpoint == "{checkpoint}" and (filled.checkpoint, filled.resume) == ("/tmp/x", "")
     assert zero[0].args.runs[-1] == zero_job.ZeroRun(3, fsdp2=True) and "3+offload" in zero[0].command()
+
+
+@pytest.mark.parametrize("path", LECTURES, ids=lambda p: p.stem)
+def test_every_name_a_notebook_reads_from_a_course_module_exists(path):
+    """`course.find`, `lecture.pipeline_setup`, `plots.curves`...: each attribute a notebook reads from a module of
+    `par.course` it imported under a name is defined there (a helper that moved is caught here, not in the batch)."""
+    import importlib
+    tree = code(path)
+    modules = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("par.course"):
+            for a in node.names:
+                target = importlib.import_module(node.module)
+                value = getattr(target, a.name, None)
+                if value is None:
+                    value = importlib.import_module(f"{node.module}.{a.name}")
+                if isinstance(value, type(ast)):
+                    modules[a.asname or a.name] = value
+    missing = sorted({f"{n.value.id}.{n.attr}" for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                      and isinstance(n.value, ast.Name) and n.value.id in modules
+                      and not hasattr(modules[n.value.id], n.attr)})
+    assert missing == [], f"{path.name} reads names its modules lack: {missing}"
