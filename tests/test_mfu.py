@@ -114,6 +114,7 @@ def test_the_roofline_measures_this_device():
 
 def test_bench_mfu_runs_the_three_variants_on_the_cpu(tmp_path, capsys):
     from par.device import bench
+    threads = torch.get_num_threads()
     assert bench.main(["--device", "cpu", "--preset", "tiny", "--seq", "16,32", "--tokens", "64", "--steps", "1",
                        "--repeats", "2", "--warmup", "1", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "mfu.json").read_text())
@@ -127,6 +128,8 @@ def test_bench_mfu_runs_the_three_variants_on_the_cpu(tmp_path, capsys):
     assert fast["hfu_full"] > fast["mfu_full"], "the padded head's columns are hardware FLOPs, not model FLOPs"
     assert [q["seq"] for q in result["ratios"]] == [16, 32] and all(q["fast_over_reference"] > 0
                                                                      for q in result["ratios"])
+    assert all(q["cpu_fast_over_eager"] > 0 for q in result["ratios"]) and "by CPU seconds" in printed
+    assert result["threads"] == 1 and torch.get_num_threads() == threads, "one thread measured, the caller's kept"
     assert not result["compile"] and "torch.compile off on the CPU" in printed
     assert "par fast / reference" in printed and result["peak_source"].startswith("measured")
 

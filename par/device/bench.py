@@ -21,6 +21,9 @@ rate and copy bandwidth are measured first (`par.device.roofline`).
     MFU = flops_per_token(cfg, s) · tokens / step_s / peak          (`par.mfu`: full or causal attention)
     HFU = hardware_flops_per_token(cfg, s) · tokens / step_s / peak (the padded head's columns counted too)
 
+On a CPU the benchmark runs one thread (--threads): the CPU seconds of a step are then its work alone, steady on
+a machine others share, and the ratios are printed by CPU seconds beside the wall clock's.
+
 The peak is the datasheet's dense peak of the exact GPU (`par.mfu.peak_flops`, the dtype's rate, TF32's for fp32
 with --tf32 on); where none is known (a CPU, an unknown GPU) it is the matmul rate measured here, and the table
 says so. Ratios are throughputs: par fast / reference and par fast / par eager (higher is faster).
@@ -188,6 +191,8 @@ def measure(args) -> dict:
     """Every variant at every sequence length (the module docstring); the result as a dict."""
     from tqdm.auto import tqdm
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     flops.use_tf32(args.tf32 == "on")
     compile = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")
     cfg0 = preset(args.preset)
@@ -196,7 +201,7 @@ def measure(args) -> dict:
     peak, peak_source = peak_of_device(device, args.dtype, args.tf32 == "on", matmul)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     result = {"device": name, "device_type": device.type, "torch": torch.__version__, "preset": args.preset,
-              "dtype": args.dtype, "tf32": args.tf32 == "on", "compile": compile,
+              "dtype": args.dtype, "tf32": args.tf32 == "on", "compile": compile, "threads": torch.get_num_threads(),
               "compile_note": "" if compile or device.type == "cuda" or args.compile == "off" else CPU_COMPILE_REASON,
               "matmul_flops_per_s": matmul, "copy_bytes_per_s": bandwidth,
               "ridge_flops_per_byte": roofline.ridge_point(matmul, bandwidth),
@@ -225,17 +230,23 @@ def measure(args) -> dict:
         del runners, runs
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        cpu = {r["variant"]: r["cpu_s"] for r in result["rows"] if r["seq"] == seq and "cpu_s" in r}
         ratio = {k: times[k] / times["par fast"] if k in times and "par fast" in times else None
                  for k in ("reference", "par eager")}
+        cpu_ratio = {k: cpu[k] / cpu["par fast"] if k in cpu and "par fast" in cpu else None
+                     for k in ("reference", "par eager")}
         result["ratios"].append({"seq": seq, "fast_over_reference": ratio["reference"],
-                                 "fast_over_eager": ratio["par eager"]})
+                                 "fast_over_eager": ratio["par eager"],
+                                 "cpu_fast_over_reference": cpu_ratio["reference"],
+                                 "cpu_fast_over_eager": cpu_ratio["par eager"]})
     bar.close()
     return result
 
 
 def table(r: dict) -> str:
     """The result as the text the command prints."""
-    lines = [f"bench mfu on {r['device']} (torch {r['torch']}), preset {r['preset']}, {r['dtype']}, "
+    lines = [f"bench mfu on {r['device']} (torch {r['torch']}, {r['threads']} CPU threads), preset {r['preset']}, "
+             f"{r['dtype']}, "
              f"TF32 {'on' if r['tf32'] else 'off'}, compile {'on' if r['compile'] else 'off'}",
              f"measured: matmul {r['matmul_flops_per_s'] / 1e12:.3g} TFLOP/s, copy {r['copy_bytes_per_s'] / 1e9:.3g} GB/s,"
              f" ridge point {r['ridge_flops_per_byte']:.3g} FLOP/byte",
@@ -253,8 +264,10 @@ def table(r: dict) -> str:
                      f"{row['tokens_per_s']:>10.0f} "
                      f"{row['tflops']:>8.3g} {row['mfu_full']:>6.1%} {row['mfu_causal']:>10.1%} {row['hfu_full']:>6.1%}")
     for q in r["ratios"]:
-        ref, eager = (f"{q[k]:.2f}x" if q[k] is not None else "n/a" for k in ("fast_over_reference", "fast_over_eager"))
-        lines.append(f"seq {q['seq']}: par fast / reference = {ref}, par fast / par eager = {eager} (throughput)")
+        x = {k: f"{v:.2f}x" if v is not None else "n/a" for k, v in q.items()}
+        lines.append(f"seq {q['seq']}: par fast / reference = {x['fast_over_reference']}, par fast / par eager = "
+                     f"{x['fast_over_eager']} (throughput, wall clock); by CPU seconds {x['cpu_fast_over_reference']}"
+                     f" and {x['cpu_fast_over_eager']}")
     return "\n".join(lines)
 
 
@@ -278,6 +291,8 @@ def parse(argv):
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="torch.compile for par fast and the reference (auto: on a GPU only)")
     p.add_argument("--tf32", choices=("on", "off"), default="on", help="fp32 matmuls on TF32 tensor cores")
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: 1 on a CPU device, "
+                                                                        "torch's default with a GPU)")
     p.add_argument("--out", default=None, help="a folder for mfu.json")
     args = p.parse_args(argv)
     if args.device == "auto":
@@ -290,6 +305,7 @@ def parse(argv):
     args.tokens = args.tokens or (16384 if gpu else 512)
     args.dtype = args.dtype or ("bf16" if gpu else "fp32")
     args.steps = args.steps or (10 if gpu else 3)
+    args.threads = args.threads or (None if gpu else 1)
     preset(args.preset)                                   # an unknown name fails here, in one line
     if max(args.seq) > 1 << 16:
         p.error(f"--seq {max(args.seq)}: use lengths up to 65536")
@@ -300,7 +316,11 @@ def parse(argv):
 
 def main(argv=None) -> int:
     args = parse(argv)
-    result = measure(args)
+    threads = torch.get_num_threads()
+    try:
+        result = measure(args)
+    finally:
+        torch.set_num_threads(threads)                   # a caller's process keeps its own setting
     print(table(result))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
