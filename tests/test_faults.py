@@ -176,6 +176,17 @@ def test_par_hang_s_is_checked_and_named_before_any_rank(value, monkeypatch, cap
     assert f"PAR_HANG_S={value!r} is not a number >= 0" in err
 
 
+def test_every_par_number_variable_is_checked_with_its_name(monkeypatch):
+    from par.runtime import nccl_emulation
+    monkeypatch.setenv(nccl_emulation.SEND_TIMEOUT_ENV, "60s")
+    with pytest.raises(CheckError, match="PAR_NCCL_EMULATION_SEND_TIMEOUT_S='60s' is not a number >= 0"):
+        nccl_emulation.send_timeout_s()
+    monkeypatch.setenv(nccl_emulation.SEND_TIMEOUT_ENV, "")
+    assert nccl_emulation.send_timeout_s() == 60.0
+    monkeypatch.setenv(hang.HANG_ENV, "12.5")
+    assert hang.hang_seconds() == 12.5
+
+
 # ---------------------------------------------------------------- full and read-only disks
 def enospc(*args, **kwargs):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -275,6 +286,58 @@ def test_a_stopped_notebook_keeps_what_ran_whole_and_the_stop_is_quiet(tmp_path,
         for name in runner.NOISY_LOGGERS:
             for f in [f for f in logging.getLogger(name).filters if isinstance(f, runner._AfterStop)]:
                 logging.getLogger(name).removeFilter(f)
+
+
+def test_with_home_unwritable_the_kernels_settings_stay_in_the_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "no-such-home"))
+    monkeypatch.delenv("IPYTHONDIR", raising=False)
+    monkeypatch.delenv("MPLCONFIGDIR", raising=False)
+    with runner.quiet_home(tmp_path):
+        inside = Path(os.environ["MPLCONFIGDIR"])
+        assert inside.parent.parent == tmp_path and Path(os.environ["IPYTHONDIR"]).parent == inside.parent
+    assert "MPLCONFIGDIR" not in os.environ and "IPYTHONDIR" not in os.environ and os.listdir(tmp_path) == []
+
+
+def test_a_notebook_runs_without_kernel_transport_warnings(tmp_path, capfd):
+    """The kernel's own log stays quiet ("Kernel is running over TCP without encryption" was printed per notebook)."""
+    import nbformat
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "10_quiet.ipynb")
+    row = runner.run_one(tmp_path / "10_quiet.ipynb", tmp_path / "out.ipynb", {}, 120)
+    assert row["status"] == "ok", row
+    out, err = capfd.readouterr()
+    assert "without encryption" not in out + err and "[IPKernelApp]" not in out + err, out + err
+    assert sorted(os.listdir(tmp_path)) == ["10_quiet.ipynb", "out.ipynb"]
+
+
+@slow
+def test_sigterm_to_a_batch_mid_cell_is_one_line_and_keeps_what_ran(tmp_path):
+    import nbformat
+    parameters = nbformat.v4.new_code_cell("world_size = 2\nbackend = 'gloo'\npreset = 'tiny'\nsteps = 1",
+                                           metadata={"tags": ["parameters"]})
+    nb = nbformat.v4.new_notebook(cells=[parameters, nbformat.v4.new_code_cell(
+        "import time\nprint('started', flush=True)\ntime.sleep(300)")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "10_sleep.ipynb")
+    out = tmp_path / "runs"
+    proc = subprocess.Popen([os.sys.executable, "-m", "par", "batch", "--notebooks", str(tmp_path / "10_sleep.ipynb"),
+                             "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PAR_DEBUG": ""})
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list(out.glob("*/.10_sleep.tmp.ipynb")):
+            time.sleep(0.5)
+        time.sleep(5)                                   # the cell is running
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [l for l in err.splitlines() if l.strip() and not l.startswith("notebooks:")]
+    assert lines == ["error: stopped by SIGTERM"] and proc.returncode == 128 + signal.SIGTERM, err
+    (run,) = out.iterdir()
+    assert os.listdir(run) == ["10_sleep.ipynb"]
 
 
 def batch_folder(tmp_path, rows, executed: dict | None = None) -> Path:

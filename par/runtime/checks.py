@@ -72,8 +72,8 @@ def env_number(name: str, default: float, minimum: float = 0.0) -> float:
     except ValueError:
         value = None
     if value is None or not math.isfinite(value) or value < minimum:
-        raise CheckError(f"{name}={text!r} is not a number >= {minimum:g} (seconds, e.g. {name}={default:g}): "
-                         f"fix it or unset it for the default {default:g}")
+        raise CheckError(f"{name}={text!r} is not a number >= {minimum:g}: fix it (e.g. {name}={default:g}) or "
+                         f"unset it for the default")
     return value
 
 

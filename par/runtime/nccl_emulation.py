@@ -57,7 +57,8 @@ def enabled() -> bool:
 
 def send_timeout_s() -> float:
     """Seconds an unbatched send waits for its receive before `UnmatchedSend` (`PAR_NCCL_EMULATION_SEND_TIMEOUT_S`)."""
-    return float(os.environ.get(SEND_TIMEOUT_ENV, "60"))
+    from par.runtime.checks import env_number     # "60s", nan: an error naming the variable
+    return env_number(SEND_TIMEOUT_ENV, 60.0)
 
 
 def _poison(t: torch.Tensor) -> None:
