@@ -216,7 +216,7 @@ def test_the_index_shows_key_numbers_beside_their_formulas_and_targets(site):
     for key in numbers.lecture_keys()["03_pipelines"]:
         if (key.record, key.part) in (("bubble_measured_vs_m", "1f1b"), ("pipeline_max_grad_diff_vs_single", None)):
             assert key.what in text and key.formula in text
-    assert "1: 0.5, 4: 0.2" in text and "1.2e-07 met" in text and "≤ 1e-05" in text   # 1.2e-7 meets "≤ 1e-5"
+    assert "1: 0.5, 4: 0.2" in text and "1.2e-07 met" in text and "≤ 1e-5" in text   # 1.2e-7 meets "≤ 1e-5"
     assert "torch pipelining" not in text             # a record the run lacks is left out, not shown empty
 
 

@@ -37,17 +37,22 @@ class Target:
         return (self.low is None or x >= self.low) and (self.high is None or x <= self.high)
 
 
+def _g(x: float) -> str:
+    """1e-05 -> "1e-5", 0.05 -> "0.05": a bound as the lectures write it."""
+    return f"{x:g}".replace("e-0", "e-").replace("e+0", "e+")
+
+
 def at_most(bound: float) -> Target:
-    return Target(f"≤ {bound:g}", high=bound)
+    return Target(f"≤ {_g(bound)}", high=bound)
 
 
 def at_least(bound: float) -> Target:
-    return Target(f"≥ {bound:g}", low=bound)
+    return Target(f"≥ {_g(bound)}", low=bound)
 
 
 def near(value: float, tolerance: float, text: str = "") -> Target:
     """|x − value| ≤ tolerance (`text`: how the lecture says it, default "value ± tolerance")."""
-    return Target(text or f"{value:g} ± {tolerance:g}", low=value - tolerance, high=value + tolerance)
+    return Target(text or f"{_g(value)} ± {_g(tolerance)}", low=value - tolerance, high=value + tolerance)
 
 
 def equal(value) -> Target:

@@ -147,7 +147,8 @@ def _columns(runs: list[Run]) -> str:
 
 def key_numbers_table(stem: str, runs: list[Run]) -> str:
     """The key numbers of the lecture of notebook `stem` (its lecture module's, `numbers.lecture_keys`), one column
-    per run, each value beside its verdict where the lecture states a target; '' when no run has any."""
+    per run, each value beside its verdict where the lecture states a target (in the target column where it says
+    more than the formula); '' when no run has any."""
     records = [(r.lecture(stem).records if r.lecture(stem) else {}) for r in runs]
     keys = [k for k in numbers.lecture_keys().get(stem, [])
             if any(numbers.value(rec, k) is not numbers.MISSING for rec in records)]
@@ -161,7 +162,7 @@ def key_numbers_table(stem: str, runs: list[Run]) -> str:
         return f'<td class="num">{escape(numbers.fmt(numbers.value(rec, k)))}{badge}</td>'
     rows = "".join(
         f'<tr><td>{escape(k.what)}</td><td class="formula">{escape(k.formula)}</td>'
-        f'<td class="formula">{escape(k.target.text if k.target else "")}</td>'
+        f'<td class="formula">{escape(k.target.text if k.target and k.target.text != k.formula else "")}</td>'
         + "".join(cell(rec, k) for rec in records) + "</tr>"
         for k in keys)
     return f"<table><thead><tr><th>quantity</th><th>formula / expected</th><th>target</th>{_columns(runs)}</tr>" \
