@@ -6,9 +6,9 @@ and what it computes (`work`: the job's own `work(args, nproc)`, beside its `Arg
 `par.runtime.job_work`), its timeout scaled with that work (`par.course.batch.cost.scaled_timeout`).
 
 The lectures are found, not listed: `lectures()` imports every `lNN_topic.py` of `par/course/lectures/` (and of the
-folders in $PAR_LECTURES, or `extra`) and keys it by its NOTEBOOK; the functions below take `known` instead (a test's
-own set of lectures) (see `par/course/lectures/__init__.py` for what a
-lecture module declares). The engine imports no lecture by name: the lectures build on it, it finds them.
+folders in $PAR_LECTURES, or `extra`) and keys it by its NOTEBOOK (`par/course/lectures/__init__.py` says what a
+lecture module declares); the functions below take `known` instead where a test brings its own. The engine imports
+no lecture by name: the lectures build on it, it finds them.
 
     launches(notebook, world_size, backend, preset, steps)   a notebook's launches, a pure function of the
                                                               batch's four parameters (the notebook runs exactly
