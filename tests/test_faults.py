@@ -312,7 +312,12 @@ def test_a_notebook_runs_without_kernel_transport_warnings(tmp_path, capfd):
 
 
 @slow
-def test_sigterm_to_a_batch_mid_cell_is_one_line_and_keeps_what_ran(tmp_path):
+@pytest.mark.parametrize("signals,line,code", [([signal.SIGTERM], "error: stopped by SIGTERM", 128 + signal.SIGTERM),
+                                               ([signal.SIGINT, signal.SIGINT], "error: interrupted", 130)],
+                         ids=["sigterm", "double-sigint"])
+def test_a_batch_stopped_mid_cell_says_one_line_and_keeps_what_ran(signals, line, code, tmp_path):
+    """SIGTERM, or Ctrl-C twice within 0.2 s: one line (no kernel traceback, no "Exception ignored in atexit"),
+    the shell's exit code, and the notebook as far as it ran."""
     import nbformat
     parameters = nbformat.v4.new_code_cell("world_size = 2\nbackend = 'gloo'\npreset = 'tiny'\nsteps = 1",
                                            metadata={"tags": ["parameters"]})
@@ -329,13 +334,15 @@ def test_sigterm_to_a_batch_mid_cell_is_one_line_and_keeps_what_ran(tmp_path):
         while time.monotonic() < deadline and not list(out.glob("*/.10_sleep.tmp.ipynb")):
             time.sleep(0.5)
         time.sleep(5)                                   # the cell is running
-        proc.send_signal(signal.SIGTERM)
+        for sig in signals:
+            proc.send_signal(sig)
+            time.sleep(0.2)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     lines = [l for l in err.splitlines() if l.strip() and not l.startswith("notebooks:")]
-    assert lines == ["error: stopped by SIGTERM"] and proc.returncode == 128 + signal.SIGTERM, err
+    assert lines == [line] and proc.returncode == code, err
     (run,) = out.iterdir()
     assert os.listdir(run) == ["10_sleep.ipynb"]
 
@@ -442,6 +449,16 @@ def test_on_a_really_full_disk_writes_fail_whole(full_disk):
     with pytest.raises(CheckError, match="cannot write checkpoint file"):
         checkpoint.write_file({"w": torch.zeros(1 << 20)}, str(full_disk / "shard_00000_of_00001.pt"))
     assert sorted(os.listdir(full_disk)) == ["small.json"] and (full_disk / "small.json").read_text() == "{}\n"
+
+
+def test_a_command_whose_output_goes_to_a_full_disk_says_so_in_one_line(full_disk):
+    """`python -m par plan > full/plan.txt`: the flush fails with ENOSPC (no path in the error): one line, exit 2."""
+    (full_disk / "filler").write_bytes(b"\0" * (1 << 20))
+    with open(full_disk / "plan.txt", "w") as out:
+        got = subprocess.run([os.sys.executable, "-m", "par", "plan", "--world", "64"], cwd=ROOT, stdout=out,
+                             stderr=subprocess.PIPE, text=True, timeout=120, env={**os.environ, "PAR_DEBUG": ""})
+    assert got.returncode == 2 and got.stderr.splitlines() == [
+        "error: No space left on device (errno 28); free some space or choose another output path"], got.stderr
 
 
 # ---------------------------------------------------------------- progress, not presence

@@ -87,20 +87,24 @@ class _AfterStop(logging.Filter):
 
 @contextlib.contextmanager
 def quiet_after_stop():
-    """Inside the block, Ctrl-C marks the batch stopped as SIGTERM and SIGHUP do (then raises KeyboardInterrupt),
-    and the NOISY_LOGGERS say nothing after a stop; the filter stays after a stop, for the messages of exit."""
+    """Inside the block, the first Ctrl-C marks the batch stopped as SIGTERM and SIGHUP do (then raises
+    KeyboardInterrupt; later ones are ignored), and the NOISY_LOGGERS say nothing after a stop; the filter stays after a stop, for the messages of exit."""
     import signal
     import threading
 
     from par.runtime.lifeline import STOPPING
+    STOPPING.clear()                      # a new batch in a process an earlier one was stopped in
     gate = _AfterStop()
     for name in NOISY_LOGGERS:
+        for old in [f for f in logging.getLogger(name).filters if isinstance(f, _AfterStop)]:
+            logging.getLogger(name).removeFilter(old)
         logging.getLogger(name).addFilter(gate)
     main = threading.current_thread() is threading.main_thread()
 
-    def interrupted(signum, frame):
-        STOPPING.set()
-        raise KeyboardInterrupt
+    def interrupted(signum, frame):       # the first Ctrl-C stops the batch; a second one cannot cut its teardown
+        if not STOPPING.is_set():
+            STOPPING.set()
+            raise KeyboardInterrupt
     previous = signal.signal(signal.SIGINT, interrupted) if main else None
     try:
         yield
