@@ -168,3 +168,24 @@ def test_a_lecture_made_from_the_recipe_goes_through_the_dry_run_and_the_site(tm
 
 def test_the_throw_away_lecture_leaves_the_course_as_it_was():
     assert "99_demo" not in course.lectures() and "99_demo" not in numbers.lecture_keys()
+
+
+def test_a_runs_verdicts_name_every_missed_target(tmp_path, capsys):
+    from par.course.lectures.__main__ import main
+    run = tmp_path / "20260101-120000"
+    run.mkdir()
+    records = {"bubble_measured_minus_formula_max": 0.0536, "pipeline_max_grad_diff_vs_single": 0.0}
+    row = {"notebook": "03_pipelines.ipynb", "status": "ok", "error": None, "duration_s": 1.0, "records": records}
+    (run / "summary.json").write_text(json.dumps({"folder": str(run), "parameters": {}, "provenance": {},
+                                                  "notebooks": [row], "failed": 0, "duration_s": 1.0,
+                                                  "records": records}))
+    assert main(["--verdicts", str(run)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["missed  03_pipelines: largest |bubble measured − formula| = 0.0536 (target ≤ 0.05)",
+                     "   met  03_pipelines: pipeline gradients vs one process (max |Δ|) = 0 (target ≤ 1e-5)",
+                     "2 targets checked: 1 missed"]
+    records["bubble_measured_minus_formula_max"] = 0.03
+    (run / "summary.json").write_text(json.dumps({"folder": str(run), "notebooks": [row], "failed": 0}))
+    assert main(["--verdicts", str(run)]) == 0 and capsys.readouterr().out.endswith("all met\n")
+    assert main(["--verdicts", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.startswith("error: ")

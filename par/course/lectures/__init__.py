@@ -14,7 +14,8 @@ order:
                     its own process: `par.course.batch.launches.sized(...)`, a demo shrunk to fit, or skipped)
     KEY_NUMBERS     what a reader should see first, each a `par.site.numbers.Key`: what it is, its formula, the
                     record the notebook writes (`record(name, value)`), and its target where the lecture states
-                    one (`at_most(1e-5)`, `near(1.0, 0.05)`, `equal(16)`): the site shows the verdict
+                    one (`at_most(1e-5)`, `near(1.0, 0.05)`, `equal(16)`): the site shows the verdict, and
+                    `python -m par.course.lectures --verdicts RUN_DIR` holds a run to them (exit 1 where one is missed)
     figures         the plots only this lecture draws (shared ones are in `par.course.plots`)
 
 Nothing else lists the lectures: the launch engine (`par.course.batch.launches.lectures`) finds every `lNN_*.py`
