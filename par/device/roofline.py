@@ -58,3 +58,39 @@ def ridge_point(flops_per_s: float, bytes_per_s: float) -> float:
 def attainable(intensity: float, flops_per_s: float, bytes_per_s: float) -> float:
     """The roofline: min(P, I·B), the FLOP/s an operation of intensity I can reach."""
     return min(flops_per_s, intensity * bytes_per_s)
+
+
+def op_intensities(fn, *args) -> list[dict]:
+    """Run `fn(*args)` and list every aten operation it dispatches: {op, flops, bytes, intensity}. FLOPs by the
+    formulas `torch.utils.flop_counter.FlopCounterMode` uses (its registry: matmuls and attention, 0 for the
+    rest); intensity = FLOPs / bytes, where an operation FlopCounterMode does not count (elementwise, softmax,
+    LayerNorm) is taken as one FLOP per output element; bytes = what the operation reads and writes, its tensor inputs and outputs once each (no cache).
+    Views (an output that aliases an input: view, transpose, expand, ...) move nothing and are left out."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    from torch.utils.flop_counter import flop_registry
+
+    def nbytes(tree):
+        return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            name = func._overloadpacket.__name__
+            if any(r.alias_info is not None for r in func._schema.returns) or name == "_unsafe_view":
+                return out                                   # a view (view, transpose, expand...): moves nothing
+            count = flop_registry.get(func._overloadpacket)
+            f = count(*args, **kwargs, out_val=out) if count else 0
+            b = nbytes(args) + nbytes(kwargs) + nbytes(out)
+            work = f or sum(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+            self.ops.append({"op": name, "flops": f, "bytes": b, "intensity": work / b if b else 0.0})
+            return out
+
+    with Recorder() as rec:
+        fn(*args)
+    return rec.ops
