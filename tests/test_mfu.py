@@ -141,3 +141,18 @@ def test_bench_mfu_refuses_in_one_line(capsys):
     assert stop.value.code == 2
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         bench.parse(["--device", "cpu", "--preset", "huge"])
+
+
+def test_a_block_s_operations_add_up_to_flop_counter_mode():
+    from torch.utils.flop_counter import FlopCounterMode
+    from par.device.roofline import op_intensities
+    block = build(preset("tiny")).blocks[0]
+    x = torch.randn(2, 32, 32, requires_grad=True)
+    ops = op_intensities(lambda t: block(t).sum().backward(), x)
+    with FlopCounterMode(display=False) as counter:
+        block(x).sum().backward()
+    assert sum(o["flops"] for o in ops) == counter.get_total_flops() > 0
+    names = {o["op"] for o in ops}
+    assert {"addmm", "bmm", "_softmax", "masked_fill"} <= names and not names & {"view", "transpose", "expand", "t"}
+    matmuls = [o for o in ops if o["op"] in ("addmm", "bmm", "mm")]
+    assert min(o["intensity"] for o in matmuls) > max(o["intensity"] for o in ops if o["op"] == "_softmax")
