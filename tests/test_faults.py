@@ -551,6 +551,23 @@ def test_a_rank_gone_while_the_others_still_work_is_not_a_hang():
     assert w.hung() and not w.confirmed({0: (False, "busy in write_plots at job.py:90")})
 
 
+def test_a_rank_never_seen_counts_as_gone_until_it_shows_up():
+    """Read from /proc (this process stands in for both ranks): a rank missing GONE_S after the first look is gone;
+    one that then appears (slow to start) is not."""
+    now = [0.0]
+    w = hang.Watch(45, 2, clock=lambda: now[0])
+    me = os.getpid()
+    w.look({0: me})
+    now[0] = hang.GONE_S + 1
+    w.look({0: me})
+    assert list(w.vanished()) == [1]
+    now[0] += 1
+    w.look({0: me, 1: me})
+    assert w.vanished() == {} and sorted(w.ranks) == [0, 1]
+    w.look({0: me})                                      # then it exits
+    assert list(w.vanished()) == [1]
+
+
 STALL = str(Path(__file__).parent / "workers" / "stall.py")
 
 

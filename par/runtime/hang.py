@@ -99,6 +99,7 @@ class Watch:
                 if rank not in self.ranks:
                     self.gone[rank] = self.first_look
         for rank, pid in pids.items():
+            self.gone.pop(rank, None)      # missed at first (slow to start), here now
             stat = main_thread_stat(pid)
             if stat is None:
                 continue
