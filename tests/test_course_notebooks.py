@@ -23,7 +23,7 @@ from par.course.lectures import l07_putting_it_together as l07
 from par.zero import job as zero_job
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-LECTURES = sorted(NOTEBOOKS.glob("0*.ipynb"))
+LECTURES = sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
 
 
 def code(path: Path) -> ast.Module:
