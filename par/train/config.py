@@ -24,6 +24,13 @@ key), never silently ignored: a typo such as "zero_optimisation" would otherwise
 `pipeline` and `tensor_parallel` are par's (DeepSpeed takes the stages from PipelineModule);
 `model`, `steps` and `seed` say what to train.
 
+Every value is checked here, before any rank starts, into the typed `TrainConfig` (no schema library: each
+section's reader states its field's type and range, `_number` / `_bool` / `_choice`): numbers finite and in
+range (lr > 0, betas in [0, 1), sizes whole and >= 1, NaN and Infinity refused), true/false never taken for a
+number (`"stage": true`), enumerations named in the error, the model's heads dividing its width. A config file is
+read as a regular UTF-8 file of at most 1 MiB (`read_file`: a FIFO is refused without blocking).
+`gradient_clipping` 0 means off, as in DeepSpeed.
+
 fp16's `loss_scale` (0 = dynamic), `initial_scale_power` (S = 2^power), `loss_scale_window`,
 `hysteresis` and `min_loss_scale` configure `par.precision.loss_scaler`; `zero_optimization.prefetch`
 turns on stage-3 prefetching. Accepted for DeepSpeed compatibility but without effect in par
