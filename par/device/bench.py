@@ -306,7 +306,10 @@ def parse(argv):
     args.dtype = args.dtype or ("bf16" if gpu else "fp32")
     args.steps = args.steps or (10 if gpu else 3)
     args.threads = args.threads or (None if gpu else 1)
-    preset(args.preset)                                   # an unknown name fails here, in one line
+    try:
+        preset(args.preset)
+    except ValueError as e:
+        p.error(f"--preset: {e}")
     if max(args.seq) > 1 << 16:
         p.error(f"--seq {max(args.seq)}: use lengths up to 65536")
     if args.out:
