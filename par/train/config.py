@@ -45,7 +45,6 @@ import math
 import os
 import stat
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from par.dp.batch_size import BatchSizeError, resolve_batch
 from par.runtime.grid import layout_label
