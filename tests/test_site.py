@@ -364,8 +364,11 @@ def browser_problems(browser, site: Path) -> tuple[list[str], dict]:
             problems += [f"{where}: link to a missing file: {h}" for h in missing]
             problems += [f"{where}: network request: {url}" for url in requested]
             requested.clear()
-            raw = mathml.raw_tex_left(page.evaluate("""() => { const b = document.body.cloneNode(true);
-                b.querySelectorAll('pre, code, script, style').forEach(e => e.remove()); return b.innerText; }"""))
+            raw = mathml.raw_tex_left(page.evaluate("""() => { const out = [];           // the text a reader reads
+                const w = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+                for (let n = w.nextNode(); n; n = w.nextNode())
+                    if (!n.parentElement.closest('pre, code, script, style, math')) out.push(n.textContent);
+                return out.join('\\n'); }"""))
             problems += [f"{where}: raw TeX: {tex}" for tex in raw[:3]]
             seen[where] = {"images": len(images), "formulas": page.evaluate("() => document.querySelectorAll('math').length"),
                            "syllabus": page.evaluate(
