@@ -422,6 +422,15 @@ def test_a_checkpoint_file_is_written_atomically_and_its_folder_checked_first(tm
         checkpoint.load(None, str(tmp_path))
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="/proc is the read-only folder, even for root")
+def test_a_zero_job_with_a_read_only_checkpoint_folder_stops_before_training():
+    start = time.monotonic()
+    with pytest.raises(par.runtime.launch.LaunchError, match="cannot write /proc/par-ckpt") as e:
+        RUN_LAUNCH("par.zero.job", nproc=2, args=["--checkpoint", "/proc/par-ckpt", "--steps", "1000"], timeout=240,
+                   quiet=True)
+    assert "CheckError" in e.value.root_cause and time.monotonic() - start < 120
+
+
 @pytest.fixture
 def full_disk(tmp_path):
     """A 1 MiB tmpfs: a real ENOSPC. Needs root (CI runs as root); skipped elsewhere, where the monkeypatched
