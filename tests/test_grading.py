@@ -31,6 +31,7 @@ from tiers import slow
 from par.__main__ import main as python_m_par
 from par.course.authoring import generate as exercises, cli as exercises_cli, release
 from par.course.grading import grade, nbval_run
+from par.course.grading.report import COLUMNS
 from par.course.authoring.generate import is_answer, is_check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -241,7 +242,7 @@ def test_a_class_folder_gives_a_complete_gradebook_within_the_timeouts(tmp_path)
     rows = {Path(r["submission"]).name: r for r in csv.DictReader(report.open())}
     assert set(rows) == {f"{name}.ipynb", f"bob_{name}.ipynb", f"carol_{name}.ipynb", f"dave_{name}.ipynb",
                          f"erin_{name}.ipynb", "frank.ipynb", "gina.ipynb", "notes.txt"}, rows.keys()
-    assert list(csv.reader(report.open()))[0] == grade.COLUMNS
+    assert list(csv.reader(report.open()))[0] == COLUMNS
     status = {k: (r["status"], r["points"], r["max_points"]) for k, r in rows.items()}
     full = str(full_marks(name))
     assert status[f"{name}.ipynb"] == ("ok", full, full), rows[f"{name}.ipynb"]

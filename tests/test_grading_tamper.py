@@ -40,6 +40,7 @@ from tiers import slow
 import test_grading as tg
 from par.course.authoring import generate as exercises
 from par.course.grading import grade, sandbox
+from par.course.grading.report import format_grade, hidden_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = "01_model_state_bytes"
@@ -483,13 +484,13 @@ def test_every_file_gets_a_row_and_careless_submissions_are_handled(graded):
 @pytest.mark.timeout(600)
 def test_feedback_never_shows_hidden_checks(graded):
     course = grade.load_course()
-    hidden = grade.hidden_lines(course)
+    hidden = hidden_lines(course)
     assert 'cases = [*cases, *product([12_345, 6.7e9], [5, 1024], range(4), [("mixed", "sgd"), ("fp32", "sgd")])]' \
         in hidden
     g = grade.Grade(submission="x.ipynb", exercise=EX, status="failed",
                     checks=[grade.Check("check-states-per-rank", 3, error=f"AssertionError: {hidden[0]}",
                                         traceback=hidden[0])])
-    assert hidden[0] not in grade.format_grade(g, course) and "[hidden check]" in grade.format_grade(g, course)
+    assert hidden[0] not in format_grade(g, course) and "[hidden check]" in format_grade(g, course)
     for path in graded["feedback"].glob("*.txt"):
         text = path.read_text()
         assert not any(line in text for line in hidden), path

@@ -17,9 +17,19 @@ loads the student's module inside the block for `from torch.distributed import a
 group is made of (`torch._C._distributed_c10d.ProcessGroup` and `Backend`), which every collective of
 torch.distributed goes through, so `_get_default_group().allreduce(...)` or `pg._get_backend(dev).allreduce(...)`
 are counted (and refused) too. What it guarantees: a call through torch's Python API, whatever name it was
-reached by. What it does not: these are Python-level replacements in the student's own process, which a
-student who looks for the originals (in the wrappers' closures) can restore; the grader therefore also
-checks the numbers the ranks produce against its own reference (`par.course.grading.rank_io`).
+reached by.
+
+`refused_in_dispatcher(why)` goes below Python: it registers, in torch's operator dispatcher, a kernel that
+refuses for each collective op of c10d (`c10d::allreduce_`, `c10d::alltoall_base_`, ...: DISPATCHED, on the CPU
+and CUDA keys). Every process-group collective goes through these ops, whichever way it is called:
+`dist.all_reduce`, `pg.allreduce`, the functional collectives (`torch.distributed._functional_collectives`),
+`torch.ops.c10d.*`. Sends, receives and barriers are other ops and still work.
+
+What none of these guarantees: the student's code runs in the same process, so a student who hunts for the
+originals (a wrapper's closure, the registration object) can undo them; the grader therefore also checks
+the numbers the ranks produce against its own reference (`par.course.grading.rank_io`), and the runner enters
+these guards before it imports the student's module (`rank_io.main`), so what the module replaces afterwards
+(`answers.on_the_wire` itself) is not what counts.
 """
 from __future__ import annotations
 
@@ -45,6 +55,13 @@ WIRE_COLLECTIVES = ("allreduce", "allreduce_coalesced", "allgather", "allgather_
                     "all_gather_single_coalesced", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single",
                     "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base",
                     "all_to_all_single", "broadcast", "reduce", "gather", "scatter")
+
+
+# the collective ops of c10d in torch's dispatcher: what every process-group collective calls
+DISPATCHED = ("allreduce_", "allreduce_coalesced_", "allgather_", "allgather_coalesced_",
+              "allgather_into_tensor_coalesced_", "_allgather_base_", "reduce_scatter_", "_reduce_scatter_base_",
+              "reduce_scatter_tensor_coalesced_", "alltoall_", "alltoall_base_", "broadcast_", "reduce_", "gather_",
+              "scatter_")
 
 
 class AnswerError(RuntimeError):
@@ -129,3 +146,27 @@ def on_the_wire(forbid: str | None = None):
     finally:
         for cls, name, original in reversed(saved):
             setattr(cls, name, original)
+
+
+@contextmanager
+def refused_in_dispatcher(why: str):
+    """Within the block, every collective op of c10d (DISPATCHED) raises AnswerError saying `why`, in torch's
+    dispatcher: below every Python name it can be called by."""
+    import warnings
+
+    import torch
+    lib = torch.library.Library("c10d", "IMPL")
+    try:
+        for name in DISPATCHED:
+            if not hasattr(torch.ops.c10d, name):
+                continue
+
+            def refuse(*args, _name=name, **kwargs):
+                raise AnswerError(f"your code called the collective c10d::{_name}: {why}")
+            with warnings.catch_warnings():        # "overriding a previously registered kernel": that is the point
+                warnings.simplefilter("ignore")
+                for key in ("CPU", "CUDA"):
+                    lib.impl(name, refuse, key)
+        yield
+    finally:
+        lib._destroy()      # torch's own kernels again

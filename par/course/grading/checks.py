@@ -1,6 +1,6 @@
 """Checks judged in the grader's process, on plain data fetched from the student's kernel.
 
-    result = run(assembled, reference, timeout=600, cell_timeout=300)     # an nbval_run.Run, cell by cell
+    result = run(assembled, reference, timeout=600, cell_timeout=300)     # an nbval_run.NotebookRun, cell by cell
 
 The grader drives one ipykernel itself (`par.course.grading.kernel`: jupyter_client over unix sockets in the
 submission's work folder, inside `par.course.grading.sandbox` when bwrap is here). Cells go where they can be trusted:
@@ -24,11 +24,14 @@ In the kernel's view of par (sandboxed), the exercise's reference answers are st
 (`par.course.grading.references`). No check cell reaches the kernel, so no hook of the student's can see or skip one.
 
 What stays attackable: how a real-rank job's numbers travelled (ranks that share their inputs through a file,
-or restore a collective that `par.course.grading.answers` guards at the Python level, produce right numbers); code the
-student copies from par's source elsewhere; everything the sandbox does not cover when it is off.
+or that hunt down and undo the guards of `par.course.grading.answers` in their own process, produce right
+numbers); code the student copies from par's source elsewhere; everything the sandbox does not cover when it
+is off.
 
-Arguments the student's function changes in place (a list, a dict, a tensor) come back and are written into
-the grader's objects, so checks such as "do not modify your argument" keep their meaning. Patching torch,
+The student's function gets copies of its arguments (they travel as data); what it does to them is never
+written into the grader's objects, so an expected value computed from them after the call is the grader's own.
+A check that judges what the function does to its arguments (an in-place step, "do not modify your
+argument") asks for the kernel's copies with `par.course.grading.compare.arguments_after`. Patching torch,
 builtins, par, IPython or the setup helpers in the kernel changes what the student's functions return, never
 what the checks compare them with, nor whether an assert ran.
 """
@@ -43,7 +46,7 @@ from pathlib import Path
 from par.course.grading import nbval_run, references, sandbox
 from par.course.grading.codec import KERNEL_HELPER
 from par.course.grading.kernel import MAX_OUTPUT, CellTimeout, Kernel, KernelDied, NotebookTimeout, Reply
-from par.course.grading.nbval_run import CellResult, Run
+from par.course.grading.nbval_run import CellResult, NotebookRun
 from par.course.grading.standins import (Proxy, Session, StudentError, launching_import,
                                  sandboxed_launch)
 
@@ -55,22 +58,33 @@ def student_names(reference) -> set[str]:
     return {n for c in reference.cells if is_answer(c) for n in defined_names(c.source) if isinstance(n, str)}
 
 
-def _error_of(e: BaseException, source_name: str) -> tuple[str, str]:
-    """(one line, traceback lines in the check only: no source text, which may be hidden) of a check's error."""
+def hidden_from(source: str) -> int | None:
+    """The line (1-based) where a check's hidden cases begin, None if it has none."""
+    from par.course.authoring.markers import HIDDEN_BEGIN
+    lines = source.splitlines()
+    return next((i + 1 for i, line in enumerate(lines) if line.strip() == HIDDEN_BEGIN), None)
+
+
+def _error_of(e: BaseException, source_name: str, hidden: int | None = None) -> tuple[str, str]:
+    """(one line, traceback lines in the check only: no source text, which may be hidden) of a check's error.
+    An error raised at or after the line `hidden` (where hidden cases may be running) keeps only its type: its
+    message may carry the hidden inputs (an assert's message, or the student's exception naming its arguments)."""
     line = f"{type(e).__name__}: {e}" if not isinstance(e, StudentError) else str(e)
     if type(e).__name__ == "LaunchError":      # a rank's root cause, as nbval_run reports it
         line = nbval_run.summary(str(e))[0] or line
     frames = [f for f in tb_module.extract_tb(e.__traceback__) if f.filename == source_name]
     where = "".join(f"  check line {f.lineno}\n" for f in frames[-3:])
+    if hidden is not None and (not frames or frames[-1].lineno >= hidden):
+        line = f"{type(e).__name__} on a case this check may keep hidden (its details are not shown)"
     return " ".join(line.split())[:300], where.rstrip()
 
 
 def run(assembled, reference, *, timeout: float, cell_timeout: float, env: dict | None = None,
-        package: Path | None = None, sandboxed: bool | None = None) -> tuple[Run, list[str]]:
+        package: Path | None = None, sandboxed: bool | None = None) -> tuple[NotebookRun, list[str]]:
     """Run the assembled notebook (see the module docstring): (what happened to every cell, notes)."""
     start = time.monotonic()
     deadline = start + timeout
-    result, notes = Run(), []
+    result, notes = NotebookRun(), []
     workdir = sandbox.temporary_workdir()
     box = sandbox.Sandbox.create(workdir, package, cpu_seconds=timeout, sandboxed=sandboxed)
     if not box.sandboxed:
@@ -111,7 +125,7 @@ def run(assembled, reference, *, timeout: float, cell_timeout: float, env: dict 
                     except (KernelDied, NotebookTimeout, CellTimeout):
                         raise
                     except Exception as e:  # the check failed: an assert, or the student's function raised
-                        res.error, res.traceback = _error_of(e, name)
+                        res.error, res.traceback = _error_of(e, name, hidden_from(cell.source))
                 else:
                     reply = kernel.execute(cell.source, session.cell_deadline)
                     if reply.status != "ok":

@@ -6,8 +6,8 @@
 For each case, every rank gets one block for every peer (random values; their sizes set by the case: equal
 blocks, or the uneven expert blocks of E = 5 experts over the ranks, as `par.moe.experts` dispatches them),
 loads the student's module and calls `all_to_all(sends, recvs)`, which must fill `recvs` while torch's and
-par's collectives are switched off (`par.course.grading.answers`: by name, and on the process group objects
-themselves): only sends and receives. With `PAR_NCCL_EMULATION=1` a received buffer holds NaN until its
+par's collectives are switched off (`par.course.grading.answers`: by name, on the process group objects, in
+torch's dispatcher): only sends and receives. With `PAR_NCCL_EMULATION=1` a received buffer holds NaN until its
 Work has been waited. `verify` compares every rank's `recvs` with the blocks its peers sent it: in the
 grader's own process when the grader launched the job (`--io`, `par.course.grading.rank_io`), on rank 0 otherwise.
 
@@ -18,7 +18,6 @@ Result: world_size, backend, and
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +27,7 @@ from par.course.grading import answers, rank_io
 from par.runtime.job_args import JobArgs, arg
 
 WHY = "the exercise asks for an all-to-all built from sends and receives"
+FORBIDDEN, P2P_ONLY = answers.COLLECTIVES, True    # only sends and receives (rank_io.guarded)
 CASES = ("equal", "dispatch", "combine")
 
 
@@ -55,7 +55,7 @@ def make_inputs(args: Args, n: int, seed: int):
     return inputs, inputs
 
 
-def run_rank(module, inputs: dict, rank: int, device) -> dict:
+def run_rank(module, inputs: dict, rank: int, device, wire: dict) -> dict:
     out = {}
     n = len(inputs[CASES[0]])
     for name in CASES:
@@ -82,15 +82,5 @@ def verify(args: Args, inputs: list, outputs: list) -> dict:
     return {"cases": cases}
 
 
-def main(argv=None) -> int:
-    args = Args.parse(argv)
-
-    @contextmanager
-    def guarded():
-        with answers.forbidden(answers.COLLECTIVES, WHY), answers.on_the_wire(forbid=WHY):
-            yield
-    return rank_io.main(sys.modules[__name__], args, lambda: answers.load(args.answer), guarded)
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(rank_io.main(sys.modules[__name__]))

@@ -6,9 +6,9 @@
 Every rank gets one float32 tensor per size in `--sizes` (random, its own), loads the student's module (the
 file the exercise's `%%writefile` cell wrote) and sums each tensor over the ranks with the student's
 `ring_all_reduce(tensor)`. While the student's code runs, the collectives of torch.distributed and of par
-raise (`par.course.grading.answers`: by name, and on the process group objects themselves): the exercise asks for a
-ring built from sends and receives. With `PAR_NCCL_EMULATION=1` a received buffer holds NaN until its Work
-has been waited, as under NCCL. What each rank's tensors hold afterwards is compared with the sum by
+raise (`par.course.grading.answers`: by name, on the process group objects, in torch's dispatcher): the
+exercise asks for a ring built from sends and receives. With `PAR_NCCL_EMULATION=1` a received buffer holds
+NaN until its Work has been waited, as under NCCL. What each rank's tensors hold afterwards is compared with the sum by
 `verify`: in the grader's own process when the grader launched the job (`--io`, `par.course.grading.rank_io`), on
 rank 0 otherwise.
 
@@ -20,7 +20,6 @@ Result: world_size, backend, and
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +29,7 @@ from par.runtime.job_args import JobArgs, arg
 
 SIZES = (1, 2, 5, 7, 64, 1000, 1001)
 WHY = "the exercise asks for a ring of sends and receives"
+FORBIDDEN, P2P_ONLY = answers.COLLECTIVES, True    # only sends and receives (rank_io.guarded)
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def make_inputs(args: Args, n: int, seed: int):
     return inputs, sums
 
 
-def run_rank(module, inputs: dict, rank: int, device) -> dict:
+def run_rank(module, inputs: dict, rank: int, device, wire: dict) -> dict:
     outs, mines = [], []
     for x in inputs["x"]:
         mine = x.clone().to(device)
@@ -73,15 +73,5 @@ def verify(args: Args, sums, outputs: list) -> dict:
     return {"cases": cases, "per_rank": [{"rank": r, "max_error": e} for r, e in enumerate(per_rank)]}
 
 
-def main(argv=None) -> int:
-    args = Args.parse(argv)
-
-    @contextmanager
-    def guarded():
-        with answers.forbidden(answers.COLLECTIVES, WHY), answers.on_the_wire(forbid=WHY):
-            yield
-    return rank_io.main(sys.modules[__name__], args, lambda: answers.load(args.answer), guarded)
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(rank_io.main(sys.modules[__name__]))

@@ -20,18 +20,18 @@ Result: world_size, backend, and
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from par.course.grading import answers, rank_io
+from par.course.grading import rank_io
 from par.runtime.job_args import JobArgs, arg
 from par.tp.layers import column_shard, row_shard
 
 OFF_LIMITS = [("par.tp.ops", "_all_reduce"), ("par.comm.collectives", "all_reduce"), ("par.comm.collectives", "ring_all_reduce")]
 WHY = "write f and g yourself with torch.distributed.all_reduce"
+FORBIDDEN, P2P_ONLY = OFF_LIMITS, False      # torch's all-reduce allowed, counted on the wire
 GRADS = ("input_grad", "fc_w_grad", "fc_b_grad", "proj_w_grad", "proj_b_grad")
 SHAPE = (3, 5)
 
@@ -67,13 +67,14 @@ def make_inputs(args: Args, n: int, seed: int):
     return inputs, expected
 
 
-def run_rank(module, inputs: dict, rank: int, device) -> dict:
+def run_rank(module, inputs: dict, rank: int, device, wire: dict) -> dict:
     mine = [inputs[k].clone().to(device).requires_grad_() for k in ("x", "fc_w", "fc_b", "proj_w", "proj_b")]
-    with answers.on_the_wire() as calls:
-        out = module.parallel_mlp(*mine)
-        forward = calls["allreduce"] + calls["allreduce_coalesced"]
-        (out * inputs["upstream"].to(device)).sum().backward()
-        backward = calls["allreduce"] + calls["allreduce_coalesced"] - forward
+    count = lambda: wire["allreduce"] + wire["allreduce_coalesced"]     # noqa: E731  (bound before the import)
+    before = count()
+    out = module.parallel_mlp(*mine)
+    forward = count() - before
+    (out * inputs["upstream"].to(device)).sum().backward()
+    backward = count() - before - forward
     outputs = {"output": out.detach() if isinstance(out, torch.Tensor) else None,
                "all_reduce": torch.tensor([forward, backward])}
     for key, t in zip(GRADS, mine):
@@ -93,15 +94,5 @@ def verify(args: Args, expected: list, outputs: list) -> dict:
             "all_reduce": per_rank[0]["all_reduce"], "per_rank": per_rank}
 
 
-def main(argv=None) -> int:
-    args = Args.parse(argv)
-
-    @contextmanager
-    def guarded():
-        with answers.forbidden(OFF_LIMITS, WHY):
-            yield
-    return rank_io.main(sys.modules[__name__], args, lambda: answers.load(args.answer), guarded)
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(rank_io.main(sys.modules[__name__]))

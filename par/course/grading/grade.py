@@ -50,7 +50,6 @@ notebook passed all its checks, 1 otherwise. Usage errors: 2.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import re
@@ -61,14 +60,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from par.course.grading import checks, nbval_run
+from par.course.grading.report import (RowWriter, _num, class_summary, describe, format_grade, write_feedback,
+                                       write_report)
 from par.course.authoring import generate as exercises
 from par.course.authoring.generate import ROOT, is_answer, is_check
 
 TIMEOUT = 600          # seconds per notebook
 CELL_TIMEOUT = 300     # seconds per cell
-COLUMNS = ["submission", "exercise", "points", "max_points", "percent", "status", "failed_checks", "reason",
-           "seconds"]
-STATUSES = ("ok", "failed", "timeout", "error")
 
 
 class SubmissionError(ValueError):
@@ -117,10 +115,6 @@ class Grade:
                 "reason": " ".join("; ".join(([self.reason, *self.notes] if self.status != "ok" else [])
                                              + self.flags).split()),
                 "seconds": f"{self.seconds:.1f}"}
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 # ---------------------------------------------------------------- the checks' source: solutions/ or exercises/
@@ -271,7 +265,7 @@ def assemble(reference, student, official: bool = True) -> Assembled:
 
 
 # ---------------------------------------------------------------- grading
-def score(assembled: Assembled, run: nbval_run.Run, reference, timeout: float, cell_timeout: float,
+def score(assembled: Assembled, run: nbval_run.NotebookRun, reference, timeout: float, cell_timeout: float,
           grade: Grade) -> Grade:
     """Fill `grade` from what happened to the cells: checks passed, status and reason."""
     points = {c.get("id"): exercises.points(c) for c in reference.cells if is_check(c)}
@@ -462,128 +456,13 @@ def grade_many(paths: list[Path], course: Course, timeout: float = TIMEOUT, cell
             shutil.rmtree(package, ignore_errors=True)
 
 
-def write_report(grades: list[Grade], path: Path, earlier: list[dict] = ()) -> None:
-    """The whole gradebook at once (rows of an earlier run kept first), replacing the file atomically."""
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        for row in earlier:
-            writer.writerow({k: row.get(k, "") for k in COLUMNS})
-        for g in grades:
-            writer.writerow(g.row())
-    os.replace(tmp, path)
-
-
-class RowWriter:
-    """Appends one row per finished submission to the report, flushed to disk at once (a killed batch keeps
-    every row written); with `resume`, the rows already in the file stay and their submissions are skipped."""
-
-    def __init__(self, path: Path, resume: bool = False):
-        self.path = Path(path)
-        self.earlier: list[dict] = []
-        if resume and self.path.exists():
-            with open(self.path, newline="", encoding="utf-8") as f:
-                self.earlier = [r for r in csv.DictReader(f) if r.get("submission")]
-        self.done = {r["submission"] for r in self.earlier}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_report([], self.path, self.earlier)
-        self.file = open(self.path, "a", newline="", encoding="utf-8")
-        self.writer = csv.DictWriter(self.file, fieldnames=COLUMNS)
-
-    def __call__(self, g: Grade) -> None:
-        self.writer.writerow(g.row())
-        self.file.flush()
-        os.fsync(self.file.fileno())
-
-    def close(self) -> None:
-        self.file.close()
-
-
-def check_writable(report: Path | None, feedback: Path | None) -> None:
-    """Refuse to start (SubmissionError) when the report or the feedback folder cannot be written."""
-    for folder, what in ((report.parent if report else None, "--report"), (feedback, "--feedback")):
-        if folder is None:
-            continue
-        try:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            probe = Path(folder) / f".par-grade-probe-{os.getpid()}"
-            probe.write_text("")
-            probe.unlink()
-        except OSError as e:
-            raise SubmissionError(f"{what}: cannot write in {folder}: {e.strerror or e}") from None
-    if report is not None and report.exists() and (report.is_dir() or not os.access(report, os.W_OK)):
-        raise SubmissionError(f"--report: {report} cannot be written")
-
-
-def write_feedback(grades: list[Grade], course: Course, folder: Path) -> None:
-    """One text file per submission, named after its path, holding the report a student reads."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    for g in grades:
-        name = re.sub(r"[^\w.-]+", "__", str(Path(g.submission)).lstrip("./")) + ".txt"
-        (folder / name).write_text(format_grade(g, course) + "\n", encoding="utf-8")
-
-
-def hidden_lines(course: Course) -> list[str]:
-    """The lines of the hidden checks (what feedback must never show), longest first."""
-    from par.course.authoring.markers import HIDDEN_BEGIN, HIDDEN_END
-    lines = set()
-    for nb in course.notebooks.values():
-        for cell in nb.cells:
-            for block in re.findall(re.escape(HIDDEN_BEGIN) + r"(.*?)" + re.escape(HIDDEN_END), cell.source, re.S):
-                lines |= {line.strip() for line in block.splitlines() if len(line.strip()) >= 8}
-    return sorted(lines, key=len, reverse=True)
-
-
-def scrub(text: str, course: Course) -> str:
-    """`text` with every line of a hidden check replaced (a student's code may have printed them)."""
-    for line in hidden_lines(course) if course.official else []:
-        text = text.replace(line, "[hidden check]")
-    return text
-
-
-# ---------------------------------------------------------------- what people read
-def describe(course: Course) -> str:
-    if course.official:
-        return f"official grade: the instructor's checks in {course.folder}"
-    return (f"PRACTICE grade: the visible checks of {course.folder} (no solutions/ here). This is not the official "
-            f"grade: your instructor grades with their own copy of the checks, hidden checks included.")
-
-
-def format_grade(g: Grade, course: Course, tracebacks: bool = True) -> str:
-    """The report a student reads for one notebook."""
-    lines = [f"{g.submission}: exercise {g.exercise or '?'} ({describe(course)})"]
-    width = max([len(c.id) for c in g.checks] + [10])
-    for c in g.checks:
-        mark = "PASS" if c.passed else "FAIL"
-        lines.append(f"  {mark}  {c.id:<{width}}  {_num(c.points if c.passed else 0)}/{_num(c.points)}"
-                     + ("" if c.passed else f"   {c.error}"))
-        if not c.passed and tracebacks and c.traceback:
-            lines += ["        " + t for t in c.traceback.splitlines()[-8:]]
-    for note in g.notes:
-        lines.append(f"  note: {note}")
-    pct = 100 * g.points / g.max_points if g.max_points else 0.0
-    for flag in g.flags:
-        lines.append(f"  flag: {flag}")
-    lines.append(f"{Path(g.submission).name}: {_num(g.points)}/{_num(g.max_points)} points ({pct:.0f}%), "
-                 f"status {g.status}{': ' + g.reason if g.status in ('timeout', 'error') else ''} "
-                 f"[{g.seconds:.0f} s]")
-    return scrub("\n".join(lines), course)
-
-
-def class_summary(grades: list[Grade]) -> str:
-    counts = {s: sum(g.status == s for g in grades) for s in STATUSES}
-    lines = [f"{len(grades)} submission(s): " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)]
-    for ex in sorted({g.exercise for g in grades if g.exercise}):
-        mine = [g for g in grades if g.exercise == ex and g.max_points]
-        if mine:
-            mean = sum(g.points / g.max_points for g in mine) / len(mine)
-            lines.append(f"  {ex}: {len(mine)} graded, mean {100 * mean:.0f}%")
-    return "\n".join(lines)
+def check_outputs(report: Path | None, feedback: Path | None) -> None:
+    """Refuse to start (`par.runtime.checks.CheckError`) when the report or the feedback folder cannot be written."""
+    from par.runtime.checks import check_writable
+    if report is not None:
+        check_writable(report, parents=True)
+    if feedback is not None:
+        check_writable(feedback, directory=True, parents=True)
 
 
 def main(argv=None) -> int:
@@ -604,11 +483,11 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --report and grade only the "
                                                            "submissions without one (after an interrupted batch)")
     args = ap.parse_args(argv)
-    if args.timeout <= 0 or args.cell_timeout <= 0 or args.jobs < 1:
-        ap.error("--timeout and --cell-timeout must be positive and --jobs at least 1")
+    if not (0 < args.timeout < float("inf") and 0 < args.cell_timeout < float("inf")) or args.jobs < 1:
+        ap.error("--timeout and --cell-timeout must be finite numbers > 0 and --jobs at least 1")
     if args.resume and args.report is None:
         ap.error("--resume needs --report")
-    check_writable(args.report, args.feedback)      # before any grading: a grade is never lost at the end
+    check_outputs(args.report, args.feedback)       # before any grading: a grade is never lost at the end
     course = load_course(args.solutions, args.practice)
     paths, skipped = find_submissions(args.submissions)
     if skipped:

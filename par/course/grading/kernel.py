@@ -6,8 +6,9 @@
     kernel.close()                                         # it and everything it started are gone
 
 Its messages are signed with a key only the grader and the kernel hold; a message that does not verify is
-ignored. KernelDied, CellTimeout and NotebookTimeout are BaseExceptions: a check's `except Exception` cannot
-swallow them.
+ignored. What the grader holds of a kernel's messages is bounded whatever the student sends: one message at
+most MAX_MESSAGE bytes, at most MAX_QUEUED of them unread per socket (zmq drops the rest). KernelDied,
+CellTimeout and NotebookTimeout are BaseExceptions: a check's `except Exception` cannot swallow them.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from par.runtime.lifeline import dies_with_parent
 
 MIME = "application/x-par-grader+json"
 MAX_OUTPUT = 1 << 20        # characters of a cell's output kept
+MAX_MESSAGE = 8 << 20       # bytes of one message from the kernel (a student's value, one output)
+MAX_QUEUED = 32             # messages waiting unread on a socket: at most MAX_QUEUED * MAX_MESSAGE = 256 MB each
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -77,8 +80,9 @@ class Kernel:
         self.shell, self.control = self.ctx.socket(zmq.DEALER), self.ctx.socket(zmq.DEALER)
         self.iopub = self.ctx.socket(zmq.SUB)
         self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
-        for sock in (self.shell, self.iopub):      # a student's value or output of 256 MB is not read (the call
-            sock.setsockopt(zmq.MAXMSGSIZE, 256 << 20)   # then runs to its time limit)
+        for sock in (self.shell, self.iopub):      # a message over MAX_MESSAGE is not read (the call then runs to
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)   # its time limit); at most MAX_QUEUED wait unread (a
+            sock.setsockopt(zmq.RCVHWM, MAX_QUEUED)        # flood from a thread of the student's: the rest dropped)
         for sock, port in ((self.shell, "shell_port"), (self.control, "control_port"), (self.iopub, "iopub_port")):
             sock.linger = 0
             sock.connect(url(info[port]))

@@ -55,7 +55,8 @@ class CellResult:
 
 
 @dataclass
-class Run:
+class NotebookRun:
+    """What happened to every code cell of one run of a notebook (nbval's, or the grader's cell by cell)."""
     cells: dict[int, CellResult] = field(default_factory=dict)
     timed_out: bool = False            # the whole notebook ran past `timeout` and was killed
     kernel_died: int | None = None     # the code cell during which the kernel died
@@ -71,7 +72,7 @@ class Run:
 
 # ---------------------------------------------------------------- the caller's side
 def run(nb, *, timeout: float = 600, cell_timeout: float = 300, name: str = "notebook.ipynb",
-        env: dict | None = None) -> Run:
+        env: dict | None = None) -> NotebookRun:
     """Run the notebook node `nb` (see the module docstring); never raises for what the notebook does."""
     import nbformat
     from par.runtime.launch import _kill_tree
@@ -125,9 +126,9 @@ def stop_all() -> None:
             _kill_tree(proc)
 
 
-def parse_report(path: Path) -> Run:
-    """The Run described by the plugin's JSON lines (cells that never reported are absent)."""
-    result, started, phases = Run(), [], {}
+def parse_report(path: Path) -> NotebookRun:
+    """The NotebookRun described by the plugin's JSON lines (cells that never reported are absent)."""
+    result, started, phases = NotebookRun(), [], {}
     lines = Path(path).read_text().splitlines() if Path(path).exists() else []
     for line in lines:
         try:

@@ -7,8 +7,9 @@ ranks report. It draws the inputs itself, at random for this run, and judges the
     grader                                            every rank (`--io DIR`)
     inputs = exercise.make_inputs(args, n, seed)
     write_inputs(DIR, inputs)        ──files──▶       mine = take_inputs(DIR, rank): read, delete, barrier
+                                                      guards entered (`guarded`), then
                                                       module = answers.load(...)     (only now: the student's code)
-                                                      put_outputs(DIR, rank, exercise.run_rank(module, mine))
+                                                      put_outputs(DIR, rank, exercise.run_rank(module, mine, ..., wire))
     outputs = read_outputs(DIR, n)   ◀──files──
     exercise.verify(args, context, outputs)          (the result the check cell reads, computed in the grader)
 
@@ -20,14 +21,16 @@ the grader's, mounted into the job's sandbox only (never into the student's kern
 `torch.load(weights_only=True)` (tensors, lists, dicts, numbers: no code) and checked for shape and type.
 
 What it does not guarantee: how the numbers travelled. Ranks that pass their inputs to each other through a
-shared file, or call a torch collective after undoing par's Python-level guards (`answers.on_the_wire`), still
-produce the right numbers; the guards catch the ordinary ways of calling a forbidden collective, not a student
-who hunts for the originals. Without the sandbox ("unsandboxed"), the student's kernel can reach `DIR` too.
+shared file, or call a torch collective after undoing the guards in their own process (`answers`), still
+produce the right numbers; the guards catch every way of calling a forbidden collective through torch (its
+dispatcher included), not a student who hunts for the guards' own objects to undo them. Without the sandbox
+("unsandboxed"), the student's kernel can reach `DIR` too.
 """
 from __future__ import annotations
 
 import os
 import warnings
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -121,31 +124,48 @@ def exercise(module: str):
     return importlib.import_module(module)
 
 
-def main(exercise_module, args, module_loaded, guarded):
-    """A rank of an exercise job, both ways it runs: under the grader (`args.io`: inputs and outputs as files,
-    the grader verifies) or on its own (the student's notebook: fixed inputs, rank 0 verifies and saves the
-    result). `module_loaded()`: the student's module; `guarded()`: the context the student's code runs in."""
+def main(exercise, argv=None) -> int:
+    """A rank of the real-rank exercise `exercise` (a module: Args, make_inputs, run_rank, verify, FORBIDDEN, WHY,
+    P2P_ONLY), both ways it runs: under the grader (`--io`: inputs and outputs as files, the grader verifies) or
+    on its own (the student's notebook: fixed inputs, rank 0 verifies and saves the result). The guards are
+    entered before the student's module is imported (`guarded`); run_rank gets the wire's call counts."""
     import par.runtime.dist
+    from par.course.grading import answers
+    args = exercise.Args.parse(argv)
     env = par.runtime.dist.init()
     n, r = env.world_size, env.rank
     if args.io:
         mine = take_inputs(args.io, r)
     else:
-        inputs, context = exercise_module.make_inputs(args, n, 0)
+        inputs, context = exercise.make_inputs(args, n, 0)
         mine = inputs[r]
-    with guarded():
-        module = module_loaded()
-        outputs = exercise_module.run_rank(module, mine, r, env.device)
+    with guarded(exercise) as wire:
+        module = answers.load(args.answer)
+        outputs = exercise.run_rank(module, mine, r, env.device, wire)
     outputs = {k: _to_cpu(v) for k, v in outputs.items()}
     if args.io:
         put_outputs(args.io, r, outputs)
     else:
         everyone = par.runtime.dist.gather_object(outputs)
         if r == 0:
-            result = exercise_module.verify(args, context, everyone)
+            result = exercise.verify(args, context, everyone)
             par.runtime.dist.save_result({"world_size": n, "backend": env.backend, **result})
     par.runtime.dist.teardown()
     return 0
+
+
+@contextmanager
+def guarded(exercise):
+    """The rules the student's code runs under: `exercise.FORBIDDEN` (par's and torch's functions, by name)
+    refused; with `exercise.P2P_ONLY`, every collective refused on the process-group classes and in torch's
+    dispatcher too (only sends and receives), else counted there. Yields the wire's call counts."""
+    from par.course.grading import answers
+    with ExitStack() as stack:
+        stack.enter_context(answers.forbidden(exercise.FORBIDDEN, exercise.WHY))
+        wire = stack.enter_context(answers.on_the_wire(forbid=exercise.WHY if exercise.P2P_ONLY else None))
+        if exercise.P2P_ONLY:
+            stack.enter_context(answers.refused_in_dispatcher(exercise.WHY))
+        yield wire
 
 
 def _to_cpu(value):

@@ -11,7 +11,9 @@ Which functions, per exercise (computed from the instructor's notebook, so a new
 
     in the kernel     every par function the check cells use (`reference.bytes_per_param(...)`,
                       `from par.tp.layers import qkv_for_column_split`), except those the setup and answer
-                      cells of the solution import themselves (the tools the student is given), plus RANKS below
+                      cells of the solution import themselves (the tools the student is given), and their
+                      twins (`twins`: every other function of their modules, and what they call,
+                      transitively, except what the given tools need), plus RANKS below
     on the ranks      RANKS[job]: par's implementations of the collective the exercise has the student build
                       (the job's own code keeps every helper the student's module may import)
 
@@ -86,14 +88,16 @@ def _par_names(source: str) -> set[tuple[str, str]]:
 
 
 _ANSWERS: dict = {}
+_ANSWERS_LOCK = threading.Lock()
 
 
 def answers_of(reference) -> list[tuple[str, str]]:
     """What a kernel graded against `reference` (the instructor's notebook) must not call."""
     key = tuple(c.source for c in reference.cells)
-    if key not in _ANSWERS:
-        _ANSWERS[key] = _answers_of(reference)
-    return _ANSWERS[key]
+    with _ANSWERS_LOCK:         # computed once per notebook, whichever grading thread asks first
+        if key not in _ANSWERS:
+            _ANSWERS[key] = _answers_of(reference)
+        return _ANSWERS[key]
 
 
 def _answers_of(reference) -> list[tuple[str, str]]:
@@ -107,10 +111,82 @@ def _answers_of(reference) -> list[tuple[str, str]]:
             jobs |= {job for job in RANKS if job in cell.source}
         elif not cell.source.lstrip().startswith("%%writefile"):   # a module for the ranks: not the kernel's
             given |= _par_names(cell.source)     # the tools setup and answer cells import
-    out = {name for name in checked - given if callable(_resolve(*name))}
+    answers = {name for name in checked - given if callable(_resolve(*name)) and not name[0].startswith("par.course")}
+    out = answers | twins(answers, given)
     for job in jobs:
         out |= set(RANKS[job])
     return sorted(out)
+
+
+# ---------------------------------------------------------------- the answers' twins, by meaning
+def _callees(obj) -> set:
+    """The functions and classes of par that the source of `obj` (a function, a class: all its methods) names."""
+    try:
+        tree = parse_python(inspect.cleandoc("\n" + inspect.getsource(obj)) if not inspect.ismodule(obj)
+                            else inspect.getsource(obj))      # one thread at a time (parse_python)
+    except (OSError, TypeError, SyntaxError):
+        return set()
+    if inspect.ismodule(obj):       # a module: only what it calls when it is imported (decorators included)
+        module, nodes = obj, []
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                nodes += node.decorator_list
+                if not isinstance(node, ast.ClassDef):
+                    nodes += [call.func for d in [*node.args.defaults, *node.args.kw_defaults] if d is not None
+                              for call in ast.walk(d) if isinstance(call, ast.Call)]
+            else:
+                nodes += [call.func for call in ast.walk(node) if isinstance(call, ast.Call)]
+    else:
+        module, nodes = inspect.getmodule(obj), [tree]
+    names = getattr(module, "__dict__", {})
+    found = set()
+    for root in nodes:
+        for node in ast.walk(root) if root is not None else ():
+            target = None
+            if isinstance(node, ast.Name):
+                target = names.get(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and inspect.ismodule(names.get(node.value.id)):
+                target = getattr(names[node.value.id], node.attr, None)
+            target = inspect.unwrap(target) if callable(target) and hasattr(target, "__wrapped__") else target
+            if (inspect.isfunction(target) or inspect.isclass(target)) \
+                    and (getattr(target, "__module__", None) or "").startswith("par."):
+                found.add(target)
+    return found
+
+
+def _closure(objs) -> set:
+    """`objs` and everything of par they name, transitively."""
+    seen, todo = set(), list(objs)
+    while todo:
+        obj = todo.pop()
+        if obj not in seen:
+            seen.add(obj)
+            todo += list(_callees(obj))
+    return seen
+
+
+def twins(answers: set[tuple[str, str]], given: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """par's other ways to compute the answers: every function of an answer's module, and everything an answer
+    calls (transitively), except what the tools the student is given need (what they call, transitively, and
+    what the modules run when imported). `format_actions(one_f_one_b_actions(...))` is 1F1B's answer by
+    another name; `finish(*block_state(block_scores(...)))` is attention in blocks."""
+    modules = {importlib.import_module(m) for m, _ in answers if _is_module(m)}
+    tools = [obj for obj in (_resolve(*name) for name in given) if inspect.isfunction(obj) or inspect.isclass(obj)]
+    keep = _closure([*tools, *_imported(modules)])
+    candidates = _closure(obj for obj in (_resolve(*name) for name in answers) if obj is not None)
+    for module in modules:
+        candidates |= {obj for obj in vars(module).values()
+                       if inspect.isfunction(obj) and obj.__module__ == module.__name__}
+    return {(obj.__module__, obj.__qualname__) for obj in candidates - keep
+            if inspect.isfunction(obj) and "<locals>" not in obj.__qualname__}
+
+
+def _imported(modules) -> list:
+    """`modules` and every module of par imported so far: their module-level code runs when the kernel imports
+    them, so what it calls stays."""
+    import sys
+    return [*modules, *(m for name, m in list(sys.modules.items()) if name.startswith("par.") and inspect.ismodule(m))]
 
 
 def _resolve(module: str, attr: str):
@@ -138,7 +214,7 @@ def _where(module: str, attr: str) -> tuple[Path, str] | None:
     return path, obj.__qualname__
 
 
-def stub_source(source: str, names: dict[str, str]) -> str:
+def stubbed_module_source(source: str, names: dict[str, str]) -> str:
     """`source` with the bodies of the functions `names` (qualified name -> what calling it says) replaced by a
     raise (a class: each of its methods)."""
     tree = parse_python(source)
@@ -196,7 +272,7 @@ def stubbed_files(names: list[tuple[str, str]]) -> list[tuple[Path, Path]]:
             rel = path.relative_to(ROOT)
             target = folder / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(stub_source(path.read_text(encoding="utf-8"), dict(quals)), encoding="utf-8")
+            target.write_text(stubbed_module_source(path.read_text(encoding="utf-8"), dict(quals)), encoding="utf-8")
             target.chmod(0o444)
             made.append((target, rel))
         _MADE[key] = made

@@ -288,11 +288,13 @@ def sweep() -> list[Path]:
 
 
 def remove(path: Path) -> None:
-    """Remove a work folder whatever the submission left in it (read-only folders included)."""
+    """Remove a work folder whatever the submission left in it (read-only folders included). A mode is changed
+    only on what is in the folder, never through a link the submission made (it may point at a host file)."""
     def unlock(func, p, _):
         try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
+            for q in (os.path.dirname(p), p):
+                if not os.path.islink(q):
+                    os.chmod(q, 0o700)
             func(p)
         except OSError:
             pass

@@ -1,10 +1,12 @@
 """What stands in the grader's namespace for the student's code: the checks call these, never the kernel's objects.
 
     Proxy(session, "bytes_per_param")(*args)     the student's function: arguments to the kernel as data
-                                                 (par.course.grading.codec), its result back as data; arguments it
-                                                 changed in place written back; a result that needs autograd
-                                                 (09's dispatch buffer) joins the grader's graph, its backward
-                                                 computed in the kernel; a planner Plan (07) recomputed here
+                                                 (par.course.grading.codec), its result back as data; what it
+                                                 did to its arguments stays with the kernel's copies (a check
+                                                 that needs them: `compare.arguments_after`); a result that
+                                                 needs autograd (09's dispatch buffer) joins the grader's
+                                                 graph, its backward computed in the kernel; a planner Plan
+                                                 (07) recomputed here
     sandboxed_launch(box, env, session)          `par.runtime.launch.run` in a check: the job starts from the
                                                  grader in a sandbox of its own; for the real-rank exercises
                                                  the grader draws the inputs and judges the raw outputs
@@ -39,6 +41,10 @@ class Proxy:
         self.session, self.__name__ = session, name
 
     def __call__(self, *args, **kwargs):
+        return self.session.call(self.__name__, args, kwargs)[0]
+
+    def arguments_after(self, *args, **kwargs):
+        """(result, args, kwargs) as the student's function left them: the kernel's copies, decoded here anew."""
         return self.session.call(self.__name__, args, kwargs)
 
     def __repr__(self):
@@ -53,32 +59,19 @@ def _raise_as(ename: str, evalue: str):
     raise StudentError(f"{ename}: {evalue}" if evalue else ename)
 
 
-def merge_back(original, new):
-    """Write `new` (the argument as the student's function left it) into `original` in place, where it can be."""
-    import torch
-    if isinstance(original, torch.Tensor) and isinstance(new, torch.Tensor):
-        if original.shape == new.shape and not torch.equal(original.detach().to(new.dtype), new):
-            with torch.no_grad():
-                original.copy_(new.to(original.dtype))
-        return original
-    if type(original) is list and type(new) is list:
-        if len(original) == len(new):
-            for i, v in enumerate(new):
-                original[i] = merge_back(original[i], v)
-        else:
-            original[:] = new
-        return original
-    if type(original) is dict and type(new) is dict:
-        for k in [k for k in original if k not in new]:
-            del original[k]
-        for k, v in new.items():
-            original[k] = merge_back(original[k], v) if k in original else v
-        return original
-    if type(original) is tuple and type(new) is tuple and len(original) == len(new):
-        for a, b in zip(original, new):
-            merge_back(a, b)
-        return original
-    return new if type(original) is not type(new) or original != new else original
+MAX_REPLY = 4 << 20      # characters of a reply the grader decodes (decoded: at most ~250 MB; 4 MB of `[[]],` 244 MB)
+MAX_STRING = 1 << 16     # characters of one string in a result (a schedule's text is a few hundred)
+
+
+def _longest_string(x, depth=0) -> int:
+    """The length of the longest string in `x` (lists, tuples, dicts: keys too), 64 levels down."""
+    if type(x) is str:
+        return len(x)
+    if type(x) in (list, tuple) and depth < 64:
+        return max((_longest_string(v, depth + 1) for v in x), default=0)
+    if type(x) is dict and depth < 64:
+        return max((_longest_string(v, depth + 1) for v in (*x.keys(), *x.values())), default=0)
+    return 0
 
 
 def torch_tensor():
@@ -123,16 +116,19 @@ class Session:
         self.calls = 0
 
     def call(self, name, args, kwargs):
+        """(result, args, kwargs) of the student's function `name` called in the kernel on copies of `args`:
+        what it did to them comes back as new objects, never written into the grader's."""
         payload = json.dumps(encode([list(args), dict(kwargs)]))
         answer = self.kernel.call(name, payload, self.cell_deadline)
         result, back = self._answer(name, answer)
-        self.merge(args, kwargs, back)
         result = self._plans(result, args, kwargs)
         graph = back.get("graph")
         if type(graph) is int and isinstance(result, torch_tensor()):    # autograd through the student's code
             leaves = _leaves([list(args), dict(kwargs)])
             result = _remote().apply(self, graph, result, *leaves) if leaves else result
-        return result
+        new_args, new_kwargs = back["args"], back["kwargs"]
+        return (result, new_args if type(new_args) is list else [],
+                new_kwargs if type(new_kwargs) is dict else {})
 
     def backward(self, graph: int, grad, leaves) -> list:
         """The gradients of the student's result `graph` for the upstream `grad`, computed in the kernel."""
@@ -173,20 +169,18 @@ class Session:
             error = answer["error"]
             ok = isinstance(error, list) and len(error) == 2
             _raise_as(str(error[0]) if ok else "StudentError", str(error[1]) if ok else "")
+        data = answer.get("data")
+        if type(data) is not str or len(data) > MAX_REPLY:
+            raise StudentError(f"{name} returned more than {MAX_REPLY >> 20} MB of data (or none): the grader "
+                               f"does not read it")
         try:
-            back = json.loads(answer.get("data"))
+            back = json.loads(data)
             result, new_args, new_kwargs = (decode(back[k]) for k in ("result", "args", "kwargs"))
-        except (ValueError, KeyError, TypeError) as e:
-            raise StudentError(f"{name} returned data the grader cannot read: {e}") from None
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            raise StudentError(f"{name} returned data the grader cannot read: {str(e)[:200]}") from None
+        if _longest_string([result, new_args, new_kwargs]) > MAX_STRING:
+            raise StudentError(f"{name} returned a string over {MAX_STRING} characters: the grader does not read it")
         return result, {"args": new_args, "kwargs": new_kwargs, "graph": back.get("graph")}
-
-    def merge(self, args, kwargs, back) -> None:
-        new_args, new_kwargs = back["args"], back["kwargs"]
-        for old, new in zip(args, new_args if isinstance(new_args, list) else []):
-            merge_back(old, new)
-        for key, old in kwargs.items():
-            if isinstance(new_kwargs, dict) and key in new_kwargs:
-                merge_back(old, new_kwargs[key])
 
 
 # ---------------------------------------------------------------- jobs on real ranks, launched by the grader

@@ -1,0 +1,134 @@
+"""What a grading run writes and prints: the gradebook CSV, the feedback a student reads, the class summary.
+
+    RowWriter(path, resume)(grade)        one CSV row per finished submission, flushed at once (COLUMNS)
+    write_report(grades, path)            the whole gradebook, replaced atomically
+    write_feedback(grades, course, dir)   one .txt per submission: format_grade, hidden checks scrubbed
+    class_summary(grades)                 statuses counted, mean per exercise
+
+A `grade` here is a `par.course.grading.grade.Grade`, a `course` its `Course` (only their fields are read).
+Feedback never shows a hidden check's lines (`scrub`).
+"""
+from __future__ import annotations
+
+import csv
+import os
+import re
+from pathlib import Path
+
+COLUMNS = ["submission", "exercise", "points", "max_points", "percent", "status", "failed_checks", "reason",
+           "seconds"]
+STATUSES = ("ok", "failed", "timeout", "error")
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def write_report(grades: list, path: Path, earlier: list[dict] = ()) -> None:
+    """The whole gradebook at once (rows of an earlier run kept first), replacing the file atomically."""
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True)
+    import io
+
+    from par.runtime.checks import write_atomic   # tmp + fsync + rename; a full disk leaves no .tmp behind
+    f = io.StringIO(newline="")
+    writer = csv.DictWriter(f, fieldnames=COLUMNS)
+    writer.writeheader()
+    for row in earlier:
+        writer.writerow({k: row.get(k, "") for k in COLUMNS})
+    for g in grades:
+        writer.writerow(g.row())
+    write_atomic(path, f.getvalue())
+
+
+class RowWriter:
+    """Appends one row per finished submission to the report, flushed to disk at once (a killed batch keeps
+    every row written); with `resume`, the rows already in the file stay and their submissions are skipped."""
+
+    def __init__(self, path: Path, resume: bool = False):
+        self.path = Path(path)
+        self.earlier: list[dict] = []
+        if resume and self.path.exists():
+            with open(self.path, newline="", encoding="utf-8") as f:
+                self.earlier = [r for r in csv.DictReader(f) if r.get("submission")]
+        self.done = {r["submission"] for r in self.earlier}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_report([], self.path, self.earlier)
+        self.file = open(self.path, "a", newline="", encoding="utf-8")
+        self.writer = csv.DictWriter(self.file, fieldnames=COLUMNS)
+
+    def __call__(self, g) -> None:
+        self.writer.writerow(g.row())
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def write_feedback(grades: list, course, folder: Path) -> None:
+    """One text file per submission, named after its path, holding the report a student reads."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for g in grades:
+        name = re.sub(r"[^\w.-]+", "__", str(Path(g.submission)).lstrip("./")) + ".txt"
+        (folder / name).write_text(format_grade(g, course) + "\n", encoding="utf-8")
+
+
+def hidden_lines(course) -> list[str]:
+    """The lines of the hidden checks (what feedback must never show), longest first."""
+    from par.course.authoring.markers import HIDDEN_BEGIN, HIDDEN_END
+    lines = set()
+    for nb in course.notebooks.values():
+        for cell in nb.cells:
+            for block in re.findall(re.escape(HIDDEN_BEGIN) + r"(.*?)" + re.escape(HIDDEN_END), cell.source, re.S):
+                lines |= {line.strip() for line in block.splitlines() if len(line.strip()) >= 8}
+    return sorted(lines, key=len, reverse=True)
+
+
+def scrub(text: str, course) -> str:
+    """`text` with every line of a hidden check replaced (a student's code may have printed them)."""
+    for line in hidden_lines(course) if course.official else []:
+        text = text.replace(line, "[hidden check]")
+    return text
+
+
+# ---------------------------------------------------------------- what people read
+def describe(course) -> str:
+    if course.official:
+        return f"official grade: the instructor's checks in {course.folder}"
+    return (f"PRACTICE grade: the visible checks of {course.folder} (no solutions/ here). This is not the official "
+            f"grade: your instructor grades with their own copy of the checks, hidden checks included.")
+
+
+def format_grade(g, course, tracebacks: bool = True) -> str:
+    """The report a student reads for one notebook."""
+    lines = [f"{g.submission}: exercise {g.exercise or '?'} ({describe(course)})"]
+    width = max([len(c.id) for c in g.checks] + [10])
+    for c in g.checks:
+        mark = "PASS" if c.passed else "FAIL"
+        lines.append(f"  {mark}  {c.id:<{width}}  {_num(c.points if c.passed else 0)}/{_num(c.points)}"
+                     + ("" if c.passed else f"   {c.error}"))
+        if not c.passed and tracebacks and c.traceback:
+            lines += ["        " + t for t in c.traceback.splitlines()[-8:]]
+    for note in g.notes:
+        lines.append(f"  note: {note}")
+    pct = 100 * g.points / g.max_points if g.max_points else 0.0
+    for flag in g.flags:
+        lines.append(f"  flag: {flag}")
+    lines.append(f"{Path(g.submission).name}: {_num(g.points)}/{_num(g.max_points)} points ({pct:.0f}%), "
+                 f"status {g.status}{': ' + g.reason if g.status in ('timeout', 'error') else ''} "
+                 f"[{g.seconds:.0f} s]")
+    return scrub("\n".join(lines), course)
+
+
+def class_summary(grades: list) -> str:
+    counts = {s: sum(g.status == s for g in grades) for s in STATUSES}
+    lines = [f"{len(grades)} submission(s): " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)]
+    for ex in sorted({g.exercise for g in grades if g.exercise}):
+        mine = [g for g in grades if g.exercise == ex and g.max_points]
+        if mine:
+            mean = sum(g.points / g.max_points for g in mine) / len(mine)
+            lines.append(f"  {ex}: {len(mine)} graded, mean {100 * mean:.0f}%")
+    return "\n".join(lines)

@@ -1,0 +1,283 @@
+"""A student who cheats, second round (issue 40): every trick gets exactly the points the honest part deserves.
+
+Each file in tests/fixtures/cheats (see its README) is an answer cell that tries to score without the work; the
+rest of its notebook is the solution. One class folder holds them all, graded once, 2 at a time; each test
+asserts that a submission failed exactly the checks its trick was aimed at. The unit tests below name the
+defence each trick meets, and fail when it is removed:
+
+    mutation flowing back into the grader's objects    the Proxy returns copies; nothing is written back
+    shapes not judged (an empty tensor)                 compare.close / compare.equal
+    par's twins of an answer                            references.twins (the sandbox's par)
+    collectives below Python                            answers.refused_in_dispatcher
+    the wire counter replaced by the student's module   rank_io.guarded, entered before the import (fixture)
+    checks that missed what they claimed               07's workload, 03's ZB-H1 rules (the fixtures)
+    a huge reply, a deeply nested one                   standins.MAX_REPLY, the decoder's depth
+    hidden inputs in feedback                           checks._error_of withholds messages of hidden cases
+    cleanup through a symlink                           sandbox.remove
+    an iopub flood, a 50 MB reply                       kernel.MAX_MESSAGE, MAX_QUEUED, standins.MAX_REPLY
+"""
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from tiers import slow
+
+import test_grading as tg
+from par.course.grading import compare, grade, references, sandbox, standins
+from par.course.grading.report import format_grade
+from par.course.authoring.generate import is_answer, is_check
+
+ROOT = Path(__file__).resolve().parents[1]
+CHEATS = Path(__file__).parent / "fixtures" / "cheats"
+SANDBOX = sandbox.available()
+
+
+def cheats():
+    """[(exercise, fixture name, answer cell id, checks that must fail, needs the sandbox, cell source)]."""
+    out = []
+    for path in sorted(CHEATS.glob("*/*.py")):
+        text = path.read_text()
+        head = dict(re.findall(r"^# (cell|must fail|sandbox|why): (.*)$", text, re.M))
+        body = "\n".join(line for line in text.splitlines() if not re.match(r"^# (cell|must fail|sandbox|why): ", line))
+        cell = next(c for c in tg.solution(path.parent.name).cells if c.id == head["cell"])
+        magic = cell.source.split("\n", 1)[0]
+        source = (magic + "\n" if magic.startswith("%%writefile") else "") + body.strip("\n")
+        out.append((path.parent.name, path.stem, head["cell"], [s.strip() for s in head["must fail"].split(",")],
+                    head.get("sandbox") == "yes", source))
+    return out
+
+
+CHEATS_ALL = cheats()
+
+
+def test_every_cheat_names_real_cells():
+    assert len(CHEATS_ALL) >= 15
+    for name, fixture, cell, must_fail, _, _ in CHEATS_ALL:
+        cells = {c.id: c for c in tg.solution(name).cells}
+        assert cell in cells and is_answer(cells[cell]), f"{name}/{fixture}: {cell} is not an answer cell"
+        assert must_fail and all(c in cells and is_check(cells[c]) for c in must_fail), f"{name}/{fixture}"
+
+
+@pytest.fixture(scope="module")
+def cheat_class(tmp_path_factory):
+    """{fixture: Grade} of the whole cheats class, graded once, 2 at a time."""
+    folder = tmp_path_factory.mktemp("cheats")
+    for name, fixture, cell, _, _, source in CHEATS_ALL:
+        nbformat.write(tg.solved(name, {cell: source}), folder / f"{fixture}__{name}.ipynb")
+    course = grade.load_course()
+    start = time.monotonic()
+    graded = {Path(g.submission).stem.split("__")[0]: g
+              for g in grade.grade_many(sorted(folder.glob("*.ipynb")), course, timeout=600, cell_timeout=300, jobs=2)}
+    print(f"\ncheats: {len(graded)} notebooks in {time.monotonic() - start:.0f} s")
+    return graded, course
+
+
+@slow
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("name, fixture, cell, must_fail, needs_sandbox, source", CHEATS_ALL,
+                         ids=[f"{c[0]}/{c[1]}" for c in CHEATS_ALL])
+def test_a_cheat_gets_only_the_honest_points(cheat_class, name, fixture, cell, must_fail, needs_sandbox, source):
+    if needs_sandbox and not SANDBOX:
+        pytest.skip("the defence is the sandbox's view of par (needs bwrap)")
+    graded, course = cheat_class
+    g = graded[fixture]
+    assert g.exercise == name, g.reason
+    assert sorted(g.failed_checks) == sorted(must_fail), \
+        f"failed {g.failed_checks}, expected exactly {must_fail}:\n{format_grade(g, course)}"
+    full = tg.full_marks(name)
+    lost = sum(c.points for c in g.checks if c.id in must_fail)
+    assert g.points == full - lost
+
+
+@slow
+@pytest.mark.timeout(1500)
+def test_feedback_never_shows_the_hidden_scenario(cheat_class):
+    graded, course = cheat_class
+    text = format_grade(graded["raises_with_its_arguments"], course)
+    assert "scenario:" in text, "the visible checks still show the student's own message"
+    assert "V100" not in text and "v100" not in text, text
+
+
+# ---- the defences, one by one (no kernel) -------------------------------------------------------------------
+
+class _Kernel:
+    """A kernel stand-in: answers every call with `reply(args, kwargs)` encoded as the kernel's helper does."""
+
+    def __init__(self, reply):
+        self.reply, self.deadline = reply, float("inf")
+
+    def call(self, name, payload, deadline, **more):
+        from par.course.grading.codec import decode, encode
+        args, kwargs = decode(json.loads(payload))
+        result = self.reply(args, kwargs)
+        if isinstance(result, str) and result.startswith("RAW:"):
+            return {"data": result[4:]}
+        return {"data": json.dumps({"result": encode(result), "args": encode(args), "kwargs": encode(kwargs)})}
+
+
+def test_what_the_student_does_to_an_argument_never_reaches_the_graders_object():
+    def zero_it(args, kwargs):
+        args[0].zero_()
+        args[1].clear()
+        return 1
+    f = standins.Proxy(standins.Session(_Kernel(zero_it)), "f")
+    x, nbytes = torch.ones(3), [4, 4]
+    assert f(x, nbytes) == 1
+    assert torch.equal(x, torch.ones(3)) and nbytes == [4, 4], "the grader's objects are its own"
+    result, (x_after, nbytes_after), _ = compare.arguments_after(f, x, nbytes)
+    assert torch.equal(x_after, torch.zeros(3)) and nbytes_after == [], "a check can still see what it did"
+    assert x_after is not x
+
+
+def test_arguments_after_copies_in_the_students_own_notebook():
+    state = {"scale": 8.0}
+
+    def update(s):
+        s["scale"] = 4.0
+        return s
+    _, (after,), _ = compare.arguments_after(update, state)
+    assert after == {"scale": 4.0} and state == {"scale": 8.0}
+
+
+def test_close_judges_type_shape_and_dtype_first():
+    want = torch.randn(2, 3)
+    assert torch.allclose(torch.empty(0, 2, 3), want), "torch.allclose broadcasts (why compare exists)"
+    assert not compare.close(torch.empty(0, 2, 3), want)
+    assert not compare.close(want[:1], want) and not compare.close(want.double(), want)
+    assert not compare.close(want.tolist(), want) and not compare.equal(want.tolist(), want)
+    assert compare.close(want + 1e-7, want) and compare.equal(want.clone(), want)
+    assert not compare.close(torch.full((2, 3), float("nan")), torch.full((2, 3), float("nan")))
+
+
+def test_a_reply_too_large_or_too_deep_is_not_decoded():
+    big = standins.Proxy(standins.Session(_Kernel(lambda a, k: "RAW:" + " " * (standins.MAX_REPLY + 1))), "f")
+    with pytest.raises(standins.StudentError, match="more than"):
+        big()
+    deep = standins.Proxy(standins.Session(_Kernel(lambda a, k: "RAW:" + "[" * 100_000 + "]" * 100_000)), "f")
+    with pytest.raises(standins.StudentError, match="cannot read"):
+        deep()
+    text = standins.Proxy(standins.Session(_Kernel(lambda a, k: "F0 " * standins.MAX_STRING)), "f")
+    with pytest.raises(standins.StudentError, match="string over"):
+        text()
+
+
+def test_the_twins_of_an_answer_are_stubbed_and_the_given_tools_are_not():
+    def names(exercise):
+        return set(references.answers_of(tg.solution(exercise)))
+    pp = names("03_pipelines")
+    assert {("par.pp.schedules", "one_f_one_b_actions"), ("par.pp.schedules", "zb_h1_actions")} <= pp
+    assert ("par.pp.schedules", "from_lists") not in pp and not any(m == "par.pp.sim" for m, _ in pp)
+    cp = names("08_online_softmax")
+    assert {("par.cp.ring_attention", "block_scores"), ("par.cp.ring_attention", "finish")} <= cp
+    plan = names("07_layout")
+    assert ("par.train.planner", "predict") not in plan and ("par.train.planner", "rank_plans") in plan
+    assert ("par.train.planner", "layer_params") not in plan, "predict (a tool 07 gives) needs it"
+
+
+def test_collectives_are_refused_in_the_dispatcher(tmp_path):
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as fc
+    from par.course.grading import answers
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        with answers.refused_in_dispatcher("sends and receives only"):
+            for call in (lambda: dist.all_reduce(torch.ones(2)),
+                         lambda: dist.distributed_c10d._get_default_group().allreduce([torch.ones(2)]).wait(),
+                         lambda: fc.wait_tensor(fc.all_reduce(torch.ones(2), "sum", dist.group.WORLD)),
+                         lambda: dist.all_to_all_single(torch.empty(2), torch.ones(2))):
+                with pytest.raises(Exception, match="sends and receives only"):
+                    call()
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        assert torch.equal(t, torch.ones(2)), "torch's own kernels again after the block"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_error_in_a_check_with_hidden_cases_keeps_only_its_type():
+    from par.course.grading import checks
+    source = textwrap.dedent('''\
+        cases = [1]
+        assert len(cases) == 1, "a visible message"
+        ### BEGIN HIDDEN CHECKS
+        cases += [256]
+        ### END HIDDEN CHECKS
+        for c in cases:
+            assert c < 100, f"the hidden case {c}"
+        ''')
+    for text, shown in ((source, False), (source.replace("len(cases) == 1", "len(cases) == 2"), True)):
+        try:
+            exec(compile(text, "<check x>", "exec"), {})
+        except AssertionError as e:
+            line, _ = checks._error_of(e, "<check x>", checks.hidden_from(text))
+        assert ("256" in line) is False and ("a visible message" in line) is shown, line
+
+
+def test_cleanup_never_changes_a_host_file_through_a_link(tmp_path):
+    host = tmp_path / "host.txt"
+    host.write_text("the grader's")
+    host.chmod(0o600)
+    work = tmp_path / "work"
+    (work / "locked").mkdir(parents=True)
+    (work / "locked" / "link").symlink_to(host)
+    (work / "locked").chmod(0o500)
+    sandbox.remove(work)
+    assert not work.exists()
+    assert stat.S_IMODE(host.stat().st_mode) == 0o600 and host.read_text() == "the grader's"
+
+
+# ---- the grader's memory, whatever the student sends ---------------------------------------------------------
+
+FLOOD = '''
+import threading
+
+
+def bytes_per_param(precision, optimizer):
+    return [[0]] * 10_000_000         # 50 MB as data; decoded, 10 million lists (the grader grew 2.9 GB on 48 MB)
+
+
+def _flood():
+    import sys
+    for _ in range(200):              # 200 outputs of 4 MB from a thread, while the grader runs its checks
+        sys.stdout.write("y" * (4 << 20) + "\\n")
+        sys.stdout.flush()
+
+
+threading.Thread(target=_flood, daemon=True).start()
+'''
+PEAK = '''
+import resource, sys
+from pathlib import Path
+from par.course.grading import grade
+g = grade.grade_one(Path(sys.argv[1]), grade.load_course(), timeout=400, cell_timeout=120)
+print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, g.points)
+'''
+GRADER_BOUND = 600 << 20    # the grader's own growth for one submission, whatever it sends (kernel.MAX_QUEUED
+#                             * MAX_MESSAGE per socket is 256 MB; a decoded reply ~250 MB at most)
+
+
+@slow
+@pytest.mark.timeout(900)
+def test_the_graders_memory_stays_bounded_with_a_50_mb_reply_and_an_iopub_flood(tmp_path):
+    peaks = {}
+    for label, nb in (("control", tg.solved("01_model_state_bytes")),
+                      ("flood", tg.solved("01_model_state_bytes", {"bytes-per-param": FLOOD}))):
+        path = tmp_path / f"{label}_01_model_state_bytes.ipynb"
+        nbformat.write(nb, path)
+        out = subprocess.run([sys.executable, "-c", PEAK, str(path)], capture_output=True, text=True, cwd=ROOT,
+                             timeout=600, env={**os.environ})
+        line = [x for x in out.stdout.splitlines() if x.startswith("PEAK")]
+        assert line, out.stdout[-2000:] + out.stderr[-2000:]
+        peaks[label] = int(line[-1].split()[1])
+    growth = peaks["flood"] - peaks["control"]
+    print(f"\ngrader peak: control {peaks['control'] >> 20} MB, flood {peaks['flood'] >> 20} MB")
+    assert growth < GRADER_BOUND, f"the grader grew by {growth >> 20} MB"
