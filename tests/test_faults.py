@@ -632,3 +632,37 @@ def test_a_second_ctrl_c_during_the_teardown_is_held():
     t.join()
     assert signal.getsignal(signal.SIGINT) is before     # outside the main thread nothing changes
 
+
+# ---------------------------------------------------------------- the grader's outputs and numbers
+GRADE = {
+    "grade-timeout-nan": (["grade", "exercises/00_ring_chunks.ipynb", "--timeout", "nan"],
+                          "--timeout and --cell-timeout must be finite numbers > 0"),
+    "grade-cell-timeout-inf": (["grade", "exercises/00_ring_chunks.ipynb", "--cell-timeout", "inf"],
+                               "--timeout and --cell-timeout must be finite numbers > 0"),
+}
+
+
+@pytest.mark.parametrize("argv,message", GRADE.values(), ids=GRADE.keys())
+def test_a_grading_number_that_is_no_number_is_refused_and_leaves_nothing(argv, message, capsys):
+    test_an_absurd_number_is_refused_at_once(argv, message, capsys)
+
+
+def test_a_gradebook_that_cannot_be_written_leaves_no_temporary(tmp_path, monkeypatch):
+    from par.course.grading.report import write_report
+    report = tmp_path / "grades.csv"
+    write_report([], report, [{"submission": "a.ipynb", "points": "1"}])
+    before = report.read_text()
+    monkeypatch.setattr(os, "fsync", enospc)
+    with pytest.raises(CheckError, match="grades.csv: No space left on device"):
+        write_report([], report, [{"submission": "b.ipynb"}])
+    assert os.listdir(tmp_path) == ["grades.csv"] and report.read_text() == before
+    assert before.splitlines()[1].startswith("a.ipynb,")
+
+
+def test_grade_outputs_are_checked_by_the_one_check_writable(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    err = refused(["grade", "exercises/00_ring_chunks.ipynb", "--report", tmp_path / "a_file" / "g.csv"], capsys)
+    assert f"cannot write {tmp_path / 'a_file' / 'g.csv'}: {tmp_path / 'a_file'} is a file, not a folder" in err
+    if os.path.isdir("/proc/self"):
+        assert "cannot write /proc/par-grades" in refused(["grade", "exercises/00_ring_chunks.ipynb", "--feedback",
+                                                           "/proc/par-grades"], capsys)
