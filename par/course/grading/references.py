@@ -129,6 +129,8 @@ def _callees(obj) -> set:
     if inspect.ismodule(obj):       # a module: only what it calls when it is imported (decorators included)
         module, nodes = obj, []
         for node in tree.body:
+            if _runs_as_script_only(node):
+                continue
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 nodes += node.decorator_list
                 if not isinstance(node, ast.ClassDef):
@@ -153,6 +155,13 @@ def _callees(obj) -> set:
                     and (getattr(target, "__module__", None) or "").startswith("par."):
                 found.add(target)
     return found
+
+
+def _runs_as_script_only(node) -> bool:
+    """`if __name__ == "__main__": ...`: what a module runs as a script (a job's `main()`), never on import."""
+    test = getattr(node, "test", None) if isinstance(node, ast.If) else None
+    return isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__" \
+        and len(test.comparators) == 1 and getattr(test.comparators[0], "value", None) == "__main__"
 
 
 def _closure(objs) -> set:
