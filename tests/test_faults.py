@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -146,6 +147,9 @@ NUMBERS = {
     "plan-memory-nan": (["plan", "--memory", "nan"], "--memory: must be a finite number > 0"),
     "train-timeout-nan": (["train", "--config", "configs/ddp.json", "--timeout", "nan"], "--timeout: must be a finite"),
     "batch-timeout-inf": (["batch", "--timeout", "inf"], "--timeout: must be a finite number > 0"),
+    "bench-warmup-negative": (["bench", "collectives", "--warmup", "-1"], "--warmup: must be at least 0"),
+    "bench-warmup-text": (["bench", "tp", "--warmup", "x"], "--warmup: must be a whole number >= 0"),
+    "suite-one-step": (["bench", "suite", "--steps", "1"], "--steps: must be at least 2 (the first step is a warm-up)"),
 }
 
 
@@ -185,6 +189,15 @@ def test_every_par_number_variable_is_checked_with_its_name(monkeypatch):
     assert nccl_emulation.send_timeout_s() == 60.0
     monkeypatch.setenv(hang.HANG_ENV, "12.5")
     assert hang.hang_seconds() == 12.5
+
+
+@pytest.mark.parametrize("name", ["PAR_GRADE_MEMORY", "PAR_GRADE_MAX_PROCESSES"])
+def test_the_graders_sandbox_limits_are_checked_with_their_names(name, tmp_path):
+    """The sandbox reads them when it is imported: a bad one is one line naming it, before any grading."""
+    done = subprocess.run([sys.executable, "-m", "par", "grade", str(ROOT / "solutions" / "00_ring_chunks.ipynb")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120, env={**os.environ, name: "2GB"})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"error: {name}='2GB' is not a number >= ")
 
 
 # ---------------------------------------------------------------- full and read-only disks

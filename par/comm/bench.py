@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from par.runtime.checks import check_writable, positive_float, positive_int, world_sizes
+from par.runtime.checks import check_writable, int_at_least, positive_float, positive_int, world_sizes
 
 TARGET = 1.15
 
@@ -27,7 +27,7 @@ def parse(argv):
     p.add_argument("--world-sizes", type=world_sizes, default=(2, 4))
     p.add_argument("--sizes", default=f"{1 << 20},{1 << 24}", help="float32 element counts")
     p.add_argument("--reps", type=positive_int, default=9)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=int_at_least(0, "warm-up steps are counted"), default=2)
     p.add_argument("--backend", default="auto")
     p.add_argument("--timeout", type=positive_float, default=600)
     p.add_argument("--json", default=None, help="also write the rows to this file")

@@ -38,6 +38,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def int_at_least(minimum: int, why: str):
+    """argparse type: a whole number >= minimum (0 for counts of warm-up steps); below it the error says `why`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum} ({why}), got {value}")
+        return value
+    return parse
+
+
 def int_at_most(maximum: int, why: str):
     """argparse type: a whole number in [1, maximum]; above it the error says `why` there is a bound."""
     def parse(text: str) -> int:
@@ -61,6 +74,11 @@ def positive_float(text: str) -> float:
     return value
 
 
+def _plain(x: float) -> str:
+    """A number as a person types it: 1048576, 0.5 (not 1.04858e+06)."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
 def env_number(name: str, default: float, minimum: float = 0.0) -> float:
     """The number in environment variable `name` (`default` when unset or empty): finite and >= `minimum`,
     else `CheckError` naming the variable ("PAR_HANG_S='45s' is not a number ...")."""
@@ -72,8 +90,8 @@ def env_number(name: str, default: float, minimum: float = 0.0) -> float:
     except ValueError:
         value = None
     if value is None or not math.isfinite(value) or value < minimum:
-        raise CheckError(f"{name}={text!r} is not a number >= {minimum:g}: fix it (e.g. {name}={default:g}) or "
-                         f"unset it for the default")
+        raise CheckError(f"{name}={text!r} is not a number >= {_plain(minimum)}: fix it (e.g. {name}={_plain(default)}) "
+                         f"or unset it for the default")
     return value
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from par.runtime.checks import positive_float, positive_int
+from par.runtime.checks import int_at_least, positive_float, positive_int
 from par.tp.bench_job import KINDS
 
 
@@ -30,7 +30,7 @@ def parse(argv):
     p.add_argument("--preset", default="small")
     p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per turn")
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup", type=int_at_least(0, "warm-up steps are counted"), default=3)
     p.add_argument("--rounds", type=positive_int, default=3)
     p.add_argument("--backend", default="auto")
     p.add_argument("--timeout", type=positive_float, default=600)

@@ -37,6 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from par.measure import typed
+from par.runtime.checks import int_at_least
 from par.train import job, planner
 from par.train.config import ConfigError, model_config, parse
 from par.memory.accounting import format_bytes
@@ -289,7 +290,7 @@ def main(argv=None) -> int:
     ap.add_argument("--nproc", type=positive_int, default=None, help="ranks of the timed rows (default: min(4, cores))")
     ap.add_argument("--preset", default="tiny", help="tiny is timed widened (see timing_model)")
     ap.add_argument("--micro-batch", type=positive_int, default=2)
-    ap.add_argument("--steps", type=int, default=6, help="steps per row; the first is a warm-up, not timed")
+    ap.add_argument("--steps", type=int_at_least(2, "the first step is a warm-up"), default=6, help="steps per row; the first is a warm-up, not timed")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--configs", default=None, help=f"comma-separated subset of {', '.join(NAMES)} (default: all; "
                                                     f"on CPUs all but fp16 and bf16, whose CPU kernels are slow)")

@@ -45,9 +45,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from par.runtime.checks import env_number
 from par.runtime.paths import ROOT
-MEMORY = int(os.environ.get("PAR_GRADE_MEMORY", 16 << 30))   # bytes of address space per process
-MAX_PROCESSES = int(os.environ.get("PAR_GRADE_MAX_PROCESSES", 256))   # processes at once in one sandbox
+MEMORY = int(env_number("PAR_GRADE_MEMORY", 16 << 30, minimum=1 << 20))   # bytes of address space per process
+MAX_PROCESSES = int(env_number("PAR_GRADE_MAX_PROCESSES", 256, minimum=1))   # processes at once in one sandbox
 TASKS = 4096         # RLIMIT_NPROC in a sandbox (threads included), where the kernel counts it per user namespace
 
 
