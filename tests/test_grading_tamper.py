@@ -517,8 +517,6 @@ def test_a_killed_grader_keeps_its_rows_and_resume_grades_the_rest(tmp_path):
     proc.wait()
     time.sleep(1)
     mine = f"{sandbox.PREFIX}{proc.pid}-".encode()        # its submissions' work folders are named after it
-    alive = [p for p in Path("/proc").iterdir() if p.name.isdigit() and mine in _cmdline(p)]
-    assert not alive, "a kernel outlived its killed grader"
     kept = [r["submission"] for r in csv.DictReader(report.open())]
     assert [Path(k).name for k in kept] == [f"a_{EX}.ipynb", f"b_{EX}.ipynb"], kept
     again = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=200)
@@ -527,6 +525,25 @@ def test_a_killed_grader_keeps_its_rows_and_resume_grades_the_rest(tmp_path):
     rows = {Path(r["submission"]).name: r for r in csv.DictReader(report.open())}
     assert [rows[f"{k}_{EX}.ipynb"]["status"] for k in "abc"] == ["ok", "failed", "timeout"], rows
     assert not list(Path(tempfile.gettempdir()).glob(f"{sandbox.PREFIX}{proc.pid}-*")), "the next batch sweeps them"
+    alive = [p for p in Path("/proc").iterdir() if p.name.isdigit() and mine in _cmdline(p)]
+    assert not alive, "a kernel of the killed grader outlived the next grader's start"
+
+
+def test_the_next_grader_kills_what_a_killed_grader_left_in_its_folders(tmp_path):
+    """A kernel (or its bwrap) that missed its grader's death is killed by the next grader's sweep."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()                                           # a pid that is gone: a grader killed earlier
+    folder = Path(tempfile.gettempdir()) / f"{sandbox.PREFIX}{dead.pid}-test"
+    folder.mkdir()
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(folder / "kernel.json")])
+    deadline = time.monotonic() + 30
+    while str(folder).encode() not in _cmdline(Path(f"/proc/{left.pid}")) and time.monotonic() < deadline:
+        time.sleep(0.01)                                  # until it has exec'd: its command line names the folder
+    try:
+        assert folder in sandbox.sweep()
+        assert left.wait(timeout=10) == -signal.SIGKILL and not folder.exists()
+    finally:
+        left.kill()
 
 
 def test_output_paths_are_checked_before_grading(tmp_path, monkeypatch, capsys):

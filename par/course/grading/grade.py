@@ -421,7 +421,7 @@ def grade_many(paths: list[Path], course: Course, timeout: float = TIMEOUT, cell
         env["OMP_NUM_THREADS"] = str(max(1, physical_cores() // jobs))
     lock, done = threading.Lock(), [0]
     flags = duplicates(paths, course)
-    sandbox.sweep()     # the work folders of a grader killed earlier (its processes died with it)
+    sandbox.sweep()     # the work folders of a grader killed earlier, and any process it left in them
     package = sandbox.package_copy(Path(tempfile.mkdtemp(prefix=f"{sandbox.PREFIX}{os.getpid()}-pkg-"))) if sandbox.available() else None
 
     def one(path):

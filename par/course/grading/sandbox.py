@@ -269,8 +269,28 @@ def temporary_workdir(kind: str = "") -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-{kind + '-' if kind else ''}"))
 
 
+def kill_processes_of(folder: Path) -> list[int]:
+    """SIGKILL every process whose command line names `folder` (a sandbox's bwrap binds its work folder, a kernel
+    reads its connection file there); the pids killed. A grader SIGKILLed while bwrap sets a sandbox up can leave
+    that bwrap behind: as root, bwrap changes credentials during its set-up, which clears the parent-death signal
+    until it arms its own, so a death in those milliseconds is missed (1 start in 20 when the kill lands in the
+    first 0.3 s after the start)."""
+    mark, killed = str(folder).encode(), []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if mark in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed.append(int(proc.name))
+        except (OSError, ProcessLookupError):
+            continue
+    return killed
+
+
 def sweep() -> list[Path]:
-    """Remove the work folders left by graders that were killed (their pid is gone); the folders removed."""
+    """Remove the work folders left by graders that were killed (their pid is gone), after killing any process
+    still using them; the folders removed."""
     removed = []
     for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
         pid = path.name[len(PREFIX):].split("-", 1)[0]
@@ -283,6 +303,8 @@ def sweep() -> list[Path]:
             pass
         except PermissionError:
             continue                       # another user's grader
+        if kill_processes_of(path):
+            time.sleep(0.2)                # their files are released before the folder goes
         remove(path)
         removed.append(path)
     return removed
