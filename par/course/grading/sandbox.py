@@ -47,6 +47,7 @@ from pathlib import Path
 
 from par.runtime.checks import env_number
 from par.runtime.paths import ROOT
+
 MEMORY = int(env_number("PAR_GRADE_MEMORY", 16 << 30, minimum=1 << 20))   # bytes of address space per process
 MAX_PROCESSES = int(env_number("PAR_GRADE_MAX_PROCESSES", 256, minimum=1))   # processes at once in one sandbox
 TASKS = 4096         # RLIMIT_NPROC in a sandbox (threads included), where the kernel counts it per user namespace

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -76,7 +77,7 @@ def provenance() -> dict:
     import torch
     props = torch.cuda.get_device_properties(0)
     smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=30) if _which("nvidia-smi") else None
+                         capture_output=True, text=True, timeout=30) if shutil.which("nvidia-smi") else None
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     nccl = torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else None
     return {"gpu": props.name, "gpu_memory_bytes": props.total_memory, "gpus": torch.cuda.device_count(),
@@ -85,11 +86,6 @@ def provenance() -> dict:
             "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
             "python": sys.version.split()[0], "par_commit": commit.stdout.strip() or None,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-
-
-def _which(name: str) -> bool:
-    from shutil import which
-    return which(name) is not None
 
 
 def require_gpu() -> None:

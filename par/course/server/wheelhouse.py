@@ -98,9 +98,14 @@ def torch_in(dest: Path) -> list[str]:
     return sorted(p.name for p in dest.glob("*.whl") if re.match(r"(torch|triton|nvidia_)", p.name.lower()))
 
 
+def normalised(name: str) -> str:
+    """A distribution's name as PEP 503 compares it: `jupyter_client` -> `jupyter-client`."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def distribution(wheel: Path) -> str:
-    """A wheel's distribution name, normalised (PEP 503): `Pillow-13.0-...whl` -> `pillow`."""
-    return re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+    """A wheel's distribution name, normalised: `Pillow-13.0-...whl` -> `pillow`."""
+    return normalised(wheel.name.split("-")[0])
 
 
 def build(dest: Path, which: str = "full", python: str | None = None, platform: str | None = None,
@@ -119,7 +124,7 @@ def build(dest: Path, which: str = "full", python: str | None = None, platform: 
     stray = torch_in(dest)
     if stray:
         raise CheckError(f"the wheelhouse holds torch's wheels ({', '.join(stray)}): a requirement pulled torch in")
-    left_out = {re.sub(r"[-_.]+", "-", name).lower() for name in node_has}
+    left_out = {normalised(name) for name in node_has}
     for wheel in dest.glob("*.whl"):
         if distribution(wheel) in left_out:
             wheel.unlink()
