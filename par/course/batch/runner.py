@@ -18,7 +18,9 @@ notebook is reported and the batch goes on. A cell may run for `--timeout` secon
 default a notebook's cell timeout scales with its launches (`par.course.batch.launches.notebook_timeout`).
 The folder gets `summary.json` and `summary.md`: per notebook its status (ok, FAILED with
 the error's first line, or not run), its duration, and the key numbers it left with
-`par.course.batch.record.record`; `summary.json` also merges every notebook's numbers under `records`.
+`par.course.batch.record.record`, and the verdict of each of its lecture's targets (`par.course.batch.claims.verdicts`:
+met, or missed with the value; `summary.md` lists every missed one, and a missed target does not fail the batch);
+`summary.json` also merges every notebook's numbers under `records` and counts `targets_missed`.
 `summary.json`'s `provenance` says where the run came from (date, machine, CPU, GPUs, backend chosen,
 world size, preset, steps, torch, commit): `python -m par site` shows it on every page.
 The exit code is 1 when any notebook failed or was not run.
@@ -148,9 +150,10 @@ def run_one(notebook: Path, output: Path, parameters: dict, timeout: float) -> d
         error = error or f"the executed notebook could not be saved: {first_line(e)}"
         with contextlib.suppress(OSError):
             partial.unlink()
+    from par.course.batch.claims import verdicts
     return {"notebook": notebook.name, "status": "FAILED" if error else "ok", "error": error,
             "duration_s": round(time.perf_counter() - start, 1), "records": found,
-            "output": str(output) if output.exists() else None}
+            "verdicts": verdicts(notebook.stem, found), "output": str(output) if output.exists() else None}
 
 
 def keep(partial: Path, output: Path) -> None:
@@ -187,7 +190,7 @@ def not_run(notebook: Path, output: Path, problems: list) -> dict:
     """The summary row of a notebook the batch did not run, because its launches cannot work here."""
     return {"notebook": notebook.name, "status": "not run", "error": f"{problems[0]}" + (
         f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""),
-            "problems": [str(p) for p in problems], "duration_s": 0.0, "records": {}, "output": None}
+            "problems": [str(p) for p in problems], "duration_s": 0.0, "records": {}, "verdicts": [], "output": None}
 
 
 def gpu_memory_here() -> float | None:
@@ -278,7 +281,8 @@ def run(notebooks, out_root: Path, parameters: dict, timeout: float | None = Non
         from par.runtime.checks import write_atomic
         summary = {"folder": str(folder), "parameters": parameters, "provenance": origin, "timeout_s": timeout,
                    "notebooks": rows, "failed": sum(r["status"] != "ok" for r in rows),
-                   "duration_s": round(sum(r["duration_s"] for r in rows), 1), "records": merge_records(rows)}
+                   "duration_s": round(sum(r["duration_s"] for r in rows), 1), "records": merge_records(rows),
+                   "targets_missed": sum(v["verdict"] == "missed" for r in rows for v in r.get("verdicts", []))}
         write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
         write_atomic(folder / "summary.md", markdown(summary))
         return summary
@@ -370,10 +374,24 @@ def markdown(summary: dict) -> str:
         lines.append(f"| {r['notebook']} | {status.replace('|', '/')} | {r['duration_s']:.1f} | {numbers} |")
     ok = len(summary["notebooks"]) - summary["failed"]
     lines += ["", f"{ok}/{len(summary['notebooks'])} notebooks ok in {summary['duration_s']:.1f} s."]
+    lines += targets_markdown(summary["notebooks"])
     for r in summary["notebooks"]:
         if r.get("problems"):
             lines += ["", f"{r['notebook']} was not run:", *[f"- {p}" for p in r["problems"]]]
     return "\n".join(lines) + "\n"
+
+
+def targets_markdown(rows: list[dict]) -> list[str]:
+    """The lectures' targets judged on this run: how many were met, and every missed one on a line of its own
+    (a missed target does not fail the batch: the reader sees it)."""
+    judged = [(r["notebook"], v) for r in rows for v in r.get("verdicts", [])]
+    if not judged:
+        return []
+    missed = [(nb, v) for nb, v in judged if v["verdict"] == "missed"]
+    lines = ["", f"Targets: {len(judged) - len(missed)}/{len(judged)} met" + (", missed:" if missed else ".")]
+    lines += [f"- ✗ {nb}: {v['what']} = {short(v['value'])}, target {v['target']} ({v['reason']})"
+              for nb, v in missed]
+    return lines
 
 
 def parse_bytes(text: str) -> float:
