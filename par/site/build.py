@@ -24,14 +24,14 @@ from pathlib import Path
 from par.runtime.checks import check_writable
 from par.site import pages, theme
 from par.site.exercises import ROOT, student_exercises
-from par.site.run import Run, SiteError, latest, load
+from par.site.run import BatchRun, SiteError, latest, load
 
 MARKER = "par-site.json"
 # the docs/ pages in the header, in this order (others follow by name, labelled by their title)
 DOC_LABELS = {"instructor": "Instructors", "ta": "TAs", "cluster": "Cluster"}
 
 
-def prepare_target(out: Path, runs: list[Run]) -> None:
+def prepare_target(out: Path, runs: list[BatchRun]) -> None:
     """Refuse an output folder that is not new, empty, or an earlier site (so a typo never deletes a folder)."""
     out = out.absolute()
     for run in runs:

@@ -13,7 +13,7 @@ from html import escape
 from pathlib import Path
 
 from par.site import numbers, theme
-from par.site.run import Lecture, Run
+from par.site.run import Lecture, BatchRun
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
 PROGRESS = re.compile(r"\d+%\|")            # tqdm's text: " 40%|████      | 2/5"
@@ -116,7 +116,7 @@ def _date(value) -> str:
     return str(value).replace("T", " ")[:16] + (" UTC" if str(value).endswith("+00:00") else "") if value else "?"
 
 
-def provenance_line(run: Run) -> str:
+def provenance_line(run: BatchRun) -> str:
     p = run.provenance
     parts = [f"executed <b>{escape(_date(p.get('date')))}</b>",
              f"on <b>{escape(p.get('machine') or 'a machine the run did not record')}</b>",
@@ -130,7 +130,7 @@ def provenance_line(run: Run) -> str:
     return " · ".join(parts)
 
 
-def provenance_html(run: Run, others: list[Run]) -> str:
+def provenance_html(run: BatchRun, others: list[BatchRun]) -> str:
     html = "From the run " + provenance_line(run)
     for other in others:
         html += "<br>Compared with: " + provenance_line(other)
@@ -139,13 +139,13 @@ def provenance_html(run: Run, others: list[Run]) -> str:
 
 # --- tables of key numbers ---------------------------------------------------------------------------------------
 
-def _columns(runs: list[Run]) -> str:
+def _columns(runs: list[BatchRun]) -> str:
     if len(runs) == 1:
         return "<th>this run</th>"
     return "".join(f'<th>run {chr(65 + i)}: {escape(r.label())}</th>' for i, r in enumerate(runs))
 
 
-def key_numbers_table(stem: str, runs: list[Run]) -> str:
+def key_numbers_table(stem: str, runs: list[BatchRun]) -> str:
     """The key numbers of the lecture of notebook `stem` (its lecture module's, `numbers.lecture_keys`), one column
     per run, each value beside its verdict where the lecture states a target (in the target column where it says
     more than the formula); '' when no run has any."""
@@ -169,7 +169,7 @@ def key_numbers_table(stem: str, runs: list[Run]) -> str:
            f"</thead><tbody>{rows}</tbody></table>"
 
 
-def records_table(stem: str, runs: list[Run]) -> str:
+def records_table(stem: str, runs: list[BatchRun]) -> str:
     """Every record of the lecture, one column per run."""
     records = [(r.lecture(stem).records if r.lecture(stem) else {}) for r in runs]
     names = list(dict.fromkeys(name for rec in records for name in rec))
@@ -189,7 +189,7 @@ def status_badge(lecture: Lecture) -> str:
 
 # --- pages -------------------------------------------------------------------------------------------------------
 
-def lecture_body(lecture: Lecture, title: str, notebook_html: str | None, runs: list[Run],
+def lecture_body(lecture: Lecture, title: str, notebook_html: str | None, runs: list[BatchRun],
                  prev: tuple[str, str] | None, next_: tuple[str, str] | None, exercise: str | None) -> str:
     parts = []
     if lecture.status != "ok":
@@ -223,7 +223,7 @@ def exercise_body(name: str, notebook_html: str) -> str:
             f'<span>{escape(stem)}</span></p>')
 
 
-def index_body(run: Run, runs: list[Run], titles: dict[str, str], exercises: dict[str, str],
+def index_body(run: BatchRun, runs: list[BatchRun], titles: dict[str, str], exercises: dict[str, str],
                docs: list[tuple[str, str]], missing: list[str]) -> str:
     """The landing page: what the course is, the syllabus with each lecture's key numbers, exercises, docs."""
     lectures = run.lectures

@@ -56,7 +56,9 @@ class Lecture:
 
 
 @dataclass
-class Run:
+class BatchRun:
+    """One batch run as the site reads it (`load`): the folder `python -m par batch` wrote, its summary.json, and
+    one `Lecture` per notebook row."""
     folder: Path
     summary: dict
     lectures: list[Lecture] = field(default_factory=list)
@@ -86,7 +88,7 @@ class Run:
         return next((l for l in self.lectures if l.stem == stem), None)
 
 
-def load(folder: Path) -> Run:
+def load(folder: Path) -> BatchRun:
     """The run in `folder`, or a one-line SiteError saying why it is not one."""
     folder = Path(folder)
     if not folder.is_dir():
@@ -103,7 +105,7 @@ def load(folder: Path) -> Run:
         raise SiteError(f"{path} is not a batch summary ({type(e).__name__}: {e}); run `python -m par batch` "
                         f"again") from None
     lectures = [lecture(folder, row, i) for i, row in enumerate(rows if isinstance(rows, list) else [rows])]
-    return Run(folder=folder, summary=summary, lectures=lectures)
+    return BatchRun(folder=folder, summary=summary, lectures=lectures)
 
 
 def lecture(folder: Path, row, index: int) -> Lecture:
