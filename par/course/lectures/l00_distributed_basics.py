@@ -8,7 +8,7 @@ from par.comm import job as comm_job
 from par.course import plots
 from par.course.batch import cost
 from par.course.batch.launches import launch
-from par.site.numbers import Key, equal
+from par.site.numbers import Key, Target, equal
 
 NOTEBOOK = "00_distributed_basics"
 CELLS = ("collectives", "world-size sweep")
@@ -50,6 +50,8 @@ KEY_NUMBERS = [
     Key("α–β fit over world sizes", "≥ 3 sizes", "ring_alpha_beta_fit_world_sizes"),
     Key("where the fitted times came from", "measured, or simulated from steps", "ring_alpha_beta_source"),
     Key("hand-written ring / dist.all_reduce time", "largest message", "ring_over_torch_time_largest"),
+    Key("simulated / measured ring at N = 2, largest message", "Σ steps timed alone ≈ the whole ring",
+        "ring_simulator_over_measured_n2_largest", target=Target("within 2× (0.5–2)", low=0.5, high=2.0)),
 ]
 
 
