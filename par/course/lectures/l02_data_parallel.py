@@ -53,4 +53,6 @@ KEY_NUMBERS = [
     Key("mean of shard gradients − big-batch gradient", "→ 0", "shard_average_max_error"),
     Key("communication overlapped with backward", "bucketed", "bucketed_overlap_fraction"),
     Key("par DP vs DistributedDataParallel (max |Δ|)", "≤ 1e-5", "torch_api_max_diff", "ddp", target=at_most(1e-5)),
+    Key("wait on all-reduces after backward, bucketed / naive", "bucketing + overlap: < 1",
+        "dp_wait_bucketed_over_naive", target=at_most(0.5)),
 ]
