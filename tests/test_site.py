@@ -288,6 +288,34 @@ def test_two_runs_side_by_side(tmp_path):
     assert "mathjax" not in (tmp_path / "site" / "lectures" / "03_pipelines.html").read_text().lower()
 
 
+def test_a_reference_run_in_the_repository_is_shown_beside_the_run_by_default(tmp_path):
+    course = tmp_path / "course"
+    gpu = executed_run(course / "docs" / "reference-runs" / "h200" / "batch", "20261127-090000", "nccl", 1,
+                       bubble=0.19)
+    cpu = executed_run(tmp_path / "runs", "20261127-100000", "gloo", 2, bubble=0.2)
+    info = build.build(cpu, out=tmp_path / "site", mathjax_url=None, exercises=EXERCISES, root=course)
+    assert info["compare"] == [str(cpu), str(gpu)]
+    index = text_of(tmp_path / "site" / "index.html")
+    assert "run A: gloo × 2, tiny, 20 steps" in index and "run B: reference, nccl × 1, tiny, 20 steps" in index
+    assert "1: 0.5, 4: 0.2" in index and "1: 0.5, 4: 0.19" in index
+    lecture = text_of(tmp_path / "site" / "lectures" / "03_pipelines.html")
+    assert "Compared with" in lecture and "20261127-090000" in lecture
+    alone = build.build(cpu, out=tmp_path / "alone", mathjax_url=None, exercises=EXERCISES, root=course,
+                        references=[])
+    assert alone["compare"] == [] and "reference" not in text_of(tmp_path / "alone" / "index.html")
+
+
+def test_a_broken_reference_run_is_refused_in_one_line(tmp_path):
+    course = tmp_path / "course"
+    broken = course / "docs" / "reference-runs" / "h100"
+    broken.mkdir(parents=True)
+    (broken / "summary.json").write_text('{"notebooks": [')
+    cpu = executed_run(tmp_path / "runs")
+    with pytest.raises(build.SiteError, match="h100/summary.json is not a batch summary"):
+        build.build(cpu, out=tmp_path / "site", mathjax_url=None, exercises=EXERCISES, root=course)
+    assert not (tmp_path / "site").exists()
+
+
 def test_a_rebuild_replaces_an_earlier_site_and_the_default_is_the_latest_run(tmp_path):
     executed_run(tmp_path / "runs", "20260101-120000")
     newer = executed_run(tmp_path / "runs", "20260102-120000")

@@ -4,8 +4,11 @@ nbconvert).
     python -m par site                                  # the latest run under runs/, into runs/<time>/site/
     python -m par site runs/20261126-011102 --out public/
     python -m par site --compare runs/cpu runs/gpu      # the key numbers of both runs in two columns
+    python -m par site --no-reference                   # without the reference runs of docs/reference-runs/
 
-The pages come from RUN_DIR (with --compare and no RUN_DIR: from RUN_A). The site is written into a folder
+The pages come from RUN_DIR (with --compare and no RUN_DIR: from RUN_A). Without --compare, every reference run
+published in the repository (docs/reference-runs/, a GPU server's batch: see docs/ta.md) is a column of its own
+beside the run's key numbers, so a reader sees the CPU numbers and the GPU ones side by side. The site is written into a folder
 beside DIR and moved into place when complete, so a failed build leaves the previous site as it was; DIR must be
 new, empty, or a site this command built (it holds `par-site.json`), which is replaced. Bad input is refused in
 one line before any work: no run yet, a folder that is not a run, an output folder that cannot be written or
@@ -18,13 +21,14 @@ import json
 import os
 import shutil
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
 from par.runtime.checks import check_writable
 from par.site import pages, theme
 from par.site.exercises import ROOT, student_exercises
-from par.site.run import BatchRun, SiteError, latest, load
+from par.site.run import BatchRun, SiteError, latest, load, reference_runs
 
 MARKER = "par-site.json"
 # the docs/ pages in the header, in this order (others follow by name, labelled by their title)
@@ -75,15 +79,20 @@ def read_notebook(source: Path):
 
 def build(run_dir: Path | None = None, out: Path | None = None, compare: tuple[Path, Path] | None = None,
           mathjax_url: str | None = theme.MATHJAX_URL, root: Path = ROOT, runs_root: Path = Path("runs"),
-          exercises: dict[str, str] | None = None) -> dict:
+          exercises: dict[str, str] | None = None, references: list[Path] | None = None) -> dict:
     """Write the site; return what `par-site.json` records (pages, seconds; the runs by folder name there, by
     path here) and `out`. `exercises`: {file name: notebook text} of the student exercises (default: released
-    now from `root`, see `par.site.exercises`)."""
+    now from `root`, see `par.site.exercises`). `references`: the reference runs shown beside the run when there is
+    no `compare` (default: `reference_runs(root)`; [] for none)."""
     import nbformat
 
     start = time.perf_counter()
     compared = [load(compare[0]), load(compare[1])] if compare else []
     run = load(run_dir) if run_dir else (compared[0] if compared else load(latest(runs_root)))
+    if not compared:
+        compared = [run] + [replace(load(p), reference=True) for p in
+                            (reference_runs(root) if references is None else references)]
+        compared = compared if len(compared) > 1 else []
     runs = compared or [run]                       # the columns of key numbers
     others = [r for r in compared if r.folder.resolve() != run.folder.resolve()]
     out = Path(out) if out else run.folder / "site"
@@ -169,11 +178,14 @@ def main(argv=None) -> int:
                         help="the site's folder (default: RUN_DIR/site)")
     parser.add_argument("--compare", nargs=2, type=Path, default=None, metavar=("RUN_A", "RUN_B"),
                         help="show the key numbers of two runs side by side (e.g. a CPU run and a GPU run)")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="leave out the reference runs of docs/reference-runs/ (shown beside the run by default)")
     parser.add_argument("--mathjax", default=theme.MATHJAX_URL, metavar="URL",
                         help="a MathJax 3 script that typesets the formulas in the reader's browser instead (default: "
                              "none; formulas are MathML, typeset when the site is built, and need no network)")
     args = parser.parse_args(argv)
-    info = build(args.run, args.out, tuple(args.compare) if args.compare else None, args.mathjax or None)
+    info = build(args.run, args.out, tuple(args.compare) if args.compare else None, args.mathjax or None,
+                 references=[] if args.no_reference else None)
     counts = {kind: sum(p.startswith(kind) for p in info["pages"]) for kind in ("lectures/", "exercises/", "docs/")}
     print(f"wrote the site of {info['run']} to {info['out']}: the syllabus, {counts['lectures/']} lectures, "
           f"{counts['exercises/']} exercises, {counts['docs/']} docs pages in {info['seconds']:.1f} s")

@@ -18,6 +18,7 @@ from pathlib import Path
 from par.runtime.checks import CheckError
 
 SUMMARY = "summary.json"
+REFERENCE_RUNS = Path("docs") / "reference-runs"   # under the repository: runs published beside the CPU run
 
 
 class SiteError(CheckError):
@@ -32,6 +33,13 @@ def latest(runs: Path = Path("runs")) -> Path:
         raise SiteError(f"no executed run under {runs}/: run `python -m par batch` first "
                         f"(or name a run folder: python -m par site RUN_DIR)")
     return found[-1].parent
+
+
+def reference_runs(root: Path) -> list[Path]:
+    """The reference runs committed under `root`/docs/reference-runs/ (a GPU server's batch: its summary.json,
+    wherever `python -m par gpu-check --out docs/reference-runs/<gpu>` put it), in path order."""
+    folder = Path(root) / REFERENCE_RUNS
+    return sorted(p.parent for p in folder.rglob(SUMMARY)) if folder.is_dir() else []
 
 
 @dataclass
@@ -62,6 +70,7 @@ class BatchRun:
     folder: Path
     summary: dict
     lectures: list[Lecture] = field(default_factory=list)
+    reference: bool = False      # a reference run published in the repository (docs/reference-runs/)
 
     @property
     def provenance(self) -> dict:
@@ -82,7 +91,8 @@ class BatchRun:
     def label(self) -> str:
         """A short name for a column: `gloo x 2, tiny, 20 steps`."""
         p = self.provenance
-        return f"{p['backend']} × {p['world_size']}, {p['preset']}, {p['steps']} steps"
+        shown = f"{p['backend']} × {p['world_size']}, {p['preset']}, {p['steps']} steps"
+        return f"reference, {shown}" if self.reference else shown
 
     def lecture(self, stem: str) -> Lecture | None:
         return next((l for l in self.lectures if l.stem == stem), None)
