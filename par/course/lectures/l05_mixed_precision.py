@@ -6,7 +6,7 @@ from par.course.batch import cost
 from par.course.batch.launches import launch, sized
 from par.model import preset as model_preset
 from par.precision import job as precision_job
-from par.site.numbers import Key, at_most
+from par.site.numbers import Key, at_least, at_most, near
 
 NOTEBOOK = "05_mixed_precision"
 CELLS = ("loss scaling", "fp32 / fp16 / bf16")
@@ -40,6 +40,9 @@ KEY_NUMBERS = [
     Key("steps skipped on overflow", "dynamic loss scaling", "skipped steps"),
     Key("final loss scale", "halved on overflow, doubled after a window", "final loss scale"),
     Key("model-state bytes per parameter, fp16", "2 + 2 + 12 = 16", "model-state bytes/param fp16"),
-    Key("activations fp16 / fp32", "½", "activation ratio fp16/fp32"),
+    Key("activations fp16 / fp32", "½ (ids, masks, fp32 logits do not shrink)", "activation ratio fp16/fp32",
+        target=near(0.5, 0.05, "½ ± 0.05")),
+    Key("largest loss difference to fp32, bf16 / fp16", "bf16 has 3 fewer mantissa bits: > 1",
+        "loss difference bf16 / fp16", target=at_least(1)),
     Key("autocast + GradScaler vs par (max |Δ|)", "≤ 1e-5", "torch_api_max_diff", "autocast", target=at_most(1e-5)),
 ]
