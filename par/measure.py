@@ -16,15 +16,19 @@ The result contract: the same key means the same quantity in every job.
 
 `losses` and `step_s` belong to jobs that train. A job that measures something else (the collectives'
 bytes and timings, ZeRO-R's activation bytes, an exercise's check on real ranks, a benchmark's timings)
-reports `world_size`, `backend` and what it measured. Further keys are documented in the job's own
-docstring. A job that runs several configurations in one launch saves {"world_size", "backend",
-"runs": [...]}, each run with the keys above.
+reports `world_size`, `backend` and what it measured. A job that runs several configurations in one launch
+saves {"world_size", "backend", "runs": [...]}, each run with the keys above.
 
-Callers never read that dict: a launch (`par.course.batch.launches.Launch.run`) parses it once, with
-`parse`, into a `JobResult`, read as attributes: `result.world_size`, `result.losses`, `result.runs[0].step_s`,
-`result.find(label="3").memory`, `run.rank(0).bytes`; nested quantities likewise (`run.memory.predicted.total`),
-a mapping keyed by data (a run's name, a degree) stays a mapping. `to_json()` gives the JSON back (what
-`par.course.batch.record.record` writes to the batch's summary).
+Each job declares its keys beside its `Args`, as dataclasses: `Result` (a `JobResult`: what the launch
+returns), `RunResult` (one configuration) and `RankResult` (one rank's entry of `per_rank`), e.g.
+`par.dp.job.RunResult` with `dp`, `losses`, `bytes_sent_per_step`, `memory`, ... Callers never read the dict: a
+launch (`par.course.batch.launches.Launch.run`) parses it once, with `parse(result, job)`, into the job's own
+`Result`, read as attributes: `result.world_size`, `result.losses`, `result.runs[0].step_s`,
+`result.find(label="3").memory`, `run.rank(0).bytes`. A key the job did not declare stops the parse; a name the
+type does not declare raises AttributeError listing the ones it does; a result is no mapping (`run["losses"]` is
+a TypeError). Records nested in a quantity read as attributes too (`run.memory.predicted.total`, `Measured`),
+a mapping keyed by data (a run's name, a degree) stays a mapping. `to_json()` gives the JSON back from the
+typed object (what `par.course.batch.record.record` writes to the batch's summary).
 
 Every job measures with the same few lines: `timed_step` (one step's wall seconds, the device
 synchronized at both ends), then on rank 0 `slowest` (step_s) and `mean_over_ranks` (losses) over
@@ -32,11 +36,12 @@ what `par.runtime.dist.gather_object` collected, or `merge_ranks` for both.
 """
 from __future__ import annotations
 
+import importlib
 import keyword
 import time
 from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 
 import torch
 import torch.distributed as dist
@@ -91,10 +96,10 @@ def merge_ranks(per_rank: list[dict], losses: str = "losses", step_s: str = "ste
 
 # ---------------------------------------------------------------- the typed result a launch returns
 def typed(value):
-    """A result's JSON value as callers read it: a mapping whose keys are all names becomes `Measured`
+    """A nested JSON value of a result as callers read it: a mapping whose keys are all names becomes `Measured`
     (`m.total`), a list of them a list of `Measured`; a mapping keyed by data (a run's name, a sequence
     length, a degree) stays a dict with its values typed; numbers, text and None stay as they are."""
-    if isinstance(value, Measured):
+    if isinstance(value, (Measured, Declared)):
         return value
     if isinstance(value, dict):
         if value and all(isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) for k in value):
@@ -117,12 +122,11 @@ def plain(value):
 
 
 class Measured(Mapping):
-    """Named quantities one job measured, read as attributes: `m.total`, `m.counted`; nested ones likewise
-    (`run.memory.predicted.total`). `to_json()` gives the JSON it was read from; `has(name)` whether a
-    quantity is there (a job leaves out what it did not measure, e.g. `max_diff` without a reference).
-    Functions that take JSON-shaped records (a timeline's spans for `par.pp.sim.stage_costs` or a plot) read
-    it as the read-only mapping it was parsed from; notebooks read attributes (tests/test_notebook_results.py
-    checks)."""
+    """A record nested in a result (a run's memory breakdown, a timeline's span, a part of a collective's
+    trace), read as attributes: `m.total`, `m.counted`; deeper ones likewise (`run.memory.predicted.total`).
+    `to_json()` gives the JSON it was read from. It stays a read-only mapping because functions that take
+    JSON-shaped records read it so (a timeline's spans in `par.pp.sim.stage_costs`, `par.timeline` and the
+    lectures' figures); notebooks read attributes (tests/test_notebook_results.py checks)."""
     __slots__ = ("_data",)
 
     def __init__(self, data: dict):
@@ -147,13 +151,10 @@ class Measured(Mapping):
         return len(self._data)
 
     def __reduce__(self):
-        return _rebuilt, (type(self), self._data)        # copy and pickle: the same class over the same JSON
+        return Measured, (self._data,)        # copy and pickle: a Measured over the same JSON
 
     def has(self, name: str) -> bool:
         return name in self._data
-
-    def names(self) -> list[str]:
-        return list(self._data)
 
     def to_json(self) -> dict:
         return plain(self._data)
@@ -170,29 +171,81 @@ class Measured(Mapping):
         return repr(self.to_json())        # printed as the JSON it holds, as a notebook shows it
 
 
-def _rebuilt(cls, data: dict) -> Measured:
-    """A `Measured` (or subclass) over `data` as it was (what `Measured.__reduce__` names)."""
-    out = object.__new__(cls)
-    object.__setattr__(out, "_data", data)
-    return out
+@dataclass(frozen=True, kw_only=True)
+class Declared:
+    """A result whose quantities its job declares as dataclass fields (`par.dp.job.RunResult`: `dp`, `losses`,
+    `bytes_sent_per_step`, ...), built from the JSON the job saved by `from_json`: a key the type does not declare,
+    or a declared one without a default that is missing, stops the parse (ValueError naming the type). Read as
+    attributes; a name it does not declare raises AttributeError listing the names it does. A field with a default
+    of None is one the job leaves out where it did not measure it (`has(name)`: whether it is there)."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"{type(self).__qualname__} ({type(self).__module__}) has no {name!r} "
+                             f"(it declares: {', '.join(self.names())})")
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """The quantities the type declares, in order."""
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_json(cls, data: dict) -> Declared:
+        """The typed result of `data`, each value read by `read` (nested records as `Measured`)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{cls.__module__}.{cls.__qualname__} is read from a JSON object, not {type(data).__name__}")
+        declared = {f.name: f for f in fields(cls)}
+        unknown = [k for k in data if k not in declared]
+        missing = [n for n, f in declared.items() if n not in data and f.default is MISSING]
+        if unknown or missing:
+            raise ValueError(f"{cls.__module__}.{cls.__qualname__} "
+                             + (f"declares no {', '.join(unknown)}" if unknown else "")
+                             + (" and " if unknown and missing else "")
+                             + (f"lacks {', '.join(missing)}" if missing else "")
+                             + ": the job's result and its declared type differ")
+        return cls(**{k: cls.read(k, v) for k, v in data.items()})
+
+    @classmethod
+    def read(cls, name: str, value):
+        """One quantity's JSON as the field holds it (a subclass reads its runs and ranks as their types)."""
+        return typed(value)
+
+    def has(self, name: str) -> bool:
+        """Whether the job reported `name` (a declared quantity left out reads None)."""
+        return getattr(self, name) is not None
+
+    def to_json(self) -> dict:
+        """The JSON of the result: every declared quantity the job reported (each `per_rank` entry with its `rank`)."""
+        return {f.name: plain(getattr(self, f.name)) for f in fields(self)
+                if not (f.default is None and getattr(self, f.name) is None)}
 
 
-class RankResult(Measured):
-    """What one rank measured (an entry of the contract's `per_rank`): `rank` and its own quantities
-    (memory, bytes, spans, ...)."""
+@dataclass(frozen=True, kw_only=True)
+class RankResult(Declared):
+    """What one rank measured (an entry of the contract's `per_rank`, rank r at index r); a job's own subclass
+    declares its quantities (memory, bytes, step times, ...)."""
+    rank: int
 
-    def __init__(self, data: dict, rank: int):
-        super().__init__({"rank": rank, **data})
 
+@dataclass(frozen=True, kw_only=True)
+class RunResult(Declared):
+    """One run of a job (`run.losses`, `run.rank(0).memory`): its `per_rank`, each entry read as the job's own
+    `RankResult` subclass (`Rank`), and the quantities the job's own subclass declares (a job that trains
+    declares the contract's `losses` and `step_s`)."""
+    Rank = RankResult                    # the type of each `per_rank` entry: a subclass names its own
+    per_rank: tuple | None = None
 
-class RunResult(Measured):
-    """One run of a job, read as attributes (`run.losses`, `run.step_s`, `run.rank(0).memory`): the contract's
-    `losses` and `step_s` where the run trained, its ranks' results, and the job's own quantities."""
+    @classmethod
+    def read(cls, name: str, value):
+        if name == "per_rank" and value is not None:
+            return tuple(cls.Rank.from_json({"rank": r, **d}) for r, d in enumerate(value))
+        return super().read(name, value)
 
     @property
-    def ranks(self) -> list[RankResult]:
-        """The contract's `per_rank`, each as a `RankResult` (rank r at index r)."""
-        return [RankResult(d, r) for r, d in enumerate(self._data.get("per_rank", ()))]
+    def ranks(self) -> list:
+        """The contract's `per_rank` (rank r at index r)."""
+        return list(self.per_rank or ())
 
     def rank(self, r: int) -> RankResult:
         """What rank `r` measured."""
@@ -202,45 +255,52 @@ class RunResult(Measured):
         return ranks[r]
 
 
-class JobResult(RunResult):
-    """What a launch returns: rank 0's result, parsed once (`parse`). The contract's `world_size` and
-    `backend`, then either one run's quantities (`result.losses`) or, for a job that runs several
-    configurations in one launch, `runs` (`result.runs[0].losses`, `result.find(label="3")`)."""
+@dataclass(frozen=True, kw_only=True)
+class JobResult(Declared):
+    """What a launch returns: rank 0's result, parsed once (`parse`) into the job's own subclass (its module's
+    `Result`): the contract's `world_size` and `backend`, and what the job declares. A job that runs one
+    configuration declares that run's quantities on its `Result` (`class Result(JobResult, RunResult)`:
+    `result.losses`, `result.rank(0)`); one that runs several declares `runs`, each read as its `Run`
+    (`result.runs[0].losses`, `result.find(label="3")`); runs saved as {name: run} read with `named()`."""
+    Run = RunResult                      # the type of each run: a subclass names its own
+    world_size: int
+    backend: str
 
-    def __init__(self, data: dict):
-        missing = [k for k in ("world_size", "backend") if k not in data]
-        if missing:
-            raise ValueError(f"a job's result must hold {' and '.join(missing)} (par.measure's contract)")
-        super().__init__(data)
+    @classmethod
+    def read(cls, name: str, value):
+        if name == "runs" and value is not None:
+            if isinstance(value, dict):
+                return {k: cls.Run.from_json(r) for k, r in value.items()}
+            return tuple(cls.Run.from_json(r) for r in value)
+        return super().read(name, value)
 
-    @property
-    def world_size(self) -> int:
-        return int(self._data["world_size"])
-
-    @property
-    def backend(self) -> str:
-        return str(self._data["backend"])
-
-    @property
-    def runs(self) -> list[RunResult]:
-        """Each configuration the job ran, in order."""
-        if "runs" not in self._data:
+    def every_run(self) -> list:
+        """Each configuration the job ran, in order (the values of named runs)."""
+        runs = self.runs
+        if runs is None:
             raise AttributeError("this job ran one configuration: read its quantities on the result itself")
-        runs = self._data["runs"]
-        return [RunResult(r) for r in (runs.values() if isinstance(runs, dict) else runs)]
+        return list(runs.values() if isinstance(runs, dict) else runs)
 
-    def named(self) -> dict[str, RunResult]:
-        """The runs of a job that names them (`runs` saved as {name: run}): {name: RunResult}."""
-        return {k: RunResult(r) for k, r in self._data["runs"].items()}
+    def named(self) -> dict:
+        """The runs of a job that names them (`runs` saved as {name: run}): {name: run}."""
+        if not isinstance(self.runs, dict):
+            raise AttributeError("this job's runs are a list: read them with `runs` or `find`")
+        return dict(self.runs)
 
     def find(self, **match) -> RunResult:
         """The one run whose quantities equal `match` (e.g. `find(label="3+offload")`, `find(schedule="1f1b", m=4)`)."""
-        found = [r for r in self.runs if all(r.has(k) and getattr(r, k) == v for k, v in match.items())]
+        found = [r for r in self.every_run() if all(getattr(r, k, None) == v for k, v in match.items())]
         if len(found) != 1:
             raise LookupError(f"{len(found)} runs have {match}")
         return found[0]
 
 
-def parse(result: dict | None) -> JobResult | None:
-    """A launch's result as the typed `JobResult` (None where the job saved nothing)."""
-    return None if result is None else JobResult(result)
+def parse(result: dict | None, job: str) -> JobResult | None:
+    """A launch's result as the typed result the job `job` (its module, "par.dp.job") declares, its `Result`
+    (a `JobResult` subclass); None where the job saved nothing."""
+    if result is None:
+        return None
+    declared = getattr(importlib.import_module(job), "Result", None)
+    if not (isinstance(declared, type) and issubclass(declared, JobResult)):
+        raise TypeError(f"{job} declares no Result (a par.measure.JobResult subclass) beside its Args")
+    return declared.from_json(result)

@@ -167,3 +167,9 @@ def test_train_entry_follows_the_config_and_equals_single_process(stage):
     # ZeRO keeps half of the Adam state per rank: the two ranks' optimizer bytes are about half of 8Ψ
     from par.memory.accounting import param_count
     assert all(r["optimizer"] < 0.6 * 8 * param_count(preset("tiny")) for r in row["per_rank"])
+    # the row as the job declares it (par.train.job.Result): every key it saved, read back as attributes
+    from par.measure import parse
+    typed = parse(row, "par.train.job")
+    assert typed.strategy == row["strategy"] and typed.rank(1).optimizer == row["per_rank"][1]["optimizer"]
+    assert {k: v for k, v in typed.to_json().items() if k != "per_rank"} == {k: v for k, v in row.items()
+                                                                          if k != "per_rank"}

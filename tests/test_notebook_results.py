@@ -5,7 +5,8 @@ A static scan of every code cell of notebooks/*.ipynb (their Python syntax tree)
 - a subscript by one of the result's names (`x["runs"]`, `r["losses"]`, `R["0"]["step_s"]`, `run["timeline"]`, ...),
   `.get(...)` of one of them too;
 - a subscript by text of what a launch returned (`job.run()["anything"]`);
-- a run picked by a label and then read by key (`R["0"]["anything"]`).
+- a run picked by a label and then read by key (`R["0"]["anything"]`);
+- a test of a result's name by `in` (`"timeline" in run`: a result is no mapping, `run.has("timeline")`).
 A notebook's own dicts (a figure's curves keyed by name, a library's `{"x": ..., "y": ...}`) use other keys and
 pass; `test_the_scan_flags_the_old_way` shows each pattern caught.
 """
@@ -45,18 +46,23 @@ def string_reads(source: str) -> list[str]:
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
                 and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in RESULT_NAMES:
             found.append(f"line {node.lineno}: {ast.get_source_segment(code, node)}")
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) and node.left.value in RESULT_NAMES \
+                and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            found.append(f"line {node.lineno}: {ast.get_source_segment(code, node)}")
     return found
 
 
 def test_the_scan_flags_the_old_way():
     old = ['runs = timeline_job.run(quiet=True)["runs"]', 'plots.gantt(run["timeline"])', 'r["runs"][0]["losses"]',
            'R["0"]["losses"]', 'R["3+offload"]["memory"]', 'result = job.run()["numel"]', 'x = R["1"]["bytes_total"]',
-           'print(f"{result[\'world_size\']} ranks")', 'run.get("per_rank", [])']
+           'print(f"{result[\'world_size\']} ranks")', 'run.get("per_rank", [])',
+           'if "timeline" in run: pass']
     for line in old:
         assert string_reads(line), line
     fine = ['curves = {"dense": result.losses}', 'curves["FSDP2"] = run_of("fsdp2").losses', 'med["3"] / med["2"]',
             'ys["x"], ys["y"]', 'run.find(label="0").losses', 'runs["fp32 adam"].measured[0].total',
-            'bubble_all.setdefault(name, {})[m] = {"measured": r.bubble}', '%matplotlib inline']
+            'bubble_all.setdefault(name, {})[m] = {"measured": r.bubble}', '%matplotlib inline',
+            'if run.has("timeline"): pass', 'if "fp32" in dtypes: pass']
     for line in fine:
         assert not string_reads(line), line
 

@@ -36,7 +36,7 @@ import par.runtime.dist
 from par.runtime.job_args import JobArgs, arg
 from par.comm import collectives as C
 from par.comm import commlog
-from par.measure import sync
+from par.measure import JobResult, sync
 
 PARTS = ("env", "show", "trace", "bytes", "timing", "steps")
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -228,6 +228,16 @@ class Args(JobArgs):
     reps: int = arg(5, minimum=1)
     warmup: int = arg(2)
 
+
+@dataclass(frozen=True, kw_only=True)
+class Result(JobResult):
+    """What rank 0 saves: one entry per part the launch ran (the module's docstring says what each holds)."""
+    env: list | None = None          # per rank: torchrun's variables and par's Env
+    show: dict | None = None         # per collective: every rank's tensor before and after
+    trace: dict | None = None        # the ring all-reduce step by step
+    bytes: list | None = None        # per size and rank: counted, exact, formula
+    timing: list | None = None       # per size: ring vs torch seconds, ratios, quartiles
+    steps: list | None = None        # per chunk size: one reduce-scatter and all-gather step's seconds
 
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): the counted sizes and the

@@ -33,7 +33,7 @@ from par.memory import accounting as memory
 from par.tp import sequence as sp, layers as tp
 from par.tp.ops import my_sequence_slice
 from par.data import CharDataset, global_batches
-from par.measure import slowest, timed_step
+from par.measure import JobResult, RankResult, RunResult, slowest, timed_step
 from par.model import build, lm_loss, preset
 from par.runtime.preflight import physical_cores
 from par.reference import make_optimizer
@@ -52,6 +52,30 @@ class Args(JobArgs):
     timeline_head_dim: int = arg(64)
     seed: int = arg(0)
 
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult(RankResult):
+    """One rank's activation bytes, per sequence length."""
+    memory: list
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result(JobResult, RunResult):
+    """The launch (one run): the quantities of the module's docstring."""
+    Rank = RankResult
+    preset: str
+    batch_size: int
+    losses: list
+    sp_losses: list
+    cp_losses: list
+    ulysses_losses: list
+    max_param_diff: dict
+    attention_bytes: list | None
+    step_s: list
+    memory: list
+    timeline: dict | None
+    oversubscribed: bool
+    timeline_shape: list
 
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): TP+SP and CP training (and a

@@ -38,7 +38,7 @@ from par.data import CharDataset
 from par.dp.wrap import (VARIANTS, overlap_fraction, shard_loader, split_micro, train_step, wrap,
                                wrapper_buffer_bytes)
 from par.dp.bucketed import bucket_all_reduce_bytes
-from par.measure import merge_ranks, timed_step
+from par.measure import JobResult, RankResult, RunResult, merge_ranks, timed_step
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer, param_hash
 from par.timeline import Recorder
@@ -67,6 +67,49 @@ class Args(JobArgs):
                                "trace per run and rank in this folder (par.runtime.profile)")
     profile_step: int = arg(1, minimum=0)
 
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult(RankResult):
+    """One rank's own losses, step times, bytes sent per step, parameter fingerprint and profiler traces."""
+    losses: list
+    step_s: list
+    bytes_sent_per_step: list
+    param_hash: str
+    traces: list
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult(RunResult):
+    """One (variant, compression) run: the quantities of the module's docstring."""
+    Rank = RankResult
+    dp: str
+    compression: str
+    impl: str
+    world_size: int
+    backend: str
+    batch: dict
+    preset: str
+    numel: int
+    losses: list
+    step_s: list
+    bytes_sent_per_step: list
+    bytes_expected: dict | None = None
+    n_buckets: int | None = None
+    launched_in_backward: int | None = None
+    memory: dict
+    timeline: list | None = None
+    timeline_step: int | None = None
+    replicas_identical: bool
+    profile_traces: list
+    overlap: list
+    max_param_diff_vs_first: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result(JobResult):
+    """The launch: one run per (variant, compression)."""
+    Run = RunResult
+    runs: tuple
 
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one run per --dp ×

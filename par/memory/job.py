@@ -30,7 +30,7 @@ import par.runtime.dist
 from par.runtime.job_args import JobArgs, arg
 from par.memory import accounting as memory
 from par.data import CharDataset
-from par.measure import merge_ranks, timed_step
+from par.measure import JobResult, RankResult, RunResult, merge_ranks, timed_step
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer
 
@@ -46,6 +46,41 @@ class Args(JobArgs):
     steps: int = arg(1, "optimizer steps (model states stay constant)", minimum=1)
     seed: int = arg(0)
 
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult(RankResult):
+    """One rank's numbers of one configuration."""
+    losses: list
+    times: list
+    cuda_peak: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult(RunResult):
+    """One configuration ("<precision> <optimizer>"): the formula, every rank's measurements (one entry per rank),
+    the contract's losses and step_s."""
+    Rank = RankResult
+    predicted: dict                  # model_state_bytes: params, grads, optimizer, total
+    measured: list                   # per rank: live model-state bytes after the last step
+    phases: list                     # per rank: live bytes after building, the first backward, the last step
+    totals_per_step: list
+    activation_bytes: list
+    scalar_bytes: list
+    cuda_peak: list
+    losses: list
+    step_s: list
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result(JobResult):
+    """The launch: the model and its size, and one run per configuration, named ("fp32 adam": `named()`)."""
+    Run = RunResult
+    preset: str
+    steps: int
+    batch: int
+    device: str
+    numel: int
+    runs: dict
 
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one data-parallel run per

@@ -29,7 +29,7 @@ from par.runtime.job_args import JobArgs, arg
 from par.comm import commlog
 from par.moe import experts as ep
 from par.data import CharDataset, global_batches
-from par.measure import slowest, timed_step
+from par.measure import JobResult, RankResult, RunResult, slowest, timed_step
 from par.model import preset
 from par.moe.router import build_moe_gpt, capacity, moe_layers, moe_loss, set_groups
 from par.reference import make_optimizer
@@ -51,6 +51,42 @@ class Args(JobArgs):
     torch_api: bool = arg(False, "before the first run: dispatch one batch's tokens with par's all-to-all and with "
                                  "torch's all_to_all_single, and run a MoE layer with each (result['torch_api'])")
 
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult(RankResult):
+    """One rank's all-to-all bytes per step and their formula."""
+    alltoall_bytes_per_step: int
+    formula: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult(RunResult):
+    """One balancing-loss weight alpha: the quantities of the module's docstring."""
+    Rank = RankResult
+    alpha: float
+    ep: int
+    dp: int
+    impl: str
+    n_experts: int
+    k: int
+    capacity_factor: float
+    capacity: int
+    losses: list
+    step_s: list
+    tokens_per_expert: list
+    dropped: list
+    reference_losses: list
+    alltoall_bytes: dict
+    max_loss_diff: float | None = None
+    max_param_diff: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result(JobResult):
+    """The launch: one run per alpha, and with --torch-api par's all-to-all beside torch's."""
+    Run = RunResult
+    torch_api: dict | None = None
+    runs: tuple
 
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one run per alpha. The planner

@@ -47,7 +47,7 @@ from par.runtime import profile
 from par.pp import sim as pipeline_sim, schedules
 from par.data import CharDataset, global_batches
 from par.runtime.grid import Grid
-from par.measure import slowest, timed_step
+from par.measure import JobResult, RankResult, RunResult, slowest, timed_step
 from par.model import SquareStack, build, lm_loss, preset, square_batches
 from par.pp.replicated import ReplicatedPipeline
 from par.pp.pipeline import Pipeline, split_microbatches
@@ -87,6 +87,53 @@ class Args(JobArgs):
     check: bool = arg(False, "compare with single-process training")
     record_comm: bool = arg(False, "also record blocking waits (lane 'comm')")
 
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult(RankResult):
+    """One stage's memory, bytes sent by label, and CPU seconds per action."""
+    memory: dict
+    bytes: dict
+    cpu_s: object
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult(RunResult):
+    """One (schedule, m) run: the schedule, the step, the measured bubble beside its formula (see the module's
+    docstring); spans, bubble and costs where the run recorded a timeline; max_*_diff with --check."""
+    Rank = RankResult
+    schedule: str
+    m: int
+    v: int
+    dp: int
+    pp: int
+    batch: int
+    micro_batch_size: int
+    text: str
+    bounds: list
+    losses: list
+    step_s: list
+    median_step_s: float | None
+    memory: list
+    bubble_formula: float
+    profile_traces: list | None = None
+    spans: list | None = None
+    bubble_steps: list | None = None
+    bubble: float | None = None
+    costs: dict | None = None
+    action_costs: dict | None = None
+    max_diff: float | None = None
+    max_grad_diff: float | None = None
+    max_loss_diff: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result(JobResult):
+    """The launch: the model, and one run per (schedule, m)."""
+    Run = RunResult
+    preset: str
+    model: str
+    config: dict
+    runs: tuple
 
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one run per schedule × m on dp

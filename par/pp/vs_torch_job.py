@@ -18,7 +18,7 @@ import par.runtime.dist
 from par.runtime.job_args import JobArgs, arg
 from par.pp import schedules
 from par.data import CharDataset, global_batches
-from par.measure import slowest, timed_step
+from par.measure import JobResult, RankResult, RunResult, slowest, timed_step
 from par.model import build, lm_loss, preset
 from par.pp.pipeline import Pipeline
 from par.reference import make_optimizer
@@ -36,6 +36,29 @@ class Args(JobArgs):
     lr: float = arg(1e-3)
     seed: int = arg(0)
 
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult(RankResult):
+    """One stage's largest gaps to torch.distributed.pipelining and its layers."""
+    grad_diff: float
+    param_diff: float
+    bounds: list
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result(JobResult, RunResult):
+    """The launch (one run): par's and torch's losses and step times, and the largest gaps between them."""
+    Rank = RankResult
+    schedule: str
+    m: int
+    config: dict
+    losses: list
+    losses_torch: list
+    step_s: list
+    step_s_torch: list
+    max_grad_diff: float
+    max_loss_diff: float
+    max_param_diff: float
 
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): the same pipeline under par's

@@ -30,7 +30,7 @@ from par.dp.naive import average_gradients
 from par.precision.loss_scaler import DynamicLossScaler, StaticLossScaler
 from par.memory.accounting import saved_activation_bytes
 from par.precision.mixed_precision import MixedPrecision, set_lr, warmup_cosine_lr
-from par.measure import merge_ranks, timed_step
+from par.measure import JobResult, RankResult, RunResult, merge_ranks, timed_step
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer, param_hash
 
@@ -57,6 +57,45 @@ class Args(JobArgs):
     inject_rank: int = arg(0, "the rank that injects (-1: every rank)")
     seed: int = arg(0)
 
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult(RankResult):
+    """One rank's losses, step times, parameter fingerprint and skipped steps."""
+    loss: list
+    time: list
+    hash: str
+    skipped: list
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult(RunResult):
+    """One dtype's run: the quantities of the module's docstring."""
+    Rank = RankResult
+    dtype: str
+    world_size: int
+    backend: str
+    preset: str
+    numel: int
+    batch: int
+    scale: list
+    skipped: list
+    grad_norm: list
+    lr: list
+    grad_bytes: object
+    memory: dict | None
+    activation_bytes: int
+    scaler: str | None
+    losses: list
+    step_s: list
+    replicas_identical: bool
+    same_skips_on_all_ranks: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result(JobResult):
+    """The launch: one run per dtype."""
+    Run = RunResult
+    runs: tuple
 
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one data-parallel run per dtype."""

@@ -31,7 +31,7 @@ from par.tp import layers as tp
 from par.comm.collectives import all_reduce_formula_bytes, ring_all_reduce_bytes
 from par.data import CharDataset, global_batches
 from par.memory.accounting import live_model_state_bytes, model_state_bytes
-from par.measure import slowest, timed_step
+from par.measure import JobResult, RankResult, RunResult, slowest, timed_step
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer
 
@@ -52,6 +52,33 @@ class Args(JobArgs):
     seed: int = arg(0)
     no_reference: bool = arg(False, "skip the dense model (big presets)")
 
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult(RankResult):
+    """One rank's step times, parameter bytes and (unless --no-reference) its largest gap to the dense model."""
+    step_s: list
+    param_bytes: int
+    max_param_diff: float | None = None
+    max_param_diff_name: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result(JobResult, RunResult):
+    """The launch (one run): losses and step times, the bytes sent (`comm`) and held (`memory`) beside their
+    formulas, the dense model's losses and the largest gap to it, torch's TP API beside par's."""
+    Rank = RankResult
+    device: str
+    config: dict
+    batch_size: int
+    impl: str
+    losses: list
+    step_s: list
+    comm: dict
+    memory: dict
+    torch_api: dict | None = None
+    dense_losses: list | None = None
+    max_param_diff: float | None = None
+    max_param_diff_name: str | None = None
 
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): TP training on nproc ranks, the

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 
 from par.runtime.job_args import JobArgs, arg
+from par.measure import JobResult, RankResult, RunResult
 from par.train.config import load, read
 
 
@@ -27,6 +28,65 @@ class Args(JobArgs):
     steps: int | None = arg(None, "override the configs' steps", minimum=1)
     check: bool = arg(False, "train the single-process model beside and compare")
 
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult(RankResult):
+    """One rank's numbers (`par.train.loop.train`): its place in the grid, losses, step times, bytes, memory."""
+    coords: list
+    losses: list
+    step_s: list
+    cpu_s: list
+    bytes_per_step: float
+    model_states: int
+    params: int
+    grads: int
+    optimizer: int
+    activations_peak: int
+    mem_avg: float
+    mem_peak: int
+    mem_source: str
+    max_param_diff: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult(RunResult):
+    """One config's row (`par.train.loop.summarize`), or {strategy, error} for a config this device cannot run."""
+    Rank = RankResult
+    strategy: str
+    error: str | None = None
+    world_size: int | None = None
+    backend: str | None = None
+    losses: list | None = None
+    step_s: list | None = None
+    warmup_steps: int | None = None
+    layout: str | None = None
+    precision: str | None = None
+    zero_stage: int | None = None
+    offload: bool | None = None
+    train_batch_size: int | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    model: dict | None = None
+    median_step_s: float | None = None
+    cpu_s: list | None = None
+    median_cpu_s: float | None = None
+    samples_per_s: float | None = None
+    samples_per_s_range: list | None = None
+    mem_avg: float | None = None
+    mem_peak: int | None = None
+    model_states_max: int | None = None
+    activations_peak_max: int | None = None
+    bytes_per_step: float | None = None
+    mem_source: str | None = None
+    max_param_diff: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result(JobResult, RunResult):
+    """The launch: one config's row itself, or with several --config one row per config (`runs`)."""
+    Run = RunResult
+    strategy: str | None = None
+    runs: tuple | None = None
 
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one run per config, as

@@ -105,28 +105,28 @@ def predictions(link: str, calibration: dict, nodes: int = 2, per_node: int = 2,
 def measure(link: str = "25mbit", hosts: int = 2, per_node: int = 2, steps: int = 3, timeout: float = 240.0,
             quiet: bool = True, prefix: str | None = None, **sizes) -> dict:
     """Run `par.train.placement_job` on an emulated cluster (`par.runtime.cluster`, root only; its namespaces named
-    `prefix`-...) whose links are capped at `link`; return its result (a `par.measure.JobResult`) with the
-    bytes each host's link carried (`links`)."""
+    `prefix`-...) whose links are capped at `link`; return its result (`par.train.placement_job.Result`)
+    with the bytes each host's link carried (`links`)."""
     from par.runtime.cluster import PREFIX, Cluster
     args = [f"--steps={steps}"] + [f"--{k.replace('_', '-')}={v}" for k, v in {**JOB_DEFAULTS, **sizes}.items()]
     with Cluster(hosts, rate=link, prefix=prefix or PREFIX) as cluster:
         result = cluster.run("par.train.placement_job", args, nproc_per_node=per_node, timeout=timeout, quiet=quiet)
-    return parse({**result, "link": link, "steps": steps, "sizes": {**JOB_DEFAULTS, **sizes}})
+    return parse({**result, "link": link, "steps": steps, "sizes": {**JOB_DEFAULTS, **sizes}}, "par.train.placement_job")
 
 
 def compare(result) -> list:
     """Per placement, typed (`row.step_s`, `row.predicted.step_s`): measured step time (median) and link bytes
-    per host and step, beside the planner's."""
-    per_node = result["ranks_per_node"]
-    pred = predictions(result["link"], result["calibration"], result["world_size"] // per_node, per_node,
-                       result["sizes"])
+    per host and step, beside the planner's; `result` is what `measure` returns (`par.train.placement_job.Result`)."""
+    per_node = result.ranks_per_node
+    pred = predictions(result.link, result.calibration.to_json(), result.world_size // per_node, per_node,
+                       result.sizes.to_json())
     rows = []
-    for run in result["runs"]:
-        p = run["placement"]
-        begin, end = result["links"][f"{p} begin"], result["links"][f"{p} end"]
+    for run in result.runs:
+        p = run.placement
+        begin, end = result.links[f"{p} begin"], result.links[f"{p} end"]
         rows.append({"placement": p, "crossing": crossing(p),
-                     "step_s": sorted(run["step_s"])[len(run["step_s"]) // 2],
-                     "link_bytes": max(end[h] - begin[h] for h in end) / len(run["step_s"]),
+                     "step_s": sorted(run.step_s)[len(run.step_s) // 2],
+                     "link_bytes": max(end[h] - begin[h] for h in end) / len(run.step_s),
                      "predicted": pred[p],
-                     "counted": {k: run["per_rank"][0][k] for k in ("tp_bytes", "dp_bytes")}})
+                     "counted": {"tp_bytes": run.rank(0).tp_bytes, "dp_bytes": run.rank(0).dp_bytes}})
     return typed(rows)

@@ -35,7 +35,7 @@ import par.runtime.dist
 from par.runtime.job_args import JobArgs, arg
 from par.comm import commlog
 from par.runtime.cluster import MARK
-from par.measure import timed_step
+from par.measure import JobResult, RankResult, RunResult, timed_step
 from par.model import GPTConfig, GPTLite, lm_loss
 from par.comm.collectives import all_reduce, all_reduce_formula_bytes
 from par.dp.naive import replica_rows
@@ -140,6 +140,40 @@ class Args(JobArgs):
     batch: int = arg(128, "global batch (sequences)")
     steps: int = arg(3)
 
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult(RankResult):
+    """One rank's bytes per step in its TP and DP groups, and the groups."""
+    tp_bytes: float
+    dp_bytes: float
+    tp_group: list
+    dp_group: list
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult(RunResult):
+    """One placement of the TP groups (within or across hosts)."""
+    Rank = RankResult
+    placement: str
+    layout: str
+    losses: list
+    step_s: list
+    model: dict
+    batch: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result(JobResult):
+    """The launch: the calibration and one run per placement; `par.train.placement.measure` adds the link, the
+    steps and the sizes it ran, and the cluster the bytes each link carried."""
+    Run = RunResult
+    ranks_per_node: int
+    calibration: dict
+    runs: tuple
+    link: str | None = None
+    steps: int | None = None
+    sizes: dict | None = None
+    links: dict | None = None        # par.runtime.cluster's link byte counters: {mark: {host: bytes}}
 
 def main(argv=None) -> int:
     args = Args.parse(argv)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import par.runtime.dist
 from par.runtime.job_args import JobArgs, arg
+from par.measure import JobResult
 from par.comm import commlog
 from par.memory import accounting as memory
 from par.zero import activations as zero_r
@@ -51,6 +52,18 @@ class Args(JobArgs):
     batch: int = arg(4, "sequences (every TP rank sees the same batch)")
     seed: int = arg(0)
 
+
+@dataclass(frozen=True, kw_only=True)
+class Result(JobResult):
+    """The launch: the shape, and per ZeRO-R mode (`modes.none`, ...) the bytes saved beside the formula."""
+    preset: str
+    batch: int
+    seq: int
+    d_model: int
+    layers: int
+    tp: int
+    bytes_per_value: int
+    modes: dict
 
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one TP step whose activations

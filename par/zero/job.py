@@ -37,7 +37,7 @@ from par.zero import checkpoint, offload, torch_api as torch_zero
 from par.comm import commlog
 from par.memory import accounting as memory
 from par.data import CharDataset, global_batches
-from par.measure import merge_ranks, timed_step
+from par.measure import JobResult, RankResult, RunResult, merge_ranks, timed_step
 from par.model import build, lm_loss, preset
 from par.timeline import Recorder
 from par.zero.engine import Zero, zero_bytes_per_step
@@ -107,6 +107,54 @@ class Args(JobArgs):
     checkpoint_run: ZeroRun | None = arg(None, "the run whose state is saved (default: the last)")
     resume: str = arg("", "the checkpoint the '+resume' runs load (any N_d, any stage)")
 
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult(RankResult):
+    """One rank's model-state bytes, bytes sent by collective, CUDA peak and offload traffic."""
+    memory: dict
+    bytes: dict
+    cuda_peak: int | None
+    offload_bytes_per_step: dict | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult(RunResult):
+    """One ZeRO configuration (`ZeroRun`): the quantities of the module's docstring."""
+    Rank = RankResult
+    label: str
+    stage: int
+    offload: bool
+    prefetch: bool
+    precision: str
+    start_step: int
+    losses: list
+    step_s: list
+    memory: dict
+    cuda_peak: int | None
+    formula: dict
+    bytes: dict
+    bytes_total: int
+    overflow_flag_bytes: int
+    collectives_per_step: object
+    bytes_formula: float
+    skipped: list | None = None
+    offload_bytes_per_step: dict | None = None
+    placement: dict | None = None
+    timeline: list | None = None
+    max_diff_vs_stage3: float | None = None
+    transfer_s_formula: float | None = None
+    pcie_bytes_per_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result(JobResult):
+    """The launch: the model and precision, and one run per configuration."""
+    Run = RunResult
+    device: str
+    preset: str
+    precision: str
+    numel: int
+    runs: tuple
 
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one run per `ZeroRun`, its stage,

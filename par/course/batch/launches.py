@@ -58,13 +58,14 @@ class Launch:
     def run(self, show: bool = True, **kwargs):
         """Run it: `par.runtime.launch.run` with exactly these parameters (quiet=..., env=... pass through).
         `show`: first print the one-line command (what a student would type), so the notebook says what runs.
-        Returns rank 0's result parsed once into the typed `par.measure.JobResult` (`result.runs[0].losses`)."""
+        Returns rank 0's result parsed once into the job's own typed `Result` (`par.measure.parse`, e.g.
+        `par.dp.job.Result`: `result.runs[0].losses`)."""
         from par.measure import parse
         from par.runtime.launch import run
         if show:
             print(f"$ {self.command()}")
         return parse(run(self.module, nproc=self.nproc, args=self.args.to_argv(), backend=self.backend,
-                         timeout=self.timeout, **kwargs))
+                         timeout=self.timeout, **kwargs), self.module)
 
     def command(self) -> str:
         """The launch as a shell command: `torchrun --nproc-per-node=N -m module args...`."""
