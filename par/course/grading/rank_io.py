@@ -1,6 +1,7 @@
 """The raw inputs and outputs of a real-rank exercise job: what lets the grader judge the ranks' numbers itself.
 
-A rank of a real-rank exercise (`exercise_ring`, `exercise_tp`, `exercise_alltoall`) imports the student's
+A rank of a real-rank exercise (`exercise_ring`, `exercise_tp`, `exercise_alltoall`,
+`exercise_ring_attention`) imports the student's
 module, so anything that rank reports is the student's to write. The grader therefore trusts no result the
 ranks report. It draws the inputs itself, at random for this run, and judges the outputs itself:
 
@@ -118,7 +119,8 @@ def close(got: torch.Tensor | None, want: torch.Tensor, atol: float = 1e-5) -> b
 
 def exercise(module: str):
     """The exercise module (make_inputs, run_rank, verify) whose outputs the grader judges, or None."""
-    if module not in ("par.course.grading.exercise_ring", "par.course.grading.exercise_tp", "par.course.grading.exercise_alltoall"):
+    if module not in ("par.course.grading.exercise_ring", "par.course.grading.exercise_tp", "par.course.grading.exercise_alltoall",
+                      "par.course.grading.exercise_ring_attention"):
         return None
     import importlib
     return importlib.import_module(module)

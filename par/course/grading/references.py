@@ -48,6 +48,9 @@ RANKS = {
     "par.course.grading.exercise_alltoall": [("par.moe.experts", n) for n in (
         "p2p_all_to_all", "torch_all_to_all", "all_to_all_rows", "AllToAll.forward", "AllToAll.backward")] +
         [("par.comm.collectives", n) for n in ("send_recv", "_copy_to_self")],
+    "par.course.grading.exercise_ring_attention": [("par.cp.ring_attention", n) for n in (
+        "ring_attention", "_RingAttention.forward", "_RingAttention._forward", "_RingAttention.backward",
+        "_RingAttention._backward", "_pass_on", "flash_attention", "_FlashAttention.forward")],
 }
 
 _LOCK = threading.Lock()
