@@ -45,6 +45,8 @@ COMMANDS = {
     "wheelhouse": ("par.course.server.wheelhouse", "wheels of the course for a GPU node without internet: --out DIR "
                                                    "[--set batch] [--python 3.12 --platform manylinux_2_28_x86_64]"),
     "gpu-check": ("par.course.server.gpu_check", "check a GPU server and record its course run: --minutes 8"),
+    "torch-compat": ("par.course.server.torch_compat", "is every torch name par uses defined in another release? "
+                     "WHEEL (a torch wheel, read without importing it)"),
     "memory": ("par.memory.accounting", "per-rank model-state memory per ZeRO stage (--params 7.5e9 --dp 64 | --model llama-7b)"),
 }
 
