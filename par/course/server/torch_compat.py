@@ -94,6 +94,14 @@ class Source:
         self.where = Path(where)
         self._zip = zipfile.ZipFile(self.where) if self.where.is_file() else None
         self._names = set(self._zip.namelist()) if self._zip else None
+        self._words: dict[str, frozenset | None] = {}
+
+    def words(self, module: str) -> frozenset | None:
+        """The words of `module_text(module)`, kept: every name is looked up in a few modules."""
+        if module not in self._words:
+            text = self.module_text(module)
+            self._words[module] = None if text is None else frozenset(re.findall(r"\w+", text))
+        return self._words[module]
 
     def text(self, rel: str) -> str | None:
         if self._zip is not None:
@@ -137,12 +145,10 @@ def defines(source: Source, name: str) -> bool | None:
     text. None where no prefix but `torch` is a module and `torch` does not name it either (made at run time)."""
     parts = name.split(".")
     for cut in range(len(parts), 0, -1):
-        text = source.module_text(".".join(parts[:cut]))
-        if text is None:
+        words = source.words(".".join(parts[:cut]))
+        if words is None:
             continue
-        if cut == len(parts):
-            return True
-        return re.search(rf"\b{re.escape(parts[cut])}\b", text) is not None
+        return cut == len(parts) or parts[cut] in words
     return None
 
 
