@@ -16,6 +16,8 @@ The fast path (lecture 10), each part a config field or a function, the same num
   the head's matmul has a width the tensor cores tile evenly; the extra rows are never a target;
 - tie_embeddings: the LM head multiplies by the token embedding's table (one weight, not two);
 - `compile_blocks(model)`: `torch.compile` per block, in place, so `to_layers()` still lists the same modules.
+Activation checkpointing, checkpoint="none" (the default), "selective" or "full": each block's forward under
+`par.recompute.checkpointed` (keep every activation, only the matmuls' outputs, or only the block's input).
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from dataclasses import asdict, dataclass, replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from par.recompute import MODES as CHECKPOINT_MODES, checkpointed
 
 
 def pad_to_multiple(n: int, multiple: int = 64) -> int:
@@ -74,10 +78,13 @@ class GPTConfig:
     tie_embeddings: bool = False
     padded_vocab: int | None = None   # rows of the embedding and LM-head tables; None: vocab_size
     attention: str = "sdpa"           # "sdpa" (one fused kernel) or "math" (the lecture's explicit attention)
+    checkpoint: str = "none"          # activation checkpointing per block: "none", "selective" or "full"
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
             raise ValueError(f"unknown attention {self.attention!r}: use one of {', '.join(ATTENTION)}")
+        if self.checkpoint not in CHECKPOINT_MODES:
+            raise ValueError(f"unknown checkpoint {self.checkpoint!r}: use one of {', '.join(CHECKPOINT_MODES)}")
         if self.padded_vocab is not None and self.padded_vocab < self.vocab_size:
             raise ValueError(f"padded_vocab {self.padded_vocab} is smaller than vocab_size {self.vocab_size}: "
                              f"use at least {self.vocab_size}, e.g. {pad_to_multiple(self.vocab_size)}")
@@ -161,7 +168,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + Attn(LN(x)), then x + MLP(LN(x))."""
+    """Pre-norm transformer block: x + Attn(LN(x)), then x + MLP(LN(x)); under cfg.checkpoint's recomputation."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -169,8 +176,13 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg.d_model, cfg.ffn)
+        self.checkpoint = cfg.checkpoint
 
     def forward(self, x):
+        return checkpointed(self.residual, x, self.checkpoint)
+
+    def residual(self, x):
+        """x + Attn(LN(x)), then x + MLP(LN(x))."""
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
