@@ -15,11 +15,15 @@ Read it top to bottom, as one rank does (every rank runs the same lines on its o
         lr   = lr_at(config, step)                   DeepSpeed's WarmupLR / WarmupDecayLR
         loss = engine.step(x, y)                     forward, backward, reduce gradients, update
         measure seconds (par.measure.timed_step), bytes sent (par.comm.commlog), memory
+        (activations: the meter's saved-tensor hooks in the warm-up step only)
     summarize(config, every rank's numbers)          one row: samples/s, memory, bytes, losses
 
 Step 0 is a warm-up (allocations, the pipeline's shape exchange): it trains like the others and its loss is
-reported, but its time is not. `check=True` also trains one process on the same batches (rank 0, then
-broadcast) and reports the largest parameter difference from it: the proof that the layout is exact.
+reported, but its time is not. It is also the step the activation meter measures: its saved-tensor hooks run in
+every operation, so the timed steps run without them (the same shapes every step, so the same activations). A
+step reads its loss once (the engines add the micro-batches' losses on the device). `check=True` also trains one
+process on the same batches (rank 0, then broadcast) and reports the largest parameter difference from it: the
+proof that the layout is exact.
 """
 from __future__ import annotations
 
@@ -50,7 +54,7 @@ def stack(tc: TrainConfig, model, grid: Grid):
                                 lr=tc.lr, offload=tc.offload, precision=tc.precision, scaler=loss_scaler(tc),
                                 max_grad_norm=tc.gradient_clipping, prefetch=tc.prefetch, **tc.optimizer_params)
     return Parallel3D(model, grid, microbatches=tc.grad_accum, optimizer=tc.optimizer, lr=tc.lr,
-                      zero_stage=tc.zero_stage, schedule=tc.schedule, track_memory=True, **tc.optimizer_params)
+                      zero_stage=tc.zero_stage, schedule=tc.schedule, **tc.optimizer_params)
 
 
 def batches(tc: TrainConfig):
@@ -70,6 +74,7 @@ def train(tc: TrainConfig, check: bool = False) -> dict:
     for step, (x, y) in enumerate(batches(tc)):
         for group in engine.optimizer.param_groups:
             group["lr"] = lr_at(tc, step)
+        engine.track_memory = step < WARMUP_STEPS        # the meter in the untimed warm-up step only
         with timed_step(device) as clock, commlog.capture() as log:
             loss = engine.step(x.to(device), y.to(device))
         seconds.append(clock.seconds)

@@ -31,6 +31,8 @@ is all the training loop (`par.train.loop`) sees:
 
     engine.step(x, y) -> loss      engine.optimizer (its lr is set per step)
     engine.memory()                engine.activation_peak()        engine.max_diff_from(reference)
+    engine.track_memory            the activation meter's saved-tensor hooks on (the loop's untimed warm-up step)
+                                   or off (its timed steps); activation_peak() is the peak of the metered steps
 """
 from __future__ import annotations
 
@@ -73,6 +75,8 @@ class ZeroDataParallel:
     One step on replica d: for each of its m micro-batches, backward of loss_i / m (stages 2-3 reduce-scatter
     the gradients right there, stages 0-1 let them accumulate); then `zero.step()` (stages 0-1 reduce once,
     every stage updates its partition). Stage 0 is plain data parallelism; with one replica, one process.
+    The losses add up on the device and are read once a step; with `track_memory` each micro-batch's forward
+    runs under the activation meter (`par.memory.accounting.saved_activation_bytes`).
     """
 
     def __init__(self, model, grid: Grid, microbatches: int = 1, stage: int = 0, optimizer: str = "adam",
@@ -85,23 +89,31 @@ class ZeroDataParallel:
                          **opt_kw)
         self.optimizer = self.zero.updater.opt
         self.device = next(model.parameters()).device
+        self.track_memory = True
         self._activations = 0
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """One optimizer step on the global batch (x, y); returns the batch's mean loss on every rank."""
         g = self.grid
         x, y = replica_rows(x, g.dp_rank, g.dp), replica_rows(y, g.dp_rank, g.dp)
-        total = 0.0
+        total = torch.zeros((), device=self.device)
         for xm, ym in zip(x.chunk(self.m), y.chunk(self.m)):
-            loss, saved = saved_activation_bytes(self._micro_loss, xm, ym, exclude=list(self.model.parameters()))
-            self._activations = max(self._activations, saved)
+            loss = self._micro_loss(xm, ym)
             self.zero.backward(loss)
-            total += loss.item()
+            total += loss.detach()
         self.zero.step()
         self.zero.zero_grad()
-        return mean_over(total, g.dp_group, self.device)
+        return mean_over(total.item(), g.dp_group, self.device)
 
     def _micro_loss(self, x, y):
+        """loss_i / m of one micro-batch (measured by the activation meter when `track_memory`)."""
+        if not self.track_memory:
+            return self._loss(x, y)
+        loss, saved = saved_activation_bytes(self._loss, x, y, exclude=list(self.model.parameters()))
+        self._activations = max(self._activations, saved)
+        return loss
+
+    def _loss(self, x, y):
         return self.loss_fn(self.model(x).float(), y) / self.m
 
     def memory(self) -> dict:
@@ -145,6 +157,15 @@ class Parallel3D(ReplicatedPipeline):
             self.zero = Zero(nn.ModuleList(self.pipe.chunks), stage=1, optimizer=optimizer, lr=lr,
                              group=grid.dp_group, impl=impl, **opt_kw)
             self.optimizer = self.zero.updater.opt
+
+    @property
+    def track_memory(self) -> bool:
+        """The pipeline's activation meter on or off (`par.pp.pipeline.Pipeline.track_memory`)."""
+        return self.pipe.track_memory
+
+    @track_memory.setter
+    def track_memory(self, on: bool) -> None:
+        self.pipe.track_memory = on
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float | None:
         """One optimizer step on the global batch (x, y). Returns the batch's mean loss on the last stage."""

@@ -12,8 +12,8 @@ GPT-lite (same depth and heads, wider) whose predicted memory fits `--memory` by
 
 What makes the timings honest:
 
-* every row pays the same per step: one loop (`par.train.loop`), one activation meter
-  (`par.memory.accounting.saved_activation_bytes`, paid per micro-batch by every engine), the same micro-batch size;
+* every row pays the same per step: one loop (`par.train.loop`), the same micro-batch size, no activation meter in a
+  timed step (`par.memory.accounting.saved_activation_bytes` measures every engine in the warm-up step);
 * each rank runs one thread (`par.runtime.launch`), so n ranks have at most n times the arithmetic of `single`:
   a speed-up over `single` cannot exceed the number of ranks (16-bit rows change the arithmetic itself,
   so their speed-up is not compared with the rank count);
