@@ -291,7 +291,7 @@ def test_assembly_takes_answers_by_id_or_by_what_they_define_and_keeps_added_cel
     nb = solved(name)
     answer = next(c for c in nb.cells if c.get("id") == "bytes-per-step")
     answer.id = "a-new-id"                               # the student re-created the answer cell
-    nb.cells.remove(next(c for c in nb.cells if c.get("id") == "topk"))   # and deleted another one
+    nb.cells.remove(next(c for c in nb.cells if c.get("id") == "ddp-ranks"))   # and deleted another one
     helper = nbformat.v4.new_code_cell("def helper():\n    return 42", id="student-helper")
     nb.cells.insert(nb.cells.index(answer), helper)      # a helper just above it
     setup = next(c for c in nb.cells if c.get("id") == "setup")
@@ -302,11 +302,11 @@ def test_assembly_takes_answers_by_id_or_by_what_they_define_and_keeps_added_cel
     assert roles["bytes-per-step"] == "answer" and answer.source in sources
     assert sources.index(helper.source) == sources.index(answer.source) - 1 == \
         [cid for _, cid in out.roles].index("assign-buckets") + 2, "the helper stays after the cell before it"
-    topk = next(c for c in out.notebook.cells if out.roles[out.notebook.cells.index(c)][1] == "topk")
-    assert exercises.STUB in topk.source, "a missing answer is graded as unanswered, never with the solution"
+    ddp = next(c for c in out.notebook.cells if out.roles[out.notebook.cells.index(c)][1] == "ddp-ranks")
+    assert exercises.STUB in ddp.source, "a missing answer is graded as unanswered, never with the solution"
     assert "CHEAT" not in "".join(sources)
     assert any("bytes-per-step matched by what it defines" in n for n in out.notes)
-    assert any("answer cell topk is missing" in n for n in out.notes)
+    assert any("answer cell ddp-ranks is missing" in n for n in out.notes)
     for cell in course.notebooks[name].cells:                 # every check is the instructor's, unchanged
         if is_check(cell):
             assert cell.source in sources

@@ -51,6 +51,7 @@ RANKS = {
     "par.course.grading.exercise_ring_attention": [("par.cp.ring_attention", n) for n in (
         "ring_attention", "_RingAttention.forward", "_RingAttention._forward", "_RingAttention.backward",
         "_RingAttention._backward", "_pass_on", "flash_attention", "_FlashAttention.forward")],
+    "par.course.grading.exercise_ddp": [("par.dp.bucketed", n) for n in ("BucketedDP", "Bucket")],
 }
 
 _LOCK = threading.Lock()

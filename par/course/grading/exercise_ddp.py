@@ -1,0 +1,268 @@
+"""Exercise 02's check on real ranks: the student's DDP (gradient hooks, bucketed asynchronous all-reduces),
+judged by the grader on its gradients, on when each bucket went out, and on its bytes.
+
+    par.runtime.launch.run("par.course.grading.exercise_ddp", nproc=2, args=["--answer", "my_ddp.py"])
+
+A small MLP (Linear layers, tanh between them; widths drawn at random) is given to every rank as a list of
+parameters, with the buckets `par.dp.bucketed.assign_buckets` makes of them for a drawn cap, and each rank
+gets its own batches. On every rank the student's `BucketedAllReduce(params, buckets)` registers its hooks;
+then, for each of STEPS steps, the rank runs forward and backward of the MSE loss, calls the student's
+`finish()`, and reads every `.grad` (then takes an SGD step itself). The expected gradients, the mean over
+the ranks of each rank's gradient, as `DistributedDataParallel` averages them, are computed by the grader
+before the job starts.
+
+What the schedule was is recorded outside the student's module, in the rank's own log:
+
+    READY i        the grader's post-accumulate hook of parameter i, registered after the student's hooks
+                   (so it runs after them: the student's hook that fills a bucket runs before this record)
+    LAUNCH c, k    an all-reduce of k elements (ProcessGroup.allreduce, wrapped for the run: every
+                   `dist.all_reduce` goes through it), call c
+    WAIT c         the first wait of call c's handle (the handle the wrapper returned)
+    BACKWARD       loss.backward() returned
+    FINISH         finish() returned; the grader's optimizer step comes next
+
+As under NCCL, an all-reduced buffer holds NaN until its handle is waited (the wrapper reduces a private
+copy and writes it into the student's tensor on wait), so a bucket read before its wait is wrong.
+
+`verify` judges, in the grader's process from the raw outputs: the gradients (max |yours - mean| over the
+ranks, steps and parameters); the overlap (every bucket launched by the hook that filled it, i.e. before the
+grader's record of the gradient that completed it; no all-reduce waited before the last gradient was ready;
+every one waited before the step); the bytes (one all-reduce per bucket, of the bucket's size: Ψ elements
+all-reduced, so a ring sends 2(N−1)/N·Ψ·4 bytes per rank).
+
+Result: world_size, backend, and
+    grads     {max_error, ok}
+    overlap   {ok, problem}           problem: the first schedule fault found (rank, step, bucket), "" if none
+    bytes     {ok, all_reduced, psi, calls, buckets, ring_bytes, formula_bytes, problem}
+"""
+from __future__ import annotations
+
+import math
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from par.course.grading import answers, rank_io
+from par.runtime.job_args import JobArgs, arg
+
+WHY = "write the hooks and the bucketed all-reduce yourself with torch.distributed.all_reduce(async_op=True)"
+FORBIDDEN = [("torch.nn.parallel", "DistributedDataParallel"), ("par.dp.bucketed", "BucketedDP")]
+P2P_ONLY = False                # torch's all-reduce allowed (and recorded, `recording`)
+STEPS, LR, TOLERANCE = 2, 0.1, 1e-5
+READY, LAUNCH, WAIT, BACKWARD, FINISH = range(5)
+
+
+@dataclass(frozen=True)
+class Args(JobArgs):
+    answer: str = arg("my_ddp.py", "the student's module file")
+    io: str = arg("", "the grader's folder of inputs and outputs (par.course.grading.rank_io); none: rank 0 verifies")
+
+
+# ---------------------------------------------------------------- the model and its expected gradients
+def mlp_loss(params, x, y):
+    """MSE of the MLP whose Linear layers are (params[0], params[1]), (params[2], params[3]), ... (tanh between)."""
+    h = x
+    for layer in range(0, len(params), 2):
+        h = F.linear(h, params[layer], params[layer + 1])
+        if layer + 2 < len(params):
+            h = torch.tanh(h)
+    return F.mse_loss(h, y)
+
+
+def mean_gradients(params, batches):
+    """The gradient DistributedDataParallel leaves on every rank: (1/N) Σ_r ∇ loss(params; rank r's batch)."""
+    total = [torch.zeros_like(p) for p in params]
+    for x, y in batches:
+        leaves = [p.clone().requires_grad_() for p in params]
+        mlp_loss(leaves, x, y).backward()
+        total = [t + leaf.grad for t, leaf in zip(total, leaves)]
+    return [t / len(batches) for t in total]
+
+
+def make_inputs(args: Args, n: int, seed: int):
+    """(each rank's parameters, buckets and batches; the expected gradients per step and the buckets)."""
+    from par.dp.bucketed import assign_buckets
+    g = torch.Generator().manual_seed(seed)
+    draw = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))      # noqa: E731
+    widths = [draw(3, 9) for _ in range(draw(3, 4) + 1)]
+    params = []
+    for fan_in, fan_out in zip(widths, widths[1:]):
+        params += [torch.randn(fan_out, fan_in, generator=g) / fan_in ** 0.5, torch.randn(fan_out, generator=g)]
+    nbytes = [4 * p.numel() for p in params]
+    cap = sum(nbytes) // draw(3, 5)                                     # three to five buckets, about
+    buckets = assign_buckets(nbytes, cap)
+    batch = draw(3, 6)
+    data = [[(torch.randn(batch, widths[0], generator=g), torch.randn(batch, widths[-1], generator=g))
+             for _ in range(STEPS)] for _ in range(n)]
+    expected, now = [], [p.clone() for p in params]
+    for step in range(STEPS):
+        mean = mean_gradients(now, [data[r][step] for r in range(n)])
+        expected.append(mean)
+        now = [p - LR * m for p, m in zip(now, mean)]
+    inputs = [{"params": params, "buckets": buckets, "x": [x for x, _ in data[r]], "y": [y for _, y in data[r]]}
+              for r in range(n)]
+    return inputs, {"expected": expected, "buckets": buckets, "numels": [p.numel() for p in params]}
+
+
+# ---------------------------------------------------------------- what the rank records
+class Handle:
+    """What `dist.all_reduce(..., async_op=True)` returns during the run: the real Work, and the student's
+    tensors, which get the reduced values (NaN until then, as under NCCL) when it is waited."""
+
+    def __init__(self, work, mine, private, call, log):
+        self._work, self._mine, self._private, self._call, self._log = work, mine, private, call, log
+        self._waited = False
+
+    def wait(self, timeout=None) -> bool:
+        if not self._waited:
+            self._log.append((WAIT, self._call, 0))
+        self._work.wait() if timeout is None else self._work.wait(timeout)
+        if not self._waited:
+            with torch.no_grad():
+                for t, reduced in zip(self._mine, self._private):
+                    t.copy_(reduced)
+            self._waited = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self._waited
+
+    def __getattr__(self, name):
+        raise AttributeError(f"the all-reduce's handle offers wait() (and is_completed()), not {name}: "
+                             f"call handle.wait()")
+
+
+@contextmanager
+def recording(log: list):
+    """Within the block, every ProcessGroup.allreduce is logged (LAUNCH) and returns a Handle (WAIT on wait)."""
+    from torch._C import _distributed_c10d as c10d
+    original = c10d.ProcessGroup.allreduce
+    calls = [0]
+
+    def allreduce(self, tensors, *args, **kwargs):
+        mine = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        call, calls[0] = calls[0], calls[0] + 1
+        log.append((LAUNCH, call, sum(t.numel() for t in mine)))
+        private = [t.detach().clone() for t in mine]
+        work = original(self, private, *args, **kwargs)
+        with torch.no_grad():
+            for t in mine:
+                t.fill_(float("nan"))
+        return Handle(work, mine, private, call, log)
+    c10d.ProcessGroup.allreduce = allreduce
+    try:
+        yield
+    finally:
+        c10d.ProcessGroup.allreduce = original
+
+
+def run_rank(module, inputs: dict, rank: int, device, wire: dict) -> dict:
+    params = [p.clone().to(device).requires_grad_() for p in inputs["params"]]
+    log: list = []
+    grads, logs = [], []
+    with recording(log):
+        ddp = module.BucketedAllReduce(params, [list(b) for b in inputs["buckets"]])
+        for i, p in enumerate(params):          # after the student's hooks: they run first
+            p.register_post_accumulate_grad_hook(lambda _, i=i: log.append((READY, i, 0)))
+        for step in range(STEPS):
+            log.clear()
+            x, y = inputs["x"][step].to(device), inputs["y"][step].to(device)
+            mlp_loss(params, x, y).backward()
+            log.append((BACKWARD, 0, 0))
+            ddp.finish()
+            log.append((FINISH, 0, 0))
+            logs.append(torch.tensor(log, dtype=torch.int64).reshape(-1, 3))
+            grads.append([p.grad.detach().clone() if p.grad is not None else None for p in params])
+            with torch.no_grad():
+                for p in params:
+                    if p.grad is not None:
+                        p -= LR * p.grad
+                    p.grad = None
+    return {"grads": grads, "log": logs}
+
+
+# ---------------------------------------------------------------- the grader's judgment
+def _grad(out, step: int, i: int):
+    value = out.get("grads") if out is not None else None
+    value = value[step] if type(value) is list and step < len(value) else None
+    return rank_io.tensor({"g": value}, "g", i) if type(value) is list else None
+
+
+def schedule_problem(log: torch.Tensor | None, buckets: list[list[int]], numels: list[int]) -> str:
+    """The first fault of one rank's step, from its log ("" if none): a bucket not launched by the hook that
+    filled it, an all-reduce waited before the last gradient was ready, or not waited before the step."""
+    if log is None or log.dtype != torch.int64 or log.dim() != 2 or log.shape[1] != 3:
+        return "no schedule was recorded"
+    rows = [tuple(int(v) for v in row) for row in log]
+    ready, launches, waits, end, finish = [], {}, {}, None, None
+    for pos, (kind, a, b) in enumerate(rows):
+        if kind == READY:
+            ready.append(a)
+        elif kind == LAUNCH:
+            launches[a] = (len(ready), b)
+        elif kind == WAIT:
+            waits.setdefault(a, (len(ready), pos))
+        elif kind == BACKWARD:
+            end = len(ready)
+        elif kind == FINISH:
+            finish = pos
+    if sorted(ready) != list(range(len(numels))) or end is None or finish is None:
+        return "backward did not produce every gradient once"
+    order = {i: k for k, i in enumerate(ready)}
+    for b, bucket in enumerate(buckets):
+        filled = max(order[i] for i in bucket)      # the student's hook for this gradient fills the bucket
+        size = sum(numels[i] for i in bucket)
+        if not any(at == filled and k == size for at, k in launches.values()):
+            if any(at == len(ready) and k == size for at, k in launches.values()):
+                return f"bucket {b} was launched only after backward ended: its all-reduce overlapped nothing"
+            return (f"bucket {b} was not launched by the hook that filled it (one all-reduce of the whole "
+                    f"bucket, as soon as its last gradient is ready)")
+    for k, call in enumerate(sorted(launches), 1):
+        if call not in waits or waits[call][1] > finish:
+            return f"all-reduce {k} of the step was never waited before the optimizer step"
+        if waits[call][0] < len(ready):
+            return (f"all-reduce {k} of the step was waited during backward: backward stopped until it "
+                    f"finished (wait every handle only after the last gradient is ready)")
+    return ""
+
+
+def verify(args: Args, context: dict, outputs: list) -> dict:
+    expected, buckets, numels = context["expected"], context["buckets"], context["numels"]
+    n, worst, problem = len(outputs), 0.0, ""
+    all_reduced, calls, bytes_problem = [], [], ""
+    for r, out in enumerate(outputs):
+        logs = out.get("log") if out is not None else None
+        for step in range(STEPS):
+            for i, want in enumerate(expected[step]):
+                worst = max(worst, rank_io.error(_grad(out, step, i), want))
+            log = rank_io.tensor({"l": logs}, "l", step) if type(logs) is list else None
+            found = schedule_problem(log, buckets, numels)
+            if found and not problem:
+                problem = f"rank {r}, step {step + 1}: {found}"
+            sizes = sorted(int(k) for kind, _, k in log.tolist() if kind == LAUNCH) if log is not None \
+                and log.dim() == 2 and log.shape[1] == 3 else None
+            if sizes is None:
+                bytes_problem = bytes_problem or f"rank {r}, step {step + 1}: no all-reduce was recorded"
+                continue
+            calls.append(len(sizes))
+            all_reduced.append(sum(sizes))
+            want = sorted(sum(numels[i] for i in b) for b in buckets)
+            if sizes != want and not bytes_problem:
+                bytes_problem = (f"rank {r}, step {step + 1}: {len(sizes) - len(buckets):+d} all-reduce(s) against "
+                                 f"one per bucket, {sum(sizes) / sum(numels):.2f} times the gradient's elements "
+                                 f"all-reduced (each bucket once, of its own size: 1.00)")
+    psi = sum(numels)
+    most = max(all_reduced, default=0)
+    ring = 2 * (n - 1) / n * 4 * most if n > 1 else 0.0
+    return {"world_size": n, "grads": {"max_error": worst, "ok": worst <= TOLERANCE},
+            "overlap": {"ok": not problem, "problem": problem},
+            "bytes": {"ok": not bytes_problem, "problem": bytes_problem, "all_reduced": most, "psi": psi,
+                      "calls": max(calls, default=0), "buckets": len(buckets), "ring_bytes": ring,
+                      "formula_bytes": 2 * (n - 1) / n * 4 * psi if n > 1 else 0.0}}
+
+
+if __name__ == "__main__":
+    raise SystemExit(rank_io.main(sys.modules[__name__]))

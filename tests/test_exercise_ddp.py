@@ -1,0 +1,230 @@
+"""Exercise 02's DDP by hand, graded on real ranks (`par.course.grading.exercise_ddp`).
+
+- The schedule judge, on hand-made logs: the schedule of the solution passes; a bucket launched after backward,
+  a handle waited inside backward, a handle never waited, a bucket never launched are each named.
+- The expected gradients the grader computes before the run are what torch's `DistributedDataParallel` leaves
+  in `.grad` on 2 gloo ranks (two steps of SGD in between).
+- The class run: the solution earns every point of 02, the untouched exercise none, every wrong answer of
+  tests/fixtures/wrong_answers/02_gradient_buckets fails exactly the checks its file names (and loses exactly
+  their points), and two tampered modules (one that calls the process group's all-reduce from behind the
+  grader's recorder, one that wraps the model in DistributedDataParallel) lose the points of the checks they
+  dodge.
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from tiers import slow
+
+from par.course.authoring import generate as exercises
+from par.course.authoring.generate import is_check
+from par.course.grading import exercise_ddp as ddp
+from par.course.grading import grade
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "02_gradient_buckets"
+WRONG = Path(__file__).parent / "fixtures" / "wrong_answers" / NAME
+DDP_CHECKS = ("check-ddp-grads", "check-ddp-overlap", "check-ddp-bytes")
+
+
+# ---- the schedule judge, on logs written by hand ----------------------------------------------------------------
+
+def log_of(*rows) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
+
+
+BUCKETS, NUMELS = [[3, 2], [1, 0]], [4, 2, 6, 3]      # bucket 0: params 3, 2 (9 elements); bucket 1: 1, 0 (6)
+R, L, W, B, F = ddp.READY, ddp.LAUNCH, ddp.WAIT, ddp.BACKWARD, ddp.FINISH
+GOOD = [(R, 3, 0), (L, 0, 9), (R, 2, 0), (R, 1, 0), (L, 1, 6), (R, 0, 0), (B, 0, 0), (W, 0, 0), (W, 1, 0),
+        (F, 0, 0)]
+
+
+def test_the_schedule_of_hooks_that_launch_each_full_bucket_passes():
+    assert ddp.schedule_problem(log_of(*GOOD), BUCKETS, NUMELS) == ""
+
+
+@pytest.mark.parametrize("rows, problem", [
+    ([(R, 3, 0), (R, 2, 0), (R, 1, 0), (R, 0, 0), (B, 0, 0), (L, 0, 9), (L, 1, 6), (W, 0, 0), (W, 1, 0), (F, 0, 0)],
+     "bucket 0 was launched only after backward ended"),
+    ([(R, 3, 0), (R, 2, 0), (L, 0, 9), (R, 1, 0), (L, 1, 6), (R, 0, 0), (B, 0, 0), (W, 0, 0), (W, 1, 0), (F, 0, 0)],
+     "bucket 0 was not launched by the hook that filled it"),
+    ([(R, 3, 0), (L, 0, 9), (W, 0, 0), (R, 2, 0), (R, 1, 0), (L, 1, 6), (R, 0, 0), (B, 0, 0), (W, 1, 0), (F, 0, 0)],
+     "all-reduce 1 of the step was waited during backward"),
+    ([(R, 3, 0), (L, 0, 9), (R, 2, 0), (R, 1, 0), (L, 1, 6), (R, 0, 0), (B, 0, 0), (W, 1, 0), (F, 0, 0)],
+     "all-reduce 1 of the step was never waited"),
+    ([(R, 3, 0), (L, 0, 9), (R, 2, 0), (R, 1, 0), (L, 1, 6), (R, 0, 0), (B, 0, 0), (W, 1, 0), (F, 0, 0), (W, 0, 0)],
+     "all-reduce 1 of the step was never waited before the optimizer step"),
+    ([(R, 3, 0), (L, 0, 9), (R, 2, 0), (R, 1, 0), (R, 0, 0), (B, 0, 0), (W, 0, 0), (F, 0, 0)],
+     "bucket 1 was not launched by the hook that filled it"),
+    ([(R, 3, 0), (R, 2, 0), (R, 1, 0), (B, 0, 0), (F, 0, 0)], "backward did not produce every gradient once"),
+])
+def test_each_fault_of_the_schedule_is_named(rows, problem):
+    assert problem in ddp.schedule_problem(log_of(*rows), BUCKETS, NUMELS)
+
+
+def test_a_missing_or_malformed_log_is_a_fault():
+    assert ddp.schedule_problem(None, BUCKETS, NUMELS) == "no schedule was recorded"
+    assert ddp.schedule_problem(torch.zeros(3, 2, dtype=torch.int64), BUCKETS, NUMELS) == "no schedule was recorded"
+    assert ddp.schedule_problem(log_of(*GOOD).float(), BUCKETS, NUMELS) == "no schedule was recorded"
+
+
+def test_verify_judges_gradients_schedule_and_bytes_from_raw_outputs():
+    inputs, context = ddp.make_inputs(ddp.Args(), 2, seed=7)
+    assert len(context["buckets"]) >= 2 and len(inputs) == 2
+    nothing = ddp.verify(ddp.Args(), context, [None, None])
+    assert not nothing["grads"]["ok"] and not nothing["overlap"]["ok"] and not nothing["bytes"]["ok"]
+    forged = [{"grads": "all right", "log": [log_of(*GOOD)] * ddp.STEPS}] * 2     # the wrong model's log
+    result = ddp.verify(ddp.Args(), context, forged)
+    assert result["grads"]["max_error"] == float("inf") and not result["overlap"]["ok"]
+
+
+# ---- the expected gradients are DistributedDataParallel's --------------------------------------------------------
+
+DDP_RANK = r"""
+import sys, torch, torch.distributed as dist, torch.nn as nn
+from par.course.grading import exercise_ddp as ddp
+rank, folder = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2)
+inputs, _ = ddp.make_inputs(ddp.Args(), 2, seed=11)
+mine = inputs[rank]
+layers = []
+for w, b in zip(mine["params"][0::2], mine["params"][1::2]):
+    layer = nn.Linear(w.shape[1], w.shape[0])
+    with torch.no_grad():
+        layer.weight.copy_(w); layer.bias.copy_(b)
+    layers += [layer, nn.Tanh()]
+model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers[:-1]), bucket_cap_mb=1e-4)
+opt = torch.optim.SGD(model.parameters(), lr=ddp.LR)
+grads = []
+for step in range(ddp.STEPS):
+    nn.functional.mse_loss(model(mine["x"][step]), mine["y"][step]).backward()
+    grads.append([p.grad.clone() for p in model.parameters()])
+    opt.step(); opt.zero_grad(set_to_none=True)
+torch.save(grads, f"{folder}/grads-{rank}.pt")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_expected_gradients_are_what_distributed_data_parallel_leaves(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, "-c", DDP_RANK, str(r), str(tmp_path)], env=env, cwd=ROOT)
+             for r in range(2)]
+    assert [p.wait(timeout=240) for p in ranks] == [0, 0]
+    _, context = ddp.make_inputs(ddp.Args(), 2, seed=11)
+    for r in range(2):
+        got = torch.load(tmp_path / f"grads-{r}.pt", weights_only=True)
+        for step in range(ddp.STEPS):
+            for g, want in zip(got[step], context["expected"][step], strict=True):
+                assert torch.allclose(g, want, atol=1e-6), (r, step)
+
+
+# ---- the class run ----------------------------------------------------------------------------------------------
+
+def fixtures() -> dict:
+    """{fixture name: (answer cell id, the checks it must fail, its cell source)} of the DDP part's wrong answers
+    and the rest of 02's."""
+    out = {}
+    for path in sorted(WRONG.glob("*.py")):
+        text = path.read_text()
+        head = dict(re.findall(r"^# (cell|must fail|why): (.*)$", text, re.M))
+        body = "\n".join(line for line in text.splitlines() if not re.match(r"^# (cell|must fail|why): ", line))
+        magic = "%%writefile my_ddp.py\n" if head["cell"] == "ddp-ranks" else ""
+        out[path.stem] = (head["cell"], {s.strip() for s in head["must fail"].split(",")}, magic + body.strip("\n"))
+    return out
+
+
+SOLUTION_DDP = next(c.source for c in nbformat.read(ROOT / "solutions" / f"{NAME}.ipynb", as_version=4).cells
+                    if c.get("id") == "ddp-ranks")
+# a module that calls the process group's all-reduce it saved when it was imported, from behind the grader's
+# recorder: right gradients, nothing on the record
+BEHIND_THE_RECORDER = SOLUTION_DDP.replace(
+    "import torch.distributed as dist\n",
+    "import torch.distributed as dist\nfrom torch._C._distributed_c10d import ProcessGroup\n"
+    "ALLREDUCE = ProcessGroup.allreduce\n").replace(
+    "dist.all_reduce(flat, async_op=True)",
+    "ALLREDUCE(dist.distributed_c10d._get_default_group(), [flat])")
+# a module that lets torch's DistributedDataParallel do the work
+TORCH_DDP = SOLUTION_DDP.replace(
+    "        self.params, self.buckets = params, buckets\n",
+    "        self.params, self.buckets = params, buckets\n"
+    "        torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))\n")
+TAMPERED = {"behind_the_recorder": (BEHIND_THE_RECORDER, {"check-ddp-overlap", "check-ddp-bytes"}),
+            "torch_ddp": (TORCH_DDP, set(DDP_CHECKS))}
+
+
+def notebook(replace: dict):
+    solution = {c.id: c.source for c in nbformat.read(ROOT / "solutions" / f"{NAME}.ipynb", as_version=4).cells}
+    nb = nbformat.read(ROOT / "exercises" / f"{NAME}.ipynb", as_version=4)
+    for cell in nb.cells:
+        if exercises.is_answer(cell):
+            cell.source = replace.get(cell.id, solution[cell.id])
+    return nb
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("class-02")
+    nbformat.write(notebook({}), folder / f"solved__{NAME}.ipynb")
+    nbformat.write(nbformat.read(ROOT / "exercises" / f"{NAME}.ipynb", as_version=4), folder / f"stub__{NAME}.ipynb")
+    for name, (cell, _, source) in fixtures().items():
+        nbformat.write(notebook({cell: source}), folder / f"wrong__{name}__{NAME}.ipynb")
+    for name, (source, _) in TAMPERED.items():
+        nbformat.write(notebook({"ddp-ranks": source}), folder / f"tampered__{name}__{NAME}.ipynb")
+    start = time.monotonic()
+    grades = grade.grade_many(sorted(folder.glob("*.ipynb")), grade.load_course(), timeout=600, cell_timeout=300,
+                              jobs=2, progress=None)
+    print(f"\n{NAME}: graded {len(grades)} notebooks in {time.monotonic() - start:.0f} s")
+    return {Path(g.submission).stem.removesuffix(f"__{NAME}"): g for g in grades}
+
+
+def points_of(checks) -> float:
+    cells = nbformat.read(ROOT / "solutions" / f"{NAME}.ipynb", as_version=4).cells
+    return sum(exercises.points(c) for c in cells if is_check(c) and c.get("id") in checks)
+
+
+FULL = points_of({c.get("id") for c in nbformat.read(ROOT / "solutions" / f"{NAME}.ipynb", as_version=4).cells})
+
+
+def test_the_part_is_worth_six_of_ten_points():
+    assert points_of(DDP_CHECKS) == 6 and FULL == 10
+    assert len([f for f in fixtures().values() if f[0] == "ddp-ranks"]) >= 6
+
+
+@slow
+@pytest.mark.timeout(900)
+def test_the_solution_earns_every_point_and_the_exercise_none(graded):
+    solved, stub = graded["solved"], graded["stub"]
+    print(f"the solution graded in {solved.seconds:.1f} s")
+    assert solved.status == "ok" and solved.points == solved.max_points == FULL, (solved.reason, solved.notes)
+    assert stub.points == 0 and set(stub.failed_checks) >= set(DDP_CHECKS)
+    first = next(c for c in stub.checks if c.id == DDP_CHECKS[0])
+    assert re.search(r"NotImplementedError: your code here \(rank \d\)", first.error), first.error
+
+
+@slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", sorted(fixtures()))
+def test_every_wrong_answer_loses_exactly_the_points_of_what_it_breaks(graded, name):
+    _, must_fail, _ = fixtures()[name]
+    g = graded[f"wrong__{name}"]
+    assert g.status == "failed" and set(g.failed_checks) == must_fail, (g.failed_checks, g.reason)
+    assert g.points == FULL - points_of(must_fail)
+    for check in g.checks:      # the feedback names what was compared, never a NameError of a broken check
+        assert not re.match(r"(NameError|SyntaxError|ImportError)", check.error), (check.id, check.error)
+
+
+@slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", sorted(TAMPERED))
+def test_tampered_modules_lose_the_points_of_what_they_dodge(graded, name):
+    g = graded[f"tampered__{name}"]
+    assert set(g.failed_checks) == TAMPERED[name][1], (g.failed_checks, g.reason)
+    if name == "torch_ddp":
+        assert "DistributedDataParallel" in next(c.error for c in g.checks if c.id == "check-ddp-grads")
