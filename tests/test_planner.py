@@ -167,18 +167,59 @@ def test_benchmark_rows_never_time_more_ranks_than_slots():
 
 def test_speedups_compare_timed_rows_of_single_precision_with_their_ranks():
     from par.train.suite import layouts_matching_reference, speedups
-    row = lambda name, n, step, timed=True, precision="fp32", **kw: {
+    row = lambda name, n, step, timed=True, precision="fp32", config=None, **kw: {
         "name": name, "nproc": n, "median_step_s": step, "median_cpu_s": step * n, "timed": timed,
-        "precision": precision, "backend": "gloo", **kw}
-    # single's reference is its CPU time (0.9 s; its wall time 1.4 s on a busy machine): the 2-rank row may
-    # not look faster than 2x because something else slowed single down
-    rows = [row("single", 1, 1.4, median_cpu_s=0.9), row("DDP", 2, 0.5), row("bf16", 2, 0.1, precision="bf16"),
+        "precision": precision, "backend": "gloo", "config": config or {}, "grad_accum": 4, **kw}
+    # single's reference is its wall-clock median like every row's (its CPU time, 0.9 s, is another clock)
+    rows = [row("single", 1, 1.4, median_cpu_s=0.9), row("DDP", 2, 0.8), row("bf16", 2, 0.1, precision="bf16"),
+            row("pipeline", 2, 0.75, config={"pipeline": {"stages": 2}}, grad_accum=8),
             row("3D", 8, 0.3, timed=False, layout="dp2xpp2xtp2", max_param_diff=2e-6),
             {"name": "ZeRO-3", "nproc": 2, "error": "boom"}]
-    assert speedups(rows) == {"single": {"speedup": 1.0, "ranks": 1}, "DDP": {"speedup": 1.8, "ranks": 2}}
-    assert speedups([{**r, "backend": "nccl"} for r in rows])["DDP"] == {"speedup": 2.8, "ranks": 2}
+    assert speedups(rows) == {"single": {"speedup": 1.0, "ranks": 1, "bound": 1.0},
+                              "DDP": {"speedup": 1.75, "ranks": 2, "bound": 2.0},
+                              "pipeline": {"speedup": 1.867, "ranks": 2, "bound": round(2 * 8 / 9, 3)}}
+    assert speedups([{**r, "backend": "nccl"} for r in rows]) == speedups(rows)
     assert layouts_matching_reference(rows) == ["dp2xpp2xtp2"]
-    assert layouts_matching_reference([{**rows[3], "max_param_diff": float("nan")}]) == []
+    assert layouts_matching_reference([{**rows[4], "max_param_diff": float("nan")}]) == []
+
+
+def test_predicted_step_times_are_calibrated_on_single():
+    """The planner's FLOP/s is single's (its ratio is 1); a row measured at its prediction has ratio 1, one twice
+    as slow 2; the planner's own time for a 2-rank DDP row is compute / 2 plus the all-reduce over the link."""
+    from par.train import planner
+    from par.train.config import parse
+    from par.train.suite import config_for, predicted_step_times
+    rows = []
+    for name in ("single", "DDP"):
+        cfg, n = config_for(name, 2, {"preset": "tiny"}, 2, 3)
+        rows.append({"name": name, "nproc": n, "config": cfg, "timed": True, "precision": "fp32",
+                     "grad_accum": parse(cfg, n).grad_accum, "median_step_s": 0.4})
+    first = predicted_step_times(rows)
+    assert first["single"] == {"predicted_s": pytest.approx(0.4), "measured_s": 0.4, "ratio": 1.0}
+    ddp = planner.from_config(parse(rows[1]["config"], 2), planner.HARDWARE["cpu"])
+    assert ddp.time["pp"] == 0.0 and ddp.time["dp"] > 0     # no pipeline, no pipeline traffic
+    assert first["DDP"]["predicted_s"] == pytest.approx(0.2 + ddp.time["dp"])
+    rows[1]["median_step_s"] = 2 * first["DDP"]["predicted_s"]
+    assert predicted_step_times(rows)["DDP"]["ratio"] == 2.0
+
+
+def test_single_is_launched_before_and_after_the_rows_and_keeps_its_faster_run(monkeypatch):
+    """The reference's launch runs first and last; the faster of its two medians is kept (both recorded), so a
+    burst of load during one of them cannot make every row look faster."""
+    import par.runtime.launch
+    from par.train.suite import launch_order, plan_rows, run_suite
+    assert [k for k, _ in launch_order(plan_rows(["single", "DDP", "ZeRO-1"], nproc=2, slots=2))] == \
+        [(1, False), (2, False), (1, False)]
+    assert [k for k, _ in launch_order(plan_rows(["DDP"], nproc=2, slots=2))] == [(2, False)]
+    single_medians = iter([2.0, 1.5])
+
+    def fake(module, nproc, args, **kw):
+        one = lambda t: {"median_step_s": t, "step_s": [t], "precision": "fp32"}
+        return one(next(single_medians)) if nproc == 1 else {"runs": [one(0.8), one(0.9)]}
+    monkeypatch.setattr(par.runtime.launch, "run", fake)
+    rows = {r["name"]: r for r in run_suite(["single", "DDP", "ZeRO-1"], nproc=2, backend="gloo")}
+    assert rows["single"]["median_step_s"] == 1.5 and rows["single"]["reference_medians"] == [2.0, 1.5]
+    assert rows["DDP"]["median_step_s"] == 0.8 and rows["ZeRO-1"]["median_step_s"] == 0.9
 
 
 def test_a_failed_launch_is_one_line_naming_the_rank_error(monkeypatch):

@@ -13,8 +13,11 @@ memory per device (bytes)
     activations  per micro-batch and layer `par.memory.accounting.activation_bytes_per_layer` (no dropout) / tp,
                times the layers of a stage, times the micro-batches in flight on the busiest rank, read off
                the schedule itself (`pipeline_in_flight`: 1F1B and ZB-H1 min(pp, m), ZB-V 2·min(pp, m) chunks of
-               half a stage; no pipeline: 1), plus the logits on the last stage (2·b·s·V values). What ZB keeps
-               from I to W (the dL/dy of each layer) is not counted.
+               half a stage; no pipeline: 1), plus the logits of one micro-batch (2·b·s·V values): on every
+               schedule the last stage runs a micro-batch's backward right after its forward, so one
+               micro-batch's logits are alive at a time (added to the busiest stage: with a pipeline an
+               over-count by those logits, since the first stage holds none). What ZB keeps from I to W
+               (the dL/dy of each layer) is not counted.
                Dividing by tp is an approximation: layer norms and the block input stay replicated.
                Full recomputation keeps each layer's input (2·s·b·h in 16 bits) per micro-batch in flight,
                plus one layer rebuilt in full during backward: the peak is not L·2·s·b·h alone.
@@ -23,7 +26,7 @@ step time (seconds), with nothing overlapped (an upper bound):
     compute    (6·N_mm + 12·L·s·d)·B·s FLOPs / (N · achieved FLOP/s)    (forward 1/3, backward 2/3; N_mm the
                weights that multiply activations, `par.mfu.flops_per_token`)
     bubble     compute · φ/(1-φ), φ the schedule's idle fraction with equal costs (`pipeline_bubble`):
-               1F1B (p-1)/m of compute, ZB-H1 (p-1)/(3m), ZB-V (p-1)/(6m) (lecture 03, section 11)
+               1F1B (p-1)/m of compute, ZB-H1 (p-1)/(3m), ZB-V (p-1)/(6m) (lecture 03b)
     dp         gradients (`zero_bytes_per_step`): c·(dp-1)/dp · g·Ψ_dev bytes / bandwidth of the dp group, c = 2 for
                ZeRO-0/1 (all-reduce, or reduce-scatter + all-gather, once per step), m + 1 for ZeRO-2
                (a reduce-scatter per micro-batch, one all-gather) and 3m for ZeRO-3 (gather twice and
@@ -185,12 +188,12 @@ def activation_bytes(w: Workload, micro_batch: int, layers: int, in_flight: int,
                      last_stage: bool) -> float:
     """Activations one device keeps at the peak: `par.memory.accounting.activation_peak_bytes` for the stage's layers
     and the micro-batches in flight (with full recomputation: the layer inputs plus one layer rebuilt),
-    plus the logits (2·b·s·V values) on the last stage."""
+    plus the logits of one micro-batch (2·b·s·V values) on the last stage: its backward follows its forward."""
     cfg, e = w.model, w.bytes_per_value
     acts = memory.activation_peak_bytes(w.seq, micro_batch, cfg.d_model, cfg.n_head, layers, w.recompute, e,
                                         dropout=False, tp=tp, in_flight=in_flight)
     logits = 2 * micro_batch * w.seq * cfg.vocab_size * e if last_stage else 0
-    return acts + logits * (1 if w.recompute == "full" else in_flight)
+    return acts + logits
 
 
 def step_flops(w: Workload) -> float:
@@ -289,7 +292,7 @@ def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microba
     plan.bytes["total"] = sum(plan.bytes.values())
     t_dp = plan.bytes["dp"] / group_bandwidth("dp", lay, hw)
     t_tp = plan.bytes["tp"] / group_bandwidth("tp", lay, hw)
-    t_pp = 2 * microbatches * act_msg / group_bandwidth("pp", lay, hw)   # a middle stage: both directions
+    t_pp = 2 * microbatches * act_msg / group_bandwidth("pp", lay, hw) if pp > 1 else 0.0   # a middle stage: both ways
     t_off = (bp.grads + bp.weights) * math.ceil(psi / dp) / hw.bw_host if offload else 0.0
     plan.time = {"compute": compute, "bubble": bubble, "dp": t_dp, "tp": t_tp, "pp": t_pp, "offload": t_off}
     if cp > 1:   # the cp ring inside a node when tp·cp GPUs fit in one, else across the network

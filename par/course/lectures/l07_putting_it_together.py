@@ -1,5 +1,6 @@
 """Lecture 07, putting it together: the 3D row and the benchmark table (the launches `par.train.suite` makes), the
-3D row's one-process reference in the notebook's kernel; its key numbers; its figures (the process grid, the
+3D row's one-process reference in the notebook's kernel; its key numbers and targets (speed-ups within their
+bounds, the planner's memory and step times against the measured ones); its figures (the process grid, the
 benchmark table, the planner's predictions over the measurements)."""
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from par.course import plots
 from par.course.batch import cost
 from par.course.batch.launches import KernelWork, launch, sized
 from par.model import preset as model_preset
-from par.site.numbers import Key
+from par.site.numbers import Key, at_most, near
 
 NOTEBOOK = "07_putting_it_together"
 CELLS = ("3D", "benchmark table")
@@ -24,14 +25,14 @@ def bench_steps(steps: int) -> int:
 
 
 def launches(W, backend, preset, steps):
-    """The launches `par.train.suite.run_suite` makes, from its own functions (`plan_rows`, `launches`,
-    `launch_args`): first the 3D row, then the others (bf16 only on GPUs)."""
+    """The launches `par.train.suite.run_suite` makes, from its own functions (`plan_rows`, `launch_order`,
+    `launch_args`): first the 3D row, then the others (bf16 only on GPUs; single's launch before and after)."""
     from par.train import suite
     n_steps, gpus = bench_steps(steps), cost.on_gpus(backend, W)
     out = []
     for cell, names in (("3D", ["3D"]), ("benchmark table", [n for n in ROWS if n != "bf16" or gpus])):
         rows = suite.plan_rows(names, W, preset, 2, n_steps, W if gpus else cost.cores())
-        for (n, _), group in sorted(suite.launches(rows).items()):
+        for (n, _), group in suite.launch_order(rows):
             if gpus and n > W:     # a row needing more GPUs than the server has (the 3D row's 8) is skipped
                 continue
             out.append(launch(NOTEBOOK, cell, n, suite.launch_args(rows, group), backend))
@@ -57,11 +58,19 @@ def kernel(W, backend, preset, steps):
     return [work]
 
 
+STEP_TIME_BAND = 0.25   # measured / predicted step time: the planner's first-order time model, calibrated on single
+MEMORY_BAND = 0.05      # |predicted - measured| / measured memory per rank
+
 KEY_NUMBERS = [
     Key("3D layouts run (d, p, t)", "d · p · t = N", "layouts_3d_run"),
     Key("speed-up over one process", "benchmark table", "bench_speedup_over_single"),
+    Key("speed-up / number of ranks, every timed fp32 row", "≤ 1", "bench_speedup_per_rank", target=at_most(1.0)),
+    Key("pipeline speed-up / n·m/(m+p−1)", "≤ 1", "bench_pipeline_speedup_over_bound", target=at_most(1.0)),
     Key("bytes: counted vs formula (relative error)", "→ 0", "bench_bytes_rel_error"),
-    Key("planner memory vs measured (relative error)", "→ 0", "planner_memory_rel_error"),
+    Key("planner memory vs measured (relative error)", f"≤ {MEMORY_BAND}", "planner_memory_rel_error",
+        target=at_most(MEMORY_BAND)),
+    Key("planner step time, measured / predicted (calibrated on single)", f"1 ± {STEP_TIME_BAND}",
+        "planner_step_time_ratio", target=near(1.0, STEP_TIME_BAND)),
 ]
 
 
@@ -110,12 +119,12 @@ def _bench_label(r: dict) -> str:
 def benchmark_table(rows: list[dict], axes=None):
     """The lecture-07 benchmark (`par.train.suite` rows that ran) as five panels side by side, one bar per
     configuration (named once, on the left): samples/s of the timed rows (median of the timed steps,
-    whiskers from the slowest to the fastest step); the speed-up over `single` beside its bound, the
-    number of ranks; memory per rank (measured average and peak, the planner's prediction); bytes sent per
+    whiskers from the slowest to the fastest step); the speed-up over `single` beside its bound
+    (`par.train.suite.speedup_bound`); memory per rank (measured average and peak, the planner's prediction); bytes sent per
     rank and step (measured, predicted); the largest model that fits the per-device memory. Memory and
     bytes are on log axes (the rows span kB to GB). Rows with more ranks than cores say "not timed"."""
     import numpy as np
-    from par.train.suite import measured, single_seconds, speedups
+    from par.train.suite import measured, speedups
     from par.memory.accounting import format_bytes
     rows = measured(rows)
     n = len(rows)
@@ -150,9 +159,6 @@ def benchmark_table(rows: list[dict], axes=None):
         if not r["timed"]:
             rate.text(0.02, i, "not timed: more ranks than cores", transform=rate.get_yaxis_transform(),
                       va="center", fontsize=7, color="#666666")
-        elif r["name"] == "single" and r.get("backend") == "gloo":
-            rate.plot([r["train_batch_size"] / single_seconds(r)], [i], "D", mfc="white", mec="black", ms=6,
-                      label="single at its CPU time (the speed-ups' reference)")
     steps = len(rows[timed[0]]["step_s"]) if timed else 0
     rate.set_xlabel("samples / s")
     rate.set_title(f"throughput\n(median of {steps} timed steps)", fontsize=9)
@@ -161,7 +167,7 @@ def benchmark_table(rows: list[dict], axes=None):
     sp = speedups(rows)
     idx = [i for i, r in enumerate(rows) if r["name"] in sp]
     if idx:
-        base = single_seconds(next(r for r in rows if r["name"] == "single"))
+        base = next(r for r in rows if r["name"] == "single")["median_step_s"]
         s_med = np.array([sp[rows[i]["name"]]["speedup"] for i in idx])
         s_lo = np.array([base / max(rows[i]["step_s"]) if rows[i]["name"] != "single" else 1.0 for i in idx])
         s_hi = np.array([base / min(rows[i]["step_s"]) if rows[i]["name"] != "single" else 1.0 for i in idx])
@@ -169,8 +175,8 @@ def benchmark_table(rows: list[dict], axes=None):
         speed.errorbar(s_med, y[idx], xerr=[np.clip(s_med - s_lo, 0, None), np.clip(s_hi - s_med, 0, None)],
                        fmt="none", ecolor="black", capsize=3, label="slowest … fastest step")
         for k, i in enumerate(idx):
-            speed.vlines(sp[rows[i]["name"]]["ranks"], i - 0.38, i + 0.38, colors="#C44E52", lw=2.5,
-                         label="bound: number of ranks" if k == 0 else None)
+            speed.vlines(sp[rows[i]["name"]]["bound"], i - 0.38, i + 0.38, colors="#C44E52", lw=2.5,
+                         label="bound: n ranks, a pipeline n·m/(m+p−1)" if k == 0 else None)
         speed.set_xlim(0, 1.1 * max(max(v["ranks"] for v in sp.values()), float(s_hi.max())))
     for i, r in enumerate(rows):
         if r["name"] not in sp:
@@ -238,4 +244,29 @@ def prediction_ratios(rows: list[dict], ax=None, band: float = 0.05):
     ax.set_xlabel("measured / predicted")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title("the planner against the measurements", fontsize=10)
+    return ax
+
+
+def step_time_predictions(times: dict, ax=None, band: float = STEP_TIME_BAND):
+    """The planner's step time beside the measured one for every timed row (`par.train.suite.predicted_step_times`:
+    {row: {predicted_s, measured_s, ratio}}), two bars per row, measured / predicted written beside them, green
+    inside 1 ± `band`, red outside."""
+    import numpy as np
+    names = list(times)
+    ax = plots.axis(ax, (7, 0.9 + 0.45 * len(names)))
+    y = np.arange(len(names))
+    ax.barh(y - 0.2, [times[n]["measured_s"] for n in names], 0.4, color="#4C72B0", label="measured (median step)")
+    ax.barh(y + 0.2, [times[n]["predicted_s"] for n in names], 0.4, color="#BBBBBB", label="predicted (planner)")
+    right = max(max(t["measured_s"], t["predicted_s"]) for t in times.values())
+    for i, n in enumerate(names):
+        ratio = times[n]["ratio"]
+        ax.text(right * 1.03, i, f"×{ratio:.2f}", va="center", fontsize=9,
+                color="#2E7D32" if abs(ratio - 1) <= band else "#C62828")
+    ax.set_xlim(0, right * 1.25)
+    ax.set_yticks(list(y))
+    ax.set_yticklabels(names, fontsize=8)
+    ax.set_ylim(len(names) - 0.5, -0.5)
+    ax.set_xlabel("seconds per step")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title(f"step time: measured / predicted (target 1 ± {band}; single calibrates the FLOP/s)", fontsize=10)
     return ax
