@@ -6,7 +6,7 @@ from par.course.batch import cost
 from par.course.batch.launches import launch
 from par.model import preset as model_preset
 from par.moe import job as moe_job
-from par.site.numbers import Key, at_most
+from par.site.numbers import Key, at_least, at_most
 
 NOTEBOOK = "09_mixture_of_experts"
 CELLS = ("EP training", "EP inside DP")
@@ -35,4 +35,8 @@ KEY_NUMBERS = [
     Key("EP inside DP vs one process (max |Δ|)", "≤ 1e-5", "ep_dp_max_param_diff", target=at_most(1e-5)),
     Key("hand-written all-to-all vs all_to_all_single (max |Δ|)", "≤ 1e-5", "torch_api_max_diff",
         "all_to_all_single", target=at_most(1e-5)),
+    Key("router √z without z-loss, peak / first step", "logits grow (lr 3e-2, 40 steps)",
+        "moe_router_rms_lse_growth_without_zloss", target=at_least(1.5)),
+    Key("router √z at the end, with z-loss / without", "β·z holds the logits down",
+        "moe_router_rms_lse_zloss_over_plain", target=at_most(0.5)),
 ]
