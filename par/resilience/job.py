@@ -1,0 +1,123 @@
+"""Save on one ZeRO layout, resume on another: the resumed losses and parameters equal the run that never stopped.
+
+    python -m par.resilience.job --dir /tmp/ckpt --save-stage 3 --save-step 3 --resume-stages 1,3 --steps 6
+
+One launch, every run from the same seed on the same ranks:
+    "3"      the uninterrupted run (stage `--save-stage`), all `--steps` steps; after `--save-step` steps it saves
+             the training state (`par.resilience.resume.save`: model, Adam, data position, random state) to
+             DIR/state and goes on
+    "3>S"    for each S in `--resume-stages`: a fresh engine of stage S (fresh torch seed, as a new process has)
+             loads DIR/state (re-sharded where the stage differs) and trains the steps after it
+Each run saves its final state to DIR/final_<label>, where a test reads its parameters (`load_full`).
+`--forget data|rng` makes the resumed runs restart the data order or keep the fresh random state.
+
+Result: {"world_size", "backend", "runs": [{"label", "stage", "start_step", "losses", "final"}]}.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+import par.runtime.dist
+from par.data import CharDataset
+from par.measure import JobResult, RunResult
+from par.model import build, lm_loss, preset
+from par.resilience import resume
+from par.runtime.job_args import JobArgs, arg
+from par.zero import checkpoint
+from par.zero.engine import Zero
+
+
+@dataclass(frozen=True)
+class Args(JobArgs):
+    dir: str = arg(help="folder for the saved state and each run's final state")
+    preset: str = arg("tiny")
+    steps: int = arg(6, minimum=1)
+    batch: int = arg(8, "global batch size (a multiple of the world size)")
+    lr: float = arg(1e-3)
+    seed: int = arg(0)
+    noise: float = arg(0.25, "probability that an input token is replaced by a random one (torch's CPU generator)")
+    save_stage: int = arg(3, choices=(0, 1, 2, 3))
+    save_step: int = arg(3, minimum=1)
+    resume_stages: tuple[int, ...] = arg((1, 3), "comma-separated ZeRO stages that resume from the saved state")
+    forget: str = arg("", "what the resumed runs do not restore", choices=("", "data", "rng"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult(RunResult):
+    """One run: uninterrupted ("3") or resumed ("3>1"); its losses from `start_step` on; its final state's folder."""
+    label: str
+    stage: int
+    start_step: int
+    losses: list
+    final: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result(JobResult):
+    """The uninterrupted run first, then one run per resumed stage."""
+    Run = RunResult
+    runs: tuple
+
+
+def work(args: Args, nproc: int) -> list:
+    """What a launch computes (the course's dry run costs it): the uninterrupted run and each resumed one."""
+    from par.runtime.job_work import Training
+    cfg = preset(args.preset)
+    resumed = [(s, args.steps - args.save_step, f"resumed on ZeRO-{s}") for s in args.resume_stages]
+    return [Training(model=cfg, global_batch=args.batch, dp=nproc, zero_stage=s, steps=n, label=label)
+            for s, n, label in [(args.save_stage, args.steps, "uninterrupted"), *resumed]]
+
+
+def train_run(stage: int, args: Args, env, data, resume_from: str = "") -> dict:
+    """One run on this rank: a fresh model and engine, the torch seed a new process starts from; resumed from
+    `resume_from` when given. Saves the state after `save_step` (the uninterrupted run) and at the end."""
+    torch.manual_seed(args.seed)
+    engine = Zero(build(preset(args.preset), seed=args.seed).to(env.device), stage=stage, optimizer="adam", lr=args.lr)
+    start = 0
+    if resume_from:
+        start = resume.load(engine, resume_from, data=args.forget != "data", rng=args.forget != "rng")
+    label = f"{args.save_stage}>{stage}" if resume_from else str(stage)
+    losses = []
+    for s, (x, y) in enumerate(resume.batches_from(data, args.batch, args.steps, args.seed, start), start):
+        x, y = resume.global_step_input(x, y, args.noise, data.vocab_size, env.rank, env.world_size)
+        loss = lm_loss(engine.model(x.to(env.device)), y.to(env.device))
+        engine.backward(loss)
+        engine.step()
+        engine.zero_grad()
+        losses.append(loss.item())
+        if not resume_from and s + 1 == args.save_step:
+            resume.save(engine, os.path.join(args.dir, "state"), step=s + 1)
+    final = os.path.join(args.dir, f"final_{label.replace('>', '_to_')}")
+    resume.save(engine, final, step=args.steps)
+    engine.close()
+    return {"label": label, "stage": stage, "start_step": start,
+            "losses": losses, "final": final}
+
+
+def main(argv=None) -> None:
+    args = Args.parse(argv)
+    if args.save_step >= args.steps:
+        raise SystemExit(f"error: --save-step {args.save_step} leaves nothing to resume: use --steps "
+                         f"{args.save_step + 1} or more")
+    checkpoint.check_directory(args.dir)
+    env = par.runtime.dist.init()
+    if args.batch % env.world_size:
+        raise SystemExit(f"error: --batch {args.batch} is not a multiple of the world size {env.world_size}: "
+                         f"use e.g. --batch {env.world_size * max(1, args.batch // env.world_size)}")
+    data = CharDataset(block_size=preset(args.preset).block_size)
+    runs = []
+    for stage, source in [(args.save_stage, ""), *[(s, os.path.join(args.dir, "state")) for s in args.resume_stages]]:
+        ranks = par.runtime.dist.gather_object(train_run(stage, args, env, data, source))
+        if env.is_rank0:
+            mine = ranks[0]
+            losses = [sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(len(mine["losses"]))]
+            runs.append({**mine, "losses": losses})
+    par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "runs": runs})
+    par.runtime.dist.teardown()
+
+
+if __name__ == "__main__":
+    main()

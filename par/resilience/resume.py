@@ -1,0 +1,159 @@
+"""Resume on another layout: the training state that makes a resumed run equal the one that never stopped.
+
+A run at step s is a function of four things, and a checkpoint must hold all four:
+
+    model          the fp32 parameters                       par's sharded checkpoint (`par.zero.checkpoint`)
+    optimizer      Adam's m, v and its step t (bias          the same files: each rank's partitions of m and v,
+                   correction 1 - β^t)                       t copied
+    data position  which batch comes next: s                 meta.pt's "step"
+    random state   torch's CPU generator (here it draws      meta.pt's "extra": torch.get_rng_state()
+                   the token noise of every batch)           (and every CUDA generator's, on a GPU)
+
+The batches are par's single-process order (`par.data.global_batches`, a permutation fixed by the seed), so
+the data position is the index of the next batch in it. Every rank draws the same noise for the *global*
+batch from the same generator and keeps its rows r, r+N, ... , so the draws do not depend on the layout
+(dropout inside the model would: N ranks draw N masks for N shards, one process one mask for the batch).
+
+Saved on one layout (ZeRO-3 on N ranks), the model and optimizer state re-shard to another (ZeRO-1 on M ranks,
+`par.zero.checkpoint.load`), or gather whole into a single process with a plain `torch.optim.Adam`
+(`load_single`): flat partitions concatenated, padding dropped, cut back into parameters.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+
+import torch
+
+from par.data import global_batches
+from par.model import lm_loss
+from par.reference import make_optimizer
+from par.zero import checkpoint
+
+
+# ------------------------------------------------------------------ the data position and the random state
+def batches_from(dataset, batch: int, steps: int, seed: int, position: int = 0):
+    """The global batches position, position + 1, ..., steps - 1 of par's single-process order."""
+    return itertools.islice(global_batches(dataset, batch, steps, seed=seed), position, steps)
+
+
+def token_noise(x: torch.Tensor, p: float, vocab: int) -> torch.Tensor:
+    """Replace each input token by a uniformly random one with probability p (a data augmentation), drawn from
+    torch's default CPU generator: mask = rand < p, x' = where(mask, randint(vocab), x). Two draws per batch."""
+    mask = torch.rand(x.shape) < p
+    return torch.where(mask, torch.randint(vocab, x.shape), x)
+
+
+def rng_state() -> dict:
+    """Torch's CPU generator, and every CUDA generator where there are GPUs (ByteTensors: weights_only loads)."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Put back what `rng_state` took."""
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ------------------------------------------------------------------ one step, the same on every layout
+def global_step_input(x: torch.Tensor, y: torch.Tensor, noise: float, vocab: int, rank: int = 0, world: int = 1):
+    """This rank's rows r, r+N, ... of the global batch after the token noise (drawn for the whole batch)."""
+    x = token_noise(x, noise, vocab) if noise > 0 else x
+    return x[rank::world], y[rank::world]
+
+
+# ------------------------------------------------------------------ save and load on a ZeRO layout
+def save(engine, directory: str, step: int) -> None:
+    """Model and optimizer (every rank its shard), the data position `step` and the random state (meta.pt)."""
+    checkpoint.save(engine, directory, step=step, extra={"rng": rng_state()})
+
+
+def load(engine, directory: str, data: bool = True, rng: bool = True) -> int:
+    """Fill a fresh `Zero` engine (any N_d, any stage) from `save`'s folder; restore the random state; return the
+    data position (the next batch). data=False / rng=False forget one of them (the mistakes a test shows)."""
+    meta = checkpoint.load(engine, directory)
+    if rng:
+        set_rng_state(meta["extra"]["rng"])
+    return meta["step"] if data else 0
+
+
+# ------------------------------------------------------------------ load into a single process
+def full_units(directory: str) -> tuple[dict, list[dict]]:
+    """(meta, per unit {"master": flat fp32 of Ψ_unit, "state": {m, v: flat; step: as saved}}): every rank's
+    partitions concatenated (`checkpoint.reshard` to one rank), padding dropped."""
+    meta = torch.load(checkpoint.meta_path(directory), map_location="cpu", weights_only=True)
+    world = meta["world"]
+    shards = [torch.load(checkpoint.shard_path(directory, r, world), map_location="cpu", weights_only=True)["units"]
+              for r in range(1 if meta["stage"] == 0 else world)]   # stage 0: every rank saved the whole unit
+    units = []
+    for i, u in enumerate(meta["units"]):
+        pieces = [s[i] for s in shards]
+
+        def whole(parts, numel=u["numel"]):
+            return checkpoint.reshard(parts, numel, 1, 0)[:numel]
+        state = {k: whole([p["state"][k] for p in pieces]) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+                 for k, v in pieces[0]["state"].items()}
+        units.append({"master": whole([p["master"] for p in pieces]), "state": state})
+    return meta, units
+
+
+def by_parameter(meta: dict, units: list[dict]) -> tuple[dict, dict]:
+    """(parameters, optimizer state) by parameter name: each unit's flat vectors cut by its parameters' shapes."""
+    params, states = {}, {}
+    for u, full in zip(meta["units"], units):
+        start = 0
+        for name, shape in zip(u["params"], u["shapes"]):
+            k = 1
+            for s in shape:
+                k *= s
+            params[name] = full["master"][start:start + k].view(shape).clone()
+            states[name] = {key: (v[start:start + k].view(shape).clone() if isinstance(v, torch.Tensor) and v.dim() > 0
+                                  else v.clone() if isinstance(v, torch.Tensor) else v)
+                            for key, v in full["state"].items()}
+            start += k
+    return params, states
+
+
+def load_single(model, directory: str, optimizer: str = "adam", lr: float = 1e-3, data: bool = True,
+                rng: bool = True) -> tuple[torch.optim.Optimizer, int]:
+    """A single process resumes a ZeRO run: parameters and Adam's state into `model` and a fresh optimizer
+    (`par.reference.make_optimizer`), the random state restored; returns (optimizer, data position)."""
+    meta, units = full_units(directory)
+    params, states = by_parameter(meta, units)
+    named = dict(model.named_parameters())
+    if set(named) != set(params):
+        raise ValueError(f"the checkpoint's parameters differ from this model's: {sorted(set(named) ^ set(params))}")
+    with torch.no_grad():
+        for name, p in named.items():
+            p.copy_(params[name])
+    opt = make_optimizer(model.parameters(), optimizer, lr)
+    for name, p in named.items():
+        if states[name]:
+            opt.state[p] = {k: v.to(p.device) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+                            for k, v in states[name].items()}
+    if rng:
+        set_rng_state(meta["extra"]["rng"])
+    return opt, (meta["step"] if data else 0)
+
+
+def train_single(model, opt, dataset, batch: int, steps: int, seed: int, position: int, noise: float) -> list[float]:
+    """One process trains from the data position to `steps` with the same batches and noise as every layout;
+    returns the losses."""
+    losses = []
+    for x, y in batches_from(dataset, batch, steps, seed, position):
+        x, y = global_step_input(x, y, noise, dataset.vocab_size)
+        opt.zero_grad(set_to_none=True)
+        loss = lm_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def exists(directory: str) -> bool:
+    """Whether `directory` holds a complete checkpoint (its meta.pt, written last)."""
+    return os.path.exists(checkpoint.meta_path(directory))
