@@ -6,9 +6,9 @@
   in `.grad` on 2 gloo ranks (two steps of SGD in between).
 - The class run: the solution earns every point of 02, the untouched exercise none, every wrong answer of
   tests/fixtures/wrong_answers/02_gradient_buckets fails exactly the checks its file names (and loses exactly
-  their points), and two tampered modules (one that calls the process group's all-reduce from behind the
-  grader's recorder, one that wraps the model in DistributedDataParallel) lose the points of the checks they
-  dodge.
+  their points), and the cheats of tests/fixtures/cheats/02_gradient_buckets aimed at it (an all-reduce from
+  behind the grader's recorder, torch's DDP or par's BucketedDP doing the work, the grader's hooks silenced)
+  lose exactly the points of the checks they dodge.
 """
 import os
 import re
@@ -140,23 +140,23 @@ def fixtures() -> dict:
     return out
 
 
-SOLUTION_DDP = next(c.source for c in nbformat.read(ROOT / "solutions" / f"{NAME}.ipynb", as_version=4).cells
-                    if c.get("id") == "ddp-ranks")
-# a module that calls the process group's all-reduce it saved when it was imported, from behind the grader's
-# recorder: right gradients, nothing on the record
-BEHIND_THE_RECORDER = SOLUTION_DDP.replace(
-    "import torch.distributed as dist\n",
-    "import torch.distributed as dist\nfrom torch._C._distributed_c10d import ProcessGroup\n"
-    "ALLREDUCE = ProcessGroup.allreduce\n").replace(
-    "dist.all_reduce(flat, async_op=True)",
-    "ALLREDUCE(dist.distributed_c10d._get_default_group(), [flat])")
-# a module that lets torch's DistributedDataParallel do the work
-TORCH_DDP = SOLUTION_DDP.replace(
-    "        self.params, self.buckets = params, buckets\n",
-    "        self.params, self.buckets = params, buckets\n"
-    "        torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))\n")
-TAMPERED = {"behind_the_recorder": (BEHIND_THE_RECORDER, {"check-ddp-overlap", "check-ddp-bytes"}),
-            "torch_ddp": (TORCH_DDP, set(DDP_CHECKS))}
+CHEATS = Path(__file__).parent / "fixtures" / "cheats" / NAME
+
+
+def cheats() -> dict:
+    """{name: (module source, the checks it must fail)} of the cheats aimed at the DDP part (tests/fixtures/cheats;
+    tests/test_grading_cheats.py grades them too, among every exercise's)."""
+    out = {}
+    for path in sorted(CHEATS.glob("*.py")):
+        text = path.read_text()
+        head = dict(re.findall(r"^# (cell|must fail|sandbox|why): (.*)$", text, re.M))
+        body = "\n".join(line for line in text.splitlines() if not re.match(r"^# (cell|must fail|sandbox|why): ", line))
+        if head["cell"] == "ddp-ranks":
+            out[path.stem] = ("%%writefile my_ddp.py\n" + body.strip("\n"), {s.strip() for s in head["must fail"].split(",")})
+    return out
+
+
+TAMPERED = cheats()
 
 
 def notebook(replace: dict):
@@ -194,7 +194,7 @@ FULL = points_of({c.get("id") for c in nbformat.read(ROOT / "solutions" / f"{NAM
 
 def test_the_part_is_worth_six_of_ten_points():
     assert points_of(DDP_CHECKS) == 6 and FULL == 10
-    assert len([f for f in fixtures().values() if f[0] == "ddp-ranks"]) >= 6
+    assert len([f for f in fixtures().values() if f[0] == "ddp-ranks"]) >= 6 and len(TAMPERED) >= 4
 
 
 @slow
@@ -226,5 +226,7 @@ def test_every_wrong_answer_loses_exactly_the_points_of_what_it_breaks(graded, n
 def test_tampered_modules_lose_the_points_of_what_they_dodge(graded, name):
     g = graded[f"tampered__{name}"]
     assert set(g.failed_checks) == TAMPERED[name][1], (g.failed_checks, g.reason)
-    if name == "torch_ddp":
-        assert "DistributedDataParallel" in next(c.error for c in g.checks if c.id == "check-ddp-grads")
+    assert g.points == FULL - points_of(TAMPERED[name][1])
+    if name in ("wraps_torch_ddp", "uses_par_bucketed_dp"):     # refused on the ranks, by name
+        assert re.search(r"DistributedDataParallel|BucketedDP", next(c.error for c in g.checks
+                                                                    if c.id == "check-ddp-grads"))

@@ -53,6 +53,7 @@ FORBIDDEN = [("torch.nn.parallel", "DistributedDataParallel"), ("par.dp.bucketed
 P2P_ONLY = False                # torch's all-reduce allowed (and recorded, `recording`)
 STEPS, LR, TOLERANCE = 2, 0.1, 1e-5
 READY, LAUNCH, WAIT, BACKWARD, FINISH = range(5)
+REGISTER = torch.Tensor.register_post_accumulate_grad_hook    # bound before any student module is imported
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ def run_rank(module, inputs: dict, rank: int, device, wire: dict) -> dict:
     with recording(log):
         ddp = module.BucketedAllReduce(params, [list(b) for b in inputs["buckets"]])
         for i, p in enumerate(params):          # after the student's hooks: they run first
-            p.register_post_accumulate_grad_hook(lambda _, i=i: log.append((READY, i, 0)))
+            REGISTER(p, lambda _, i=i: log.append((READY, i, 0)))
         for step in range(STEPS):
             log.clear()
             x, y = inputs["x"][step].to(device), inputs["y"][step].to(device)
