@@ -5,7 +5,7 @@ It launches nothing through the batch: its planner cells are pure, and its measu
 CPU), which no GPU server's dry run has to check."""
 from __future__ import annotations
 
-from par.site.numbers import Key
+from par.site.numbers import Key, at_least
 
 NOTEBOOK = "07b_at_scale"
 CELLS = ()
@@ -18,4 +18,6 @@ def launches(W, backend, preset, steps):
 KEY_NUMBERS = [
     Key("best layout for 180B", "planner", "plan_180b_best"),
     Key("step time vs planner, TP inside / across nodes (rel. error)", "→ 0", "across_nodes_step_rel_error"),
+    Key("measured step, TP across nodes / TP inside", "the link is the step: ≫ 1", "across_nodes_tp_across_over_in_node",
+        target=at_least(2)),
 ]
