@@ -2,7 +2,7 @@
 
 A block's backward needs what its forward computed. Three ways to have it, `GPTConfig(checkpoint=...)`:
 
-    "none"       autograd keeps every tensor the backward reads        s·b·h·(17 + a/h) values a block (SDPA)
+    "none"       autograd keeps every tensor the backward reads        s·b·h·(16 + a/h) values a block (SDPA)
     "selective"  keep the block's input and every matmul's output       s·b·h·(11 + a/h)
                  (the linear layers and attention, MUST_SAVE), rebuild
                  the cheap rest (LayerNorm, GeLU, reshapes) from them
@@ -10,8 +10,9 @@ A block's backward needs what its forward computed. Three ways to have it, `GPTC
                  during backward
 
 (s tokens, b sequences, h = d_model, a heads; with SDPA a block keeps the LayerNorms' inputs and outputs (4),
-Q, K, V (3), the attention output and its merged copy (2), the MLP's GeLU input and output (4 + 4): 17·sbh, and one
-log-sum-exp per row and head, a·s·b. Selective keeps the outputs of QKV (3), attention (1 + the log-sum-exp),
+Q, K, V (3), the attention output (1), the MLP's GeLU input and output (4 + 4): 16·sbh, and one log-sum-exp per
+row and head, a·s·b; 17·sbh where merging the heads copies the attention output, which a kernel that writes it
+as (b, s, a, d) avoids. Selective keeps the outputs of QKV (3), attention (1 + the log-sum-exp),
 the projection (1), the MLP's two layers (4 + 1) and the input (1): 11·sbh + a·s·b.) What is rebuilt costs time:
 "full" one more forward of the block (about a third of a step), "selective" only the elementwise operations,
 which are cheap in FLOPs. Both are `torch.utils.checkpoint.checkpoint(use_reentrant=False)`; selective adds
@@ -60,9 +61,9 @@ def checkpointed(forward, x: torch.Tensor, mode: str) -> torch.Tensor:
 
 def kept_values_per_block(mode: str, seq: int, batch: int, d_model: int, n_heads: int) -> int:
     """Values a block keeps for backward under `mode` with SDPA attention (the table above):
-    none s·b·(17h + a), selective s·b·(11h + a), full s·b·h."""
+    none s·b·(16h + a), selective s·b·(11h + a), full s·b·h."""
     s, b, h, a = seq, batch, d_model, n_heads
-    per = {"none": 17 * s * b * h + a * s * b, "selective": 11 * s * b * h + a * s * b, "full": s * b * h}
+    per = {"none": 16 * s * b * h + a * s * b, "selective": 11 * s * b * h + a * s * b, "full": s * b * h}
     if mode not in per:
         raise ValueError(f"unknown checkpoint mode {mode!r}: use one of {', '.join(MODES)}")
     return per[mode]
