@@ -336,6 +336,7 @@ def test_interleaved_bubble_formula(p, m, v):
     """Each chunk does 1/v of a stage's work: idle time = (p-1)/(v·m) of the ideal time m(f+b)."""
     t = sim.simulate(schedules.interleaved(p, m, v), forward=1.0 / v, backward=2.0 / v)
     assert t.bubble_ratio == pytest.approx(sim.interleaved_bubble_ratio(p, m, v), abs=1e-9)
+    assert t.bubble_fraction == pytest.approx(sim.interleaved_bubble_formula(p, m, v), abs=1e-9)    # idle / step
     plain = sim.simulate(schedules.one_f_one_b(p, m))
     assert plain.bubble_ratio == pytest.approx((p - 1) / m)
     if p > 1:

@@ -22,7 +22,8 @@ With equal costs f, b on every stage, GPipe and 1F1B both idle
 
     bubble = (p-1)/(m+p-1)      of the step (p stages, m micro-batches),
 
-interleaving with v chunks per rank idles (p-1)/(v·m) of the ideal time m(f+b), ZB-H1 idles
+interleaving with v chunks per rank (p-1)/(v·m+p-1) of the step (`interleaved_bubble_formula`; (p-1)/(v·m)
+of the ideal time m(f+b), `interleaved_bubble_ratio`), ZB-H1 idles
 (p-1)(f+i-w) per rank instead of 1F1B's (p-1)(f+i+w) (`zb_h1_bubble_formula`), and the peak
 number of micro-batches in flight (forward done, backward not yet) on stage s is m for GPipe
 but min(p-s, m) for 1F1B: activation memory ∝ that peak. A split backward holds its micro-batch
@@ -39,7 +40,8 @@ from par.pp.p2p_plan import Group, Plan, describe, message_in, message_out
 from par.pp.schedules import KINDS, Action, Schedule, ScheduleError
 
 __all__ = ["ScheduleError", "check", "check_complete", "verified_plan", "replay", "simulate", "Timeline",
-           "bubble_formula", "interleaved_bubble_ratio", "zb_h1_bubble_formula", "zb_v_bubble_formula",
+           "bubble_formula", "interleaved_bubble_formula", "interleaved_bubble_ratio", "zb_h1_bubble_formula",
+           "zb_v_bubble_formula",
            "action_costs", "step_time_formula", "best_microbatches", "fit_step_time", "p2p_bytes_formula",
            "peak_in_flight_formula", "peak_in_flight", "peak_in_flight_per_rank", "peak_bytes_per_rank",
            "step_time", "busy_times", "bubble_fraction", "bubble_ratio", "stage_costs"]
@@ -49,6 +51,12 @@ __all__ = ["ScheduleError", "check", "check_complete", "verified_plan", "replay"
 def bubble_formula(p: int, m: int) -> float:
     """Idle fraction of a GPipe or 1F1B step with equal stage costs: (p-1)/(m+p-1)."""
     return (p - 1) / (m + p - 1)
+
+
+def interleaved_bubble_formula(p: int, m: int, v: int) -> float:
+    """Idle fraction of an interleaved 1F1B step (v chunks per rank, m a multiple of p, equal costs):
+    the fill and drain last (p-1)(f+b)/v, so  bubble = (p-1)/(v·m + p-1)."""
+    return (p - 1) / (v * m + p - 1)
 
 
 def interleaved_bubble_ratio(p: int, m: int, v: int) -> float:
