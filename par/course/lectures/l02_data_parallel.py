@@ -52,6 +52,8 @@ KEY_NUMBERS = [
     Key("all-reduce bytes per step, formula", "2(N−1)/N · 4Ψ", "bytes_per_step_formula"),
     Key("mean of shard gradients − big-batch gradient", "→ 0", "shard_average_max_error"),
     Key("communication overlapped with backward", "bucketed", "bucketed_overlap_fraction"),
+    Key("loss curves of 1, 2, 4 ranks, largest spread", "float rounding: ≤ 1e-5", "loss_curve_max_spread",
+        target=at_most(1e-5)),
     Key("par DP vs DistributedDataParallel (max |Δ|)", "≤ 1e-5", "torch_api_max_diff", "ddp", target=at_most(1e-5)),
     Key("wait on all-reduces after backward, bucketed / naive", "bucketing + overlap: < 1",
         "dp_wait_bucketed_over_naive", target=at_most(0.5)),
