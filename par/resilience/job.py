@@ -9,7 +9,8 @@ One launch, every run from the same seed on the same ranks:
     "3>S"    for each S in `--resume-stages`: a fresh engine of stage S (fresh torch seed, as a new process has)
              loads DIR/state (re-sharded where the stage differs) and trains the steps after it
 Each run saves its final state to DIR/final_<label>, where a test reads its parameters (`load_full`).
-`--forget data|rng` makes the resumed runs restart the data order or keep the fresh random state.
+`--forget data|rng|optimizer` makes the resumed runs restart the data order, keep the fresh random state, or lose
+rank 0's shard of Adam's state.
 
 Result: {"world_size", "backend", "runs": [{"label", "stage", "start_step", "losses", "final"}]}.
 """
@@ -42,7 +43,8 @@ class Args(JobArgs):
     save_stage: int = arg(3, choices=(0, 1, 2, 3))
     save_step: int = arg(3, minimum=1)
     resume_stages: tuple[int, ...] = arg((1, 3), "comma-separated ZeRO stages that resume from the saved state")
-    forget: str = arg("", "what the resumed runs do not restore", choices=("", "data", "rng"))
+    forget: str = arg("", "what the resumed runs do not restore (optimizer: rank 0's shard of Adam's state)",
+                      choices=("", "data", "rng", "optimizer"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +80,8 @@ def train_run(stage: int, args: Args, env, data, resume_from: str = "") -> dict:
     engine = Zero(build(preset(args.preset), seed=args.seed).to(env.device), stage=stage, optimizer="adam", lr=args.lr)
     start = 0
     if resume_from:
-        start = resume.load(engine, resume_from, data=args.forget != "data", rng=args.forget != "rng")
+        start = resume.load(engine, resume_from, data=args.forget != "data", rng=args.forget != "rng",
+                            optimizer=args.forget != "optimizer")
     label = f"{args.save_stage}>{stage}" if resume_from else str(stage)
     losses = []
     for s, (x, y) in enumerate(resume.batches_from(data, args.batch, args.steps, args.seed, start), start):

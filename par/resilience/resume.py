@@ -72,10 +72,13 @@ def save(engine, directory: str, step: int) -> None:
     checkpoint.save(engine, directory, step=step, extra={"rng": rng_state()})
 
 
-def load(engine, directory: str, data: bool = True, rng: bool = True) -> int:
+def load(engine, directory: str, data: bool = True, rng: bool = True, optimizer: bool = True) -> int:
     """Fill a fresh `Zero` engine (any N_d, any stage) from `save`'s folder; restore the random state; return the
-    data position (the next batch). data=False / rng=False forget one of them (the mistakes a test shows)."""
+    data position (the next batch). The mistakes a test shows: data=False restarts the data order, rng=False keeps
+    the fresh random state, optimizer=False loses rank 0's shard of Adam's state (its m, v and t start again)."""
     meta = checkpoint.load(engine, directory)
+    if not optimizer and engine.rank == 0:
+        engine.updater.opt.state.clear()
     if rng:
         set_rng_state(meta["extra"]["rng"])
     return meta["step"] if data else 0
@@ -119,9 +122,10 @@ def by_parameter(meta: dict, units: list[dict]) -> tuple[dict, dict]:
 
 
 def load_single(model, directory: str, optimizer: str = "adam", lr: float = 1e-3, data: bool = True,
-                rng: bool = True) -> tuple[torch.optim.Optimizer, int]:
+                rng: bool = True, moments: bool = True) -> tuple[torch.optim.Optimizer, int]:
     """A single process resumes a ZeRO run: parameters and Adam's state into `model` and a fresh optimizer
-    (`par.reference.make_optimizer`), the random state restored; returns (optimizer, data position)."""
+    (`par.reference.make_optimizer`), the random state restored; returns (optimizer, data position).
+    data=False, rng=False, moments=False (Adam's m, v and t not restored): the mistakes a test shows."""
     meta, units = full_units(directory)
     params, states = by_parameter(meta, units)
     named = dict(model.named_parameters())
@@ -132,7 +136,7 @@ def load_single(model, directory: str, optimizer: str = "adam", lr: float = 1e-3
             p.copy_(params[name])
     opt = make_optimizer(model.parameters(), optimizer, lr)
     for name, p in named.items():
-        if states[name]:
+        if states[name] and moments:
             opt.state[p] = {k: v.to(p.device) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
                             for k, v in states[name].items()}
     if rng:
