@@ -152,7 +152,8 @@ def cheats() -> dict:
         head = dict(re.findall(r"^# (cell|must fail|sandbox|why): (.*)$", text, re.M))
         body = "\n".join(line for line in text.splitlines() if not re.match(r"^# (cell|must fail|sandbox|why): ", line))
         if head["cell"] == "ddp-ranks":
-            out[path.stem] = ("%%writefile my_ddp.py\n" + body.strip("\n"), {s.strip() for s in head["must fail"].split(",")})
+            must_fail = {s.strip() for s in head["must fail"].split(",")}
+            out[path.stem] = ("%%writefile my_ddp.py\n" + body.strip("\n"), must_fail)
     return out
 
 

@@ -39,6 +39,7 @@ WRONG = Path(__file__).parent / "fixtures" / "wrong_answers"
 NAMES = [p.stem for p in sorted((ROOT / "solutions").glob("*.ipynb"))]
 CLASS_RUN_TIMEOUT = 600   # the first test of an exercise grades its class: 8 notebooks (under a minute on 2 cores)
 REAL_RANKS = {"00_ring_chunks": ["check-ring-ranks"], "07_layout": ["check-groups-ranks", "check-config-run"],
+              "02_gradient_buckets": ["check-ddp-grads", "check-ddp-overlap", "check-ddp-bytes"],
               "03_pipelines": ["check-zb-h1-ranks"],
               "04_tensor_parallel": ["check-tp-forward", "check-tp-backward", "check-tp-traffic"],
               "09_expert_dispatch": ["check-alltoall-ranks"]}
