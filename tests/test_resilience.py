@@ -73,11 +73,12 @@ STEPS, SAVE, BATCH, LR, NOISE = 6, 3, 8, 1e-3, 0.25
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    """ZeRO-3 on 2 ranks, saved after 3 of 6 steps; resumed on ZeRO-1 and ZeRO-3 (2 ranks)."""
+    """ZeRO-3 on 2 ranks, saved after 3 of 6 steps (par's format and DCP); resumed on ZeRO-1 and ZeRO-3."""
     root = tmp_path_factory.mktemp("resume")
     res = par.runtime.launch.run("par.resilience.job", nproc=2, timeout=600, quiet=True,
                                  args=["--dir", str(root), "--steps", STEPS, "--save-step", SAVE, "--batch", BATCH,
-                                       "--lr", LR, "--noise", NOISE, "--save-stage", 3, "--resume-stages", "1,3"])
+                                       "--lr", LR, "--noise", NOISE, "--save-stage", 3, "--resume-stages", "1,3",
+                                       "--dcp"])
     return root, {r["label"]: r for r in res["runs"]}
 
 
@@ -174,11 +175,40 @@ def test_dcp_load_equals_pars_load(launched, tmp_path):
         pos = torch_api.load(model, opt, str(tmp_path / "dcp"))
         assert pos == par_pos == SAVE and torch.equal(torch.get_rng_state(), par_rng)
         assert max_abs_diff(model, par_model) == 0.0
-        theirs, ours = dict(model.named_parameters()), dict(par_model.named_parameters())
-        for name, p in ours.items():
-            a, b = opt.state[theirs[name]], par_opt.state[p]
-            assert a.keys() == b.keys() == {"step", "exp_avg", "exp_avg_sq"}, name
-            assert all(torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])) for k in a), name
+        same_adam(opt, model, par_opt, par_model)
+        losses = resume.train_single(model, opt, data, BATCH, STEPS, 0, pos, NOISE)
+        torch.set_rng_state(par_rng)
+        par_losses = resume.train_single(par_model, par_opt, data, BATCH, STEPS, 0, par_pos, NOISE)
+    assert losses == par_losses
+    assert diff(losses, runs["3"]["losses"][SAVE:]) <= 1e-5
+
+
+def same_adam(opt_a, model_a, opt_b, model_b) -> None:
+    theirs, ours = dict(model_a.named_parameters()), dict(model_b.named_parameters())
+    for name, p in ours.items():
+        a, b = opt_a.state[theirs[name]], opt_b.state[p]
+        assert a.keys() == b.keys() == {"step", "exp_avg", "exp_avg_sq"}, name
+        assert all(torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])) for k in a), name
+
+
+def test_dcp_saved_by_zero3_ranks_loads_in_one_process_equal_to_pars(launched):
+    """The ZeRO-3 ranks' partitions saved by `dcp.save` as DTensors (`save_zero`), read whole by `dcp.load` in one
+    process: parameters, Adam's state, data position and RNG bit-equal to par's format; the resumed losses too."""
+    from par.resilience import torch_api
+    root, runs = launched
+    data = CharDataset(block_size=32)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        par_model = build(preset("tiny"), seed=0)
+        par_opt, par_pos = resume.load_single(par_model, str(root / "state"), lr=LR)
+        par_rng = torch.get_rng_state()
+        torch.manual_seed(123)
+        model = build(preset("tiny"), seed=1)
+        with pytest.warns(UserWarning, match="single process"):
+            opt, pos = torch_api.load_zero_single(model, str(root / "dcp"), stage=3, lr=LR)
+        assert pos == par_pos == SAVE and torch.equal(torch.get_rng_state(), par_rng)
+        assert max_abs_diff(model, par_model) == 0.0
+        same_adam(opt, model, par_opt, par_model)
         losses = resume.train_single(model, opt, data, BATCH, STEPS, 0, pos, NOISE)
         torch.set_rng_state(par_rng)
         par_losses = resume.train_single(par_model, par_opt, data, BATCH, STEPS, 0, par_pos, NOISE)

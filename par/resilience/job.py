@@ -8,7 +8,9 @@ One launch, every run from the same seed on the same ranks:
              DIR/state and goes on
     "3>S"    for each S in `--resume-stages`: a fresh engine of stage S (fresh torch seed, as a new process has)
              loads DIR/state (re-sharded where the stage differs) and trains the steps after it
-Each run saves its final state to DIR/final_<label>, where a test reads its parameters (`load_full`).
+`--dcp`: the uninterrupted run also saves that state with `torch.distributed.checkpoint` to DIR/dcp
+(`par.resilience.torch_api.save_zero`). Each run saves its final state to DIR/final_<label>, where a test reads
+its parameters (`load_full`).
 `--forget data|rng|optimizer` makes the resumed runs restart the data order, keep the fresh random state, or lose
 rank 0's shard of Adam's state.
 
@@ -25,7 +27,7 @@ import par.runtime.dist
 from par.data import CharDataset
 from par.measure import JobResult, RunResult
 from par.model import build, lm_loss, preset
-from par.resilience import resume
+from par.resilience import resume, torch_api
 from par.runtime.job_args import JobArgs, arg
 from par.zero import checkpoint
 from par.zero.engine import Zero
@@ -43,6 +45,7 @@ class Args(JobArgs):
     save_stage: int = arg(3, choices=(0, 1, 2, 3))
     save_step: int = arg(3, minimum=1)
     resume_stages: tuple[int, ...] = arg((1, 3), "comma-separated ZeRO stages that resume from the saved state")
+    dcp: bool = arg(False, "the uninterrupted run also saves its state with torch.distributed.checkpoint (DIR/dcp)")
     forget: str = arg("", "what the resumed runs do not restore (optimizer: rank 0's shard of Adam's state)",
                       choices=("", "data", "rng", "optimizer"))
 
@@ -93,6 +96,8 @@ def train_run(stage: int, args: Args, env, data, resume_from: str = "") -> dict:
         losses.append(loss.item())
         if not resume_from and s + 1 == args.save_step:
             resume.save(engine, os.path.join(args.dir, "state"), step=s + 1)
+            if args.dcp:
+                torch_api.save_zero(engine, os.path.join(args.dir, "dcp"), step=s + 1)
     final = os.path.join(args.dir, f"final_{label.replace('>', '_to_')}")
     resume.save(engine, final, step=args.steps)
     engine.close()

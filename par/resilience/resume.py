@@ -126,7 +126,12 @@ def load_single(model, directory: str, optimizer: str = "adam", lr: float = 1e-3
     """A single process resumes a ZeRO run: parameters and Adam's state into `model` and a fresh optimizer
     (`par.reference.make_optimizer`), the random state restored; returns (optimizer, data position).
     data=False, rng=False, moments=False (Adam's m, v and t not restored): the mistakes a test shows."""
-    meta, units = full_units(directory)
+    return install(model, *full_units(directory), optimizer, lr, data, rng, moments)
+
+
+def install(model, meta: dict, units: list[dict], optimizer: str = "adam", lr: float = 1e-3, data: bool = True,
+            rng: bool = True, moments: bool = True) -> tuple[torch.optim.Optimizer, int]:
+    """`load_single` from whole units (`full_units`' pair, or DCP's: `par.resilience.torch_api`)."""
     params, states = by_parameter(meta, units)
     named = dict(model.named_parameters())
     if set(named) != set(params):
