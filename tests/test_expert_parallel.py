@@ -65,3 +65,16 @@ def test_training_with_ep_inside_dp_equals_the_single_process(n, env):
     for case, got in out["train"].items():
         assert got["ep"] * got["dp"] == n
         assert got["loss"] <= TOL and got["weights"] <= TOL, (case, got["loss"], got["weights"])
+
+
+@pytest.mark.slow
+def test_the_moe_job_compares_the_weights_after_several_steps_and_after_the_last():
+    """par.moe.job --check (lecture 09's launch): every step's loss, the weights after SEVERAL_STEPS steps (the
+    course's target) and after the last one, against the single process."""
+    from par.moe import job as moe_job
+    result = launch.run("par.moe.job", nproc=2, timeout=300, quiet=True, args=moe_job.Args(
+        preset="tiny", steps=7, batch=2, experts=4, k=2, check=True, alphas=(0.0,)).to_argv())
+    (run,) = result["runs"]
+    assert run["several_steps"] == moe_job.SEVERAL_STEPS == 5 and len(run["losses"]) == 7
+    assert run["max_loss_diff"] <= TOL and run["max_param_diff_after_several"] <= TOL
+    assert run["max_param_diff"] >= run["max_param_diff_after_several"] > 0   # measured, not a placeholder
