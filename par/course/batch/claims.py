@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 from par.course.batch.record import record
+from par.measure import plain
 from par.site import numbers
 
 MARK = {numbers.MET: "✓", numbers.MISSED: "✗"}
@@ -102,18 +103,12 @@ def check(notebook: str, name: str, value, part: str | None = None) -> Verdict:
         raise CourseError(f"lecture {notebook!r} declares no key number recorded as {name!r}: add a Key to its "
                           f"KEY_NUMBERS (par/course/lectures/)")
     record(name, value)
-    records = {name: numbers_plain(value)}
+    records = {name: plain(value)}
     judged = [judge(k, records) for k in keys]
     for v in judged:
         print(v.line())
     chosen = [v for v in judged if v.part == part] if part is not None else [v for v in judged if v.target]
     return (chosen or judged)[0]
-
-
-def numbers_plain(value):
-    """A recorded value as the batch keeps it (typed results as their JSON)."""
-    from par.measure import plain
-    return plain(value)
 
 
 def verdicts(notebook: str, records: dict) -> list[dict]:
