@@ -38,9 +38,10 @@ def young_daly_interval(checkpoint_s: float, mtbf_s: float) -> float:
     return math.sqrt(2 * checkpoint_s * mtbf_s)
 
 
-def lost_fraction(interval_s: float, checkpoint_s: float, mtbf_s: float) -> float:
-    """C/τ + τ/(2M): the fraction of wall time lost to checkpoints and rework, to first order in τ/M."""
-    return checkpoint_s / interval_s + interval_s / (2 * mtbf_s)
+def lost_fraction(interval_s: float, checkpoint_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
+    """C/τ + (τ/2 + R)/M: the fraction of wall time lost to checkpoints, rework and restarts (R per failure), to
+    first order in τ/M. R adds a constant: the best τ is √(2CM) whatever the restart costs."""
+    return checkpoint_s / interval_s + (interval_s / 2 + restart_s) / mtbf_s
 
 
 def expected_segment_s(interval_s: float, checkpoint_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
@@ -53,6 +54,21 @@ def expected_segment_s(interval_s: float, checkpoint_s: float, mtbf_s: float, re
 def exact_lost_fraction(interval_s: float, checkpoint_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
     """1 - τ / E[segment]: the fraction of wall time lost, without the first-order approximation."""
     return 1 - interval_s / expected_segment_s(interval_s, checkpoint_s, mtbf_s, restart_s)
+
+
+def exact_optimum(checkpoint_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
+    """The τ that minimises `exact_lost_fraction` (a golden-section search over [C/100, 10·√(2CM)], where the lost
+    fraction has one minimum); Daly's series for it is √(2CM)·(1 + ⅓√(C/2M) + C/18M) - C."""
+    lo, hi = checkpoint_s / 100, 10 * young_daly_interval(checkpoint_s, mtbf_s)
+    g = (math.sqrt(5) - 1) / 2
+    for _ in range(200):
+        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+        if exact_lost_fraction(a, checkpoint_s, mtbf_s, restart_s) < exact_lost_fraction(b, checkpoint_s, mtbf_s,
+                                                                                         restart_s):
+            hi = b
+        else:
+            lo = a
+    return (lo + hi) / 2
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ One launch, every run from the same seed on the same ranks:
 (`par.resilience.torch_api.save_zero`). Each run saves its final state to DIR/final_<label>, where a test reads
 its parameters (`load_full`).
 `--forget data|rng|optimizer` makes the resumed runs restart the data order, keep the fresh random state, or lose
-rank 0's shard of Adam's state.
+rank 0's shard of Adam's state. `--mistakes data,rng,optimizer` adds, after the resumed runs, one more resumed
+run per mistake (on the first of `--resume-stages`, labelled "3>1 forget data"), each forgetting that one thing:
+the three mistakes beside the right resume, in one launch.
 
 Result: {"world_size", "backend", "runs": [{"label", "stage", "start_step", "losses", "final"}]}.
 """
@@ -48,6 +50,8 @@ class Args(JobArgs):
     dcp: bool = arg(False, "the uninterrupted run also saves its state with torch.distributed.checkpoint (DIR/dcp)")
     forget: str = arg("", "what the resumed runs do not restore (optimizer: rank 0's shard of Adam's state)",
                       choices=("", "data", "rng", "optimizer"))
+    mistakes: tuple[str, ...] = arg((), "comma-separated, of data, rng, optimizer: one more resumed run each, "
+                                        "forgetting that one thing", choices=("data", "rng", "optimizer"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,20 +76,25 @@ def work(args: Args, nproc: int) -> list:
     from par.runtime.job_work import Training
     cfg = preset(args.preset)
     resumed = [(s, args.steps - args.save_step, f"resumed on ZeRO-{s}") for s in args.resume_stages]
+    resumed += [(args.resume_stages[0], args.steps - args.save_step, f"resumed forgetting {m}")
+                for m in args.mistakes if args.resume_stages]
     return [Training(model=cfg, global_batch=args.batch, dp=nproc, zero_stage=s, steps=n, label=label)
             for s, n, label in [(args.save_stage, args.steps, "uninterrupted"), *resumed]]
 
 
-def train_run(stage: int, args: Args, env, data, resume_from: str = "") -> dict:
+def train_run(stage: int, args: Args, env, data, resume_from: str = "", forget: str | None = None) -> dict:
     """One run on this rank: a fresh model and engine, the torch seed a new process starts from; resumed from
-    `resume_from` when given. Saves the state after `save_step` (the uninterrupted run) and at the end."""
+    `resume_from` when given, without restoring `forget` (default `--forget`). Saves the state after `save_step`
+    (the uninterrupted run) and at the end."""
+    forget = args.forget if forget is None else forget
     torch.manual_seed(args.seed)
     engine = Zero(build(preset(args.preset), seed=args.seed).to(env.device), stage=stage, optimizer="adam", lr=args.lr)
     start = 0
     if resume_from:
-        start = resume.load(engine, resume_from, data=args.forget != "data", rng=args.forget != "rng",
-                            optimizer=args.forget != "optimizer")
+        start = resume.load(engine, resume_from, data=forget != "data", rng=forget != "rng",
+                            optimizer=forget != "optimizer")
     label = f"{args.save_stage}>{stage}" if resume_from else str(stage)
+    label += f" forget {forget}" if resume_from and forget else ""
     losses = []
     for s, (x, y) in enumerate(resume.batches_from(data, args.batch, args.steps, args.seed, start), start):
         x, y = resume.global_step_input(x, y, args.noise, data.vocab_size, env.rank, env.world_size)
@@ -98,7 +107,7 @@ def train_run(stage: int, args: Args, env, data, resume_from: str = "") -> dict:
             resume.save(engine, os.path.join(args.dir, "state"), step=s + 1)
             if args.dcp:
                 torch_api.save_zero(engine, os.path.join(args.dir, "dcp"), step=s + 1)
-    final = os.path.join(args.dir, f"final_{label.replace('>', '_to_')}")
+    final = os.path.join(args.dir, f"final_{label.replace('>', '_to_').replace(' ', '_')}")
     resume.save(engine, final, step=args.steps)
     engine.close()
     return {"label": label, "stage": stage, "start_step": start,
@@ -110,15 +119,20 @@ def main(argv=None) -> None:
     if args.save_step >= args.steps:
         raise SystemExit(f"error: --save-step {args.save_step} leaves nothing to resume: use --steps "
                          f"{args.save_step + 1} or more")
+    if args.mistakes and not args.resume_stages:
+        raise SystemExit("error: --mistakes resume on the first of --resume-stages: give --resume-stages too")
     checkpoint.check_directory(args.dir)
     env = par.runtime.dist.init()
     if args.batch % env.world_size:
         raise SystemExit(f"error: --batch {args.batch} is not a multiple of the world size {env.world_size}: "
                          f"use e.g. --batch {env.world_size * max(1, args.batch // env.world_size)}")
     data = CharDataset(block_size=preset(args.preset).block_size)
+    state = os.path.join(args.dir, "state")
+    todo = [(args.save_stage, "", None), *[(s, state, None) for s in args.resume_stages],
+            *[(args.resume_stages[0], state, m) for m in args.mistakes]]
     runs = []
-    for stage, source in [(args.save_stage, ""), *[(s, os.path.join(args.dir, "state")) for s in args.resume_stages]]:
-        ranks = par.runtime.dist.gather_object(train_run(stage, args, env, data, source))
+    for stage, source, forget in todo:
+        ranks = par.runtime.dist.gather_object(train_run(stage, args, env, data, source, forget))
         if env.is_rank0:
             mine = ranks[0]
             losses = [sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(len(mine["losses"]))]
