@@ -52,10 +52,10 @@ def test_max_diff_and_slope():
             l11.slope(xs, ys)
 
 
-def test_resume_steps_save_halfway_within_4_to_20():
-    assert l11.resume_steps(20) == (20, 10)
+def test_resume_steps_save_halfway_within_4_to_12():
+    assert l11.resume_steps(20) == (12, 6)
     assert l11.resume_steps(3) == (4, 2)
-    assert l11.resume_steps(200) == (20, 10)
+    assert l11.resume_steps(9) == (9, 4)
     for s in range(1, 50):
         n, save = l11.resume_steps(s)
         assert 1 <= save < n

@@ -82,11 +82,11 @@ def work(args: Args, nproc: int) -> list:
             for s, n, label in [(args.save_stage, args.steps, "uninterrupted"), *resumed]]
 
 
-def train_run(stage: int, args: Args, env, data, resume_from: str = "", forget: str | None = None) -> dict:
+def train_run(stage: int, args: Args, env, data, resume_from: str = "", mistake: str = "") -> dict:
     """One run on this rank: a fresh model and engine, the torch seed a new process starts from; resumed from
-    `resume_from` when given, without restoring `forget` (default `--forget`). Saves the state after `save_step`
-    (the uninterrupted run) and at the end."""
-    forget = args.forget if forget is None else forget
+    `resume_from` when given, without restoring `mistake` (one of `--mistakes`, named in the label) or else
+    `--forget`. Saves the state after `save_step` (the uninterrupted run) and at the end."""
+    forget = mistake or args.forget
     torch.manual_seed(args.seed)
     engine = Zero(build(preset(args.preset), seed=args.seed).to(env.device), stage=stage, optimizer="adam", lr=args.lr)
     start = 0
@@ -94,7 +94,7 @@ def train_run(stage: int, args: Args, env, data, resume_from: str = "", forget: 
         start = resume.load(engine, resume_from, data=forget != "data", rng=forget != "rng",
                             optimizer=forget != "optimizer")
     label = f"{args.save_stage}>{stage}" if resume_from else str(stage)
-    label += f" forget {forget}" if resume_from and forget else ""
+    label += f" forget {mistake}" if resume_from and mistake else ""
     losses = []
     for s, (x, y) in enumerate(resume.batches_from(data, args.batch, args.steps, args.seed, start), start):
         x, y = resume.global_step_input(x, y, args.noise, data.vocab_size, env.rank, env.world_size)
@@ -128,11 +128,11 @@ def main(argv=None) -> None:
                          f"use e.g. --batch {env.world_size * max(1, args.batch // env.world_size)}")
     data = CharDataset(block_size=preset(args.preset).block_size)
     state = os.path.join(args.dir, "state")
-    todo = [(args.save_stage, "", None), *[(s, state, None) for s in args.resume_stages],
+    todo = [(args.save_stage, "", ""), *[(s, state, "") for s in args.resume_stages],
             *[(args.resume_stages[0], state, m) for m in args.mistakes]]
     runs = []
-    for stage, source, forget in todo:
-        ranks = par.runtime.dist.gather_object(train_run(stage, args, env, data, source, forget))
+    for stage, source, mistake in todo:
+        ranks = par.runtime.dist.gather_object(train_run(stage, args, env, data, source, mistake))
         if env.is_rank0:
             mine = ranks[0]
             losses = [sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(len(mine["losses"]))]

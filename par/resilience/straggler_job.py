@@ -11,7 +11,7 @@ neighbour, emulated), for each d of `--delays-ms`; each step starts on a barrier
 compute (forward + backward, + the delay on the slow rank), its all-reduce (every gradient in one flat bucket,
 `dist.all_reduce`: the wait included) and the whole step.
 
-    torchrun --nproc-per-node=2 -m par.resilience.straggler_job --delays-ms 0,50,100,200 --steps 6
+    torchrun --nproc-per-node=2 -m par.resilience.straggler_job --delays-ms 0,150,300 --steps 6
 
 Result: {"world_size", "backend", "runs": [{"delay_ms", "step_s", "per_rank": [{"compute_s", "allreduce_s"}]}]},
 each time the median over the steps after the first (a warm-up), `step_s` the slowest rank's.
@@ -36,7 +36,7 @@ from par.runtime.job_args import JobArgs, arg
 
 @dataclass(frozen=True)
 class Args(JobArgs):
-    delays_ms: tuple[float, ...] = arg((0.0, 50.0, 100.0, 200.0), "comma-separated delays of the slow rank (ms)")
+    delays_ms: tuple[float, ...] = arg((0.0, 150.0, 300.0), "comma-separated delays of the slow rank (ms)")
     slow_rank: int = arg(1, "the rank that sleeps after its backward (taken modulo the world size)")
     preset: str = arg("tiny")
     batch: int = arg(8, "global batch size (a multiple of the world size)", minimum=1)
