@@ -52,6 +52,8 @@ RANKS = {
         "ring_attention", "_RingAttention.forward", "_RingAttention._forward", "_RingAttention.backward",
         "_RingAttention._backward", "_pass_on", "flash_attention", "_FlashAttention.forward")],
     "par.course.grading.exercise_ddp": [("par.dp.bucketed", n) for n in ("BucketedDP", "Bucket")],
+    "par.course.grading.exercise_zero3": [("par.zero.engine", n) for n in ("Zero", "Unit", "_free", "_alloc")] +
+        [("par.zero.flat", "FlatParams")],
 }
 
 _LOCK = threading.Lock()
