@@ -11,7 +11,7 @@ neighbour, emulated), for each d of `--delays-ms`; each step starts on a barrier
 compute (forward + backward, + the delay on the slow rank), its all-reduce (every gradient in one flat bucket,
 `dist.all_reduce`: the wait included) and the whole step.
 
-    torchrun --nproc-per-node=2 -m par.resilience.straggler_job --delays-ms 0,150,300 --steps 6
+    torchrun --nproc-per-node=2 -m par.resilience.straggler_job --delays-ms 0,150,300 --steps 8
 
 Result: {"world_size", "backend", "runs": [{"delay_ms", "step_s", "per_rank": [{"compute_s", "allreduce_s"}]}]},
 each time the median over the steps after the first (a warm-up), `step_s` the slowest rank's.
@@ -40,7 +40,7 @@ class Args(JobArgs):
     slow_rank: int = arg(1, "the rank that sleeps after its backward (taken modulo the world size)")
     preset: str = arg("tiny")
     batch: int = arg(8, "global batch size (a multiple of the world size)", minimum=1)
-    steps: int = arg(6, "steps per delay; the first is a warm-up, not counted", minimum=2)
+    steps: int = arg(8, "steps per delay; the first is a warm-up, not counted", minimum=2)
     lr: float = arg(1e-3)
     seed: int = arg(0)
 
