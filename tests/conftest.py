@@ -7,6 +7,9 @@ skips it everywhere, saying how to run it.
 (`par.runtime.nccl_emulation`: one Work per `batch_isend_irecv`, received data valid only after it is waited).
 Pass it to the launcher: `par.runtime.launch.run(WORKER, nproc=3, env=p2p_env)`; results cached per world size
 should be cached per (world size, mode): `tuple(p2p_env.items())` is hashable.
+
+`exercise_class(name)` is one exercise's class (tests/classroom.py: the solved, tampered, wrong and cheating
+notebooks), graded once per session and shared by every test file that judges that exercise.
 """
 from pathlib import Path
 
@@ -25,6 +28,26 @@ collect_ignore_glob = ["fixtures/*"]
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture(scope="session")
+def course():
+    """The instructor's course as the grader loads it (solutions/)."""
+    from par.course.grading import grade
+    return grade.load_course()
+
+
+@pytest.fixture(scope="session")
+def exercise_class(tmp_path_factory, course):
+    """grades(name) -> {file stem: Grade} of exercise `name`'s class (tests/classroom.py), graded on first use."""
+    import classroom
+    graded = {}
+
+    def grades(name: str) -> dict:
+        if name not in graded:
+            graded[name] = classroom.grade_class(name, tmp_path_factory.mktemp(f"class-{name}"), course)
+        return graded[name]
+    return grades
 
 
 P2P_SEMANTICS = {"gloo": {}, "nccl-emulation": {nccl_emulation.ENV: "1"}}

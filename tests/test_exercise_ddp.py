@@ -4,7 +4,8 @@
   a handle waited inside backward, a handle never waited, a bucket never launched are each named.
 - The expected gradients the grader computes before the run are what torch's `DistributedDataParallel` leaves
   in `.grad` on 2 gloo ranks (two steps of SGD in between).
-- The class run: the solution earns every point of 02, the untouched exercise none, every wrong answer of
+- The class run (02's `exercise_class`, tests/classroom.py, graded once and shared with tests/test_grading.py):
+  the solution earns every point of 02, the untouched exercise none, every wrong answer of
   tests/fixtures/wrong_answers/02_gradient_buckets fails exactly the checks its file names (and loses exactly
   their points), and the cheats of tests/fixtures/cheats/02_gradient_buckets aimed at it (an all-reduce from
   behind the grader's recorder, torch's DDP or par's BucketedDP doing the work, the grader's hooks silenced)
@@ -14,22 +15,17 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 from tiers import slow
 
-from par.course.authoring import generate as exercises
-from par.course.authoring.generate import is_check
+from classroom import fixture_files, full_marks, points_of
 from par.course.grading import exercise_ddp as ddp
-from par.course.grading import grade
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "02_gradient_buckets"
-WRONG = Path(__file__).parent / "fixtures" / "wrong_answers" / NAME
 DDP_CHECKS = ("check-ddp-grads", "check-ddp-overlap", "check-ddp-bytes")
 
 
@@ -125,83 +121,22 @@ def test_the_expected_gradients_are_what_distributed_data_parallel_leaves(tmp_pa
                 assert torch.allclose(g, want, atol=1e-6), (r, step)
 
 
-# ---- the class run ----------------------------------------------------------------------------------------------
+# ---- the class run (02's `exercise_class`, tests/classroom.py, shared with tests/test_grading.py) --------------
 
-def fixtures() -> dict:
-    """{fixture name: (answer cell id, the checks it must fail, its cell source)} of the DDP part's wrong answers
-    and the rest of 02's."""
-    out = {}
-    for path in sorted(WRONG.glob("*.py")):
-        text = path.read_text()
-        head = dict(re.findall(r"^# (cell|must fail|why): (.*)$", text, re.M))
-        body = "\n".join(line for line in text.splitlines() if not re.match(r"^# (cell|must fail|why): ", line))
-        magic = "%%writefile my_ddp.py\n" if head["cell"] == "ddp-ranks" else ""
-        out[path.stem] = (head["cell"], {s.strip() for s in head["must fail"].split(",")}, magic + body.strip("\n"))
-    return out
-
-
-CHEATS = Path(__file__).parent / "fixtures" / "cheats" / NAME
-
-
-def cheats() -> dict:
-    """{name: (module source, the checks it must fail)} of the cheats aimed at the DDP part (tests/fixtures/cheats;
-    tests/test_grading_cheats.py grades them too, among every exercise's)."""
-    out = {}
-    for path in sorted(CHEATS.glob("*.py")):
-        text = path.read_text()
-        head = dict(re.findall(r"^# (cell|must fail|sandbox|why): (.*)$", text, re.M))
-        body = "\n".join(line for line in text.splitlines() if not re.match(r"^# (cell|must fail|sandbox|why): ", line))
-        if head["cell"] == "ddp-ranks":
-            must_fail = {s.strip() for s in head["must fail"].split(",")}
-            out[path.stem] = ("%%writefile my_ddp.py\n" + body.strip("\n"), must_fail)
-    return out
-
-
-TAMPERED = cheats()
-
-
-def notebook(replace: dict):
-    solution = {c.id: c.source for c in nbformat.read(ROOT / "solutions" / f"{NAME}.ipynb", as_version=4).cells}
-    nb = nbformat.read(ROOT / "exercises" / f"{NAME}.ipynb", as_version=4)
-    for cell in nb.cells:
-        if exercises.is_answer(cell):
-            cell.source = replace.get(cell.id, solution[cell.id])
-    return nb
-
-
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("class-02")
-    nbformat.write(notebook({}), folder / f"solved__{NAME}.ipynb")
-    nbformat.write(nbformat.read(ROOT / "exercises" / f"{NAME}.ipynb", as_version=4), folder / f"stub__{NAME}.ipynb")
-    for name, (cell, _, source) in fixtures().items():
-        nbformat.write(notebook({cell: source}), folder / f"wrong__{name}__{NAME}.ipynb")
-    for name, (source, _) in TAMPERED.items():
-        nbformat.write(notebook({"ddp-ranks": source}), folder / f"tampered__{name}__{NAME}.ipynb")
-    start = time.monotonic()
-    grades = grade.grade_many(sorted(folder.glob("*.ipynb")), grade.load_course(), timeout=600, cell_timeout=300,
-                              jobs=2, progress=None)
-    print(f"\n{NAME}: graded {len(grades)} notebooks in {time.monotonic() - start:.0f} s")
-    return {Path(g.submission).stem.removesuffix(f"__{NAME}"): g for g in grades}
-
-
-def points_of(checks) -> float:
-    cells = nbformat.read(ROOT / "solutions" / f"{NAME}.ipynb", as_version=4).cells
-    return sum(exercises.points(c) for c in cells if is_check(c) and c.get("id") in checks)
-
-
-FULL = points_of({c.get("id") for c in nbformat.read(ROOT / "solutions" / f"{NAME}.ipynb", as_version=4).cells})
+WRONG_ANSWERS = {f[1]: f for f in fixture_files("wrong_answers") if f[0] == NAME}
+TAMPERED = {f[1]: f for f in fixture_files("cheats") if f[0] == NAME and f[2] == "ddp-ranks"}
+FULL = full_marks(NAME)
 
 
 def test_the_part_is_worth_six_of_ten_points():
-    assert points_of(DDP_CHECKS) == 6 and FULL == 10
-    assert len([f for f in fixtures().values() if f[0] == "ddp-ranks"]) >= 6 and len(TAMPERED) >= 4
+    assert points_of(NAME, DDP_CHECKS) == 6 and FULL == 10
+    assert len([f for f in WRONG_ANSWERS.values() if f[2] == "ddp-ranks"]) >= 6 and len(TAMPERED) >= 4
 
 
 @slow
 @pytest.mark.timeout(900)
-def test_the_solution_earns_every_point_and_the_exercise_none(graded):
-    solved, stub = graded["solved"], graded["stub"]
+def test_the_solution_earns_every_point_and_the_exercise_none(exercise_class):
+    solved, stub = exercise_class(NAME)[f"tampered-solved__{NAME}"], exercise_class(NAME)[f"tampered-unsolved__{NAME}"]
     print(f"the solution graded in {solved.seconds:.1f} s")
     assert solved.status == "ok" and solved.points == solved.max_points == FULL, (solved.reason, solved.notes)
     assert stub.points == 0 and set(stub.failed_checks) >= set(DDP_CHECKS)
@@ -211,12 +146,12 @@ def test_the_solution_earns_every_point_and_the_exercise_none(graded):
 
 @slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", sorted(fixtures()))
-def test_every_wrong_answer_loses_exactly_the_points_of_what_it_breaks(graded, name):
-    _, must_fail, _ = fixtures()[name]
-    g = graded[f"wrong__{name}"]
+@pytest.mark.parametrize("name", sorted(WRONG_ANSWERS))
+def test_every_wrong_answer_loses_exactly_the_points_of_what_it_breaks(exercise_class, name):
+    must_fail = set(WRONG_ANSWERS[name][3])
+    g = exercise_class(NAME)[f"wrong__{NAME}__{name}"]
     assert g.status == "failed" and set(g.failed_checks) == must_fail, (g.failed_checks, g.reason)
-    assert g.points == FULL - points_of(must_fail)
+    assert g.points == FULL - points_of(NAME, must_fail)
     for check in g.checks:      # the feedback names what was compared, never a NameError of a broken check
         assert not re.match(r"(NameError|SyntaxError|ImportError)", check.error), (check.id, check.error)
 
@@ -224,10 +159,11 @@ def test_every_wrong_answer_loses_exactly_the_points_of_what_it_breaks(graded, n
 @slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", sorted(TAMPERED))
-def test_tampered_modules_lose_the_points_of_what_they_dodge(graded, name):
-    g = graded[f"tampered__{name}"]
-    assert set(g.failed_checks) == TAMPERED[name][1], (g.failed_checks, g.reason)
-    assert g.points == FULL - points_of(TAMPERED[name][1])
+def test_tampered_modules_lose_the_points_of_what_they_dodge(exercise_class, name):
+    must_fail = set(TAMPERED[name][3])
+    g = exercise_class(NAME)[f"cheat__{NAME}__{name}"]
+    assert set(g.failed_checks) == must_fail, (g.failed_checks, g.reason)
+    assert g.points == FULL - points_of(NAME, must_fail)
     if name in ("wraps_torch_ddp", "uses_par_bucketed_dp"):     # refused on the ranks, by name
         assert re.search(r"DistributedDataParallel|BucketedDP", next(c.error for c in g.checks
                                                                     if c.id == "check-ddp-grads"))

@@ -2,17 +2,14 @@
 
 - Without ranks: the grader's inputs (drawn per run, SDPA's output computed from them before any rank starts),
   and `verify` judging outputs and counts that are right, missing, forged or sent off the ring.
-- The class run (slow): the solution, the unsolved exercise, every wrong answer of part 3
-  (tests/fixtures/wrong_answers/08_online_softmax, cell `ring-attention`) and every cheat of it
-  (tests/fixtures/cheats/08_online_softmax), graded once, 2 at a time. The solution earns 11 of 11; each wrong
-  answer and each cheat fails exactly the checks its file names, and loses exactly their points.
+- The class run (slow; 08's `exercise_class`, tests/classroom.py, shared with tests/test_grading.py): the solution,
+  the unsolved exercise, every wrong answer of part 3 (tests/fixtures/wrong_answers/08_online_softmax, cell
+  `ring-attention`) and every cheat of it (tests/fixtures/cheats/08_online_softmax). The solution earns 11 of 11;
+  each wrong answer and each cheat fails exactly the checks its file names, and loses exactly their points.
 """
 import math
 import re
-import time
-from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 from tiers import slow
@@ -20,7 +17,7 @@ from tiers import slow
 import test_grading as tg
 import test_grading_cheats as tc
 from par.course.grading import exercise_ring_attention as ex
-from par.course.grading import grade, rank_io, references
+from par.course.grading import rank_io, references
 from par.course.grading.report import format_grade
 
 NAME = "08_online_softmax"
@@ -102,33 +99,13 @@ def test_part_3_keeps_at_least_six_wrong_answers_aimed_at_its_checks():
 
 # ---- the class run ---------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def ring_class(tmp_path_factory):
-    """{file stem: Grade} of the solution, the unsolved exercise, and part 3's wrong answers and cheats."""
-    folder = tmp_path_factory.mktemp("ring-attention")
-    nbformat.write(tg.solved(NAME), folder / f"solved__{NAME}.ipynb")
-    nbformat.write(tg.read(tg.ROOT / "exercises" / f"{NAME}.ipynb"), folder / f"unsolved__{NAME}.ipynb")
-    for _, fixture, cell, _, source in WRONG:
-        nbformat.write(tg.solved(NAME, {cell: source}), folder / f"wrong__{fixture}.ipynb")
-    for _, fixture, cell, _, _, source in CHEATS:
-        nbformat.write(tg.solved(NAME, {cell: source}), folder / f"cheat__{fixture}.ipynb")
-    course = grade.load_course()
-    start = time.monotonic()
-    graded = {Path(g.submission).stem: g for g in
-              grade.grade_many(sorted(folder.glob("*.ipynb")), course, timeout=600, cell_timeout=300, jobs=2,
-                               progress=None)}
-    print(f"\n{NAME} part 3: graded {len(graded)} notebooks in {time.monotonic() - start:.0f} s; the solution in "
-          f"{graded[f'solved__{NAME}'].seconds:.0f} s")
-    return graded, course
-
-
 @slow
 @pytest.mark.timeout(2400)
-def test_the_solution_earns_every_point_and_the_stub_fails_on_a_rank(ring_class):
-    graded, course = ring_class
-    full = graded[f"solved__{NAME}"]
+def test_the_solution_earns_every_point_and_the_stub_fails_on_a_rank(exercise_class, course):
+    graded = exercise_class(NAME)
+    full = graded[f"tampered-solved__{NAME}"]
     assert full.status == "ok" and full.points == full.max_points == tg.full_marks(NAME) == 11, format_grade(full, course)
-    nothing = graded[f"unsolved__{NAME}"]
+    nothing = graded[f"tampered-unsolved__{NAME}"]
     assert nothing.points == 0 and set(RING) <= set(nothing.failed_checks)
     first = next(c for c in nothing.checks if c.id == "check-ring-attention")
     assert re.search(r"NotImplementedError: your code here \(rank \d\)", first.error), first.error
@@ -138,12 +115,11 @@ def test_the_solution_earns_every_point_and_the_stub_fails_on_a_rank(ring_class)
 @pytest.mark.timeout(2400)
 @pytest.mark.parametrize("fixture, must_fail", [(w[1], w[3]) for w in WRONG] + [(c[1], c[3]) for c in CHEATS],
                          ids=[w[1] for w in WRONG] + [c[1] for c in CHEATS])
-def test_a_wrong_ring_loses_exactly_the_points_of_the_checks_it_breaks(ring_class, fixture, must_fail):
-    graded, course = ring_class
+def test_a_wrong_ring_loses_exactly_the_points_of_the_checks_it_breaks(exercise_class, course, fixture, must_fail):
     cheat = fixture in {c[1] for c in CHEATS}
     if cheat and next(c for c in CHEATS if c[1] == fixture)[4] and not tc.SANDBOX:
         pytest.skip("the defence is the sandbox's view of par (needs bwrap)")
-    g = graded[f"{'cheat' if cheat else 'wrong'}__{fixture}"]
+    g = exercise_class(NAME)[f"{'cheat' if cheat else 'wrong'}__{NAME}__{fixture}"]
     assert g.exercise == NAME and g.status == "failed", (g.status, g.reason)
     assert sorted(g.failed_checks) == sorted(must_fail), f"failed {g.failed_checks}, expected {must_fail}:\n" \
                                                          f"{format_grade(g, course)}"

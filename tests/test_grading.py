@@ -1,9 +1,9 @@
 """Grading an instructor can trust (`python -m par grade`, `par.course.grading.grade`).
 
-- The class run, one `par.course.grading.grade.grade_many` per exercise over a folder holding every wrong answer of
-  tests/fixtures/wrong_answers (see its README), a solved notebook whose check cells the student tampered
-  with (emptied, `assert False` added, asserts appended) and an unsolved one whose checks were replaced by
-  `pass`. Every wrong answer must lose points and fail the checks its file names; the tampered notebooks
+- The class run of each exercise (`exercise_class`, tests/classroom.py: graded once, shared with the other test
+  files), a folder holding every wrong answer of tests/fixtures/wrong_answers (see its README), a solved notebook
+  whose check cells the student tampered with (emptied, `assert False` added, asserts appended) and an unsolved
+  one whose checks were replaced by `pass`. Every wrong answer must lose points and fail the checks its file names; the tampered notebooks
   keep their true grade (full marks, nothing); the checks that run on real gloo ranks pass with the
   solution and fail with the stub, on a rank.
 - The class folder through the command line: solved, unsolved, hanging, crashing, malformed, not a notebook,
@@ -14,11 +14,9 @@
 - The student bundle (`python -m par exercises release`): no answers in it, practice grading there, and the
   instructor's grading of its submissions.
 """
-import copy
 import csv
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -34,79 +32,17 @@ from par.course.grading import grade, nbval_run
 from par.course.grading.report import COLUMNS
 from par.course.authoring.generate import is_answer, is_check
 
-ROOT = Path(__file__).resolve().parents[1]
-WRONG = Path(__file__).parent / "fixtures" / "wrong_answers"
-NAMES = [p.stem for p in sorted((ROOT / "solutions").glob("*.ipynb"))]
-CLASS_RUN_TIMEOUT = 600   # the first test of an exercise grades its class: 8 notebooks (under a minute on 2 cores)
+from classroom import NAMES, ROOT, fixture_files, full_marks, read, solution, solved
+
+CLASS_RUN_TIMEOUT = 600   # the first test of an exercise grades its class (tests/classroom.py)
 REAL_RANKS = {"00_ring_chunks": ["check-ring-ranks"], "07_layout": ["check-groups-ranks", "check-config-run"],
               "02_gradient_buckets": ["check-ddp-grads", "check-ddp-overlap", "check-ddp-bytes"],
               "03_pipelines": ["check-zb-h1-ranks"],
               "04_tensor_parallel": ["check-tp-forward", "check-tp-backward", "check-tp-traffic"],
+              "08_online_softmax": ["check-ring-attention", "check-ring-bytes", "check-ring-skipping"],
               "09_expert_dispatch": ["check-alltoall-ranks"]}
-
-
-def read(path):
-    return nbformat.read(path, as_version=4)
-
-
-def solution(name):
-    return read(ROOT / "solutions" / f"{name}.ipynb")
-
-
-def solved(name, replace: dict | None = None):
-    """The exercise with every answer cell filled from the solution (or from `replace`, by cell id)."""
-    nb, answers = read(ROOT / "exercises" / f"{name}.ipynb"), {c.id: c.source for c in solution(name).cells}
-    for cell in nb.cells:
-        if is_answer(cell):
-            cell.source = (replace or {}).get(cell.id, answers[cell.id])
-    return nb
-
-
-def wrong_answers():
-    """[(exercise, fixture name, answer cell id, checks that must fail, cell source)] from the fixture files."""
-    out = []
-    for path in sorted(WRONG.glob("*/*.py")):
-        text = path.read_text()
-        head = dict(re.findall(r"^# (cell|must fail|why): (.*)$", text, re.M))
-        body = "\n".join(line for line in text.splitlines() if not re.match(r"^# (cell|must fail|why): ", line))
-        cell = next(c for c in solution(path.parent.name).cells if c.id == head["cell"])
-        magic = cell.source.split("\n", 1)[0]
-        source = (magic + "\n" if magic.startswith("%%writefile") else "") + body.strip("\n")
-        out.append((path.parent.name, path.stem, head["cell"], [s.strip() for s in head["must fail"].split(",")],
-                    source))
-    return out
-
-
-WRONG_ANSWERS = wrong_answers()
-
-
-def tampered_solved(name):
-    """Solved, but every check cell edited: emptied, `assert False`, or an assert appended; a failing cell added."""
-    nb = solved(name)
-    for i, cell in enumerate(c for c in nb.cells if is_check(c)):
-        cell.source = ["", "assert False, 'the student added this'",
-                       cell.source + "\nassert 1 == 2, 'appended by the student'"][i % 3]
-        cell.metadata["points"] = 0
-    nb.cells.append(nbformat.v4.new_code_cell("raise RuntimeError('a cell the student added')"))
-    return nb
-
-
-def tampered_unsolved(name):
-    """Unsolved, with every check cell's asserts deleted, its tag removed and its points raised."""
-    nb = read(ROOT / "exercises" / f"{name}.ipynb")
-    for cell in (c for c in nb.cells if is_check(c)):
-        cell.source, cell.metadata = "pass", {"points": 100}
-    return nb
-
-
-@pytest.fixture(scope="module")
-def course():
-    return grade.load_course()
-
-
-def full_marks(name: str):
-    """The points of every check cell of the exercise (what a solved notebook gets)."""
-    return sum(exercises.points(c) for c in solution(name).cells if is_check(c))
+WRONG_ANSWERS = [(name, fixture, cell, must_fail, source)
+                 for name, fixture, cell, must_fail, _, source in fixture_files("wrong_answers")]
 
 
 FAST_EXERCISE = "01_model_state_bytes"   # its class run is in the fast tier; the other exercises' are slow
@@ -117,35 +53,12 @@ def by_exercise(cases, name=lambda c: c[0], id=lambda c: "/".join(c[:2])):
     return [pytest.param(*c, id=id(c), marks=() if name(c) == FAST_EXERCISE else slow) for c in cases]
 
 
-@pytest.fixture(scope="module")
-def class_run(tmp_path_factory, course):
-    """grades(name) -> {file stem: Grade}: one exercise's class, graded once, 2 at a time: every wrong answer of
-    it, a solved notebook with tampered checks and an unsolved one with its checks replaced."""
-    graded = {}
-
-    def grades(name: str) -> dict:
-        if name not in graded:
-            folder = tmp_path_factory.mktemp(f"class-{name}")
-            nbformat.write(tampered_solved(name), folder / f"tampered-solved__{name}.ipynb")
-            nbformat.write(tampered_unsolved(name), folder / f"tampered-unsolved__{name}.ipynb")
-            for exercise, fixture, cell, _, source in WRONG_ANSWERS:
-                if exercise == name:
-                    nbformat.write(solved(name, {cell: source}), folder / f"wrong__{name}__{fixture}.ipynb")
-            paths = sorted(folder.glob("*.ipynb"))
-            start = time.monotonic()
-            graded[name] = {Path(g.submission).stem: g
-                            for g in grade.grade_many(paths, course, timeout=600, cell_timeout=300, jobs=2)}
-            print(f"\n{name}: graded {len(paths)} notebooks in {time.monotonic() - start:.0f} s")
-        return graded[name]
-    return grades
-
-
 # ---- the fixtures themselves (no kernel) ------------------------------------------------------------------------
 
 def test_every_exercise_keeps_six_wrong_answers_naming_real_cells():
     for name in NAMES:
         mine = [w for w in WRONG_ANSWERS if w[0] == name]
-        assert len(mine) >= 6, f"{name}: {len(mine)} wrong answers in {WRONG / name}, at least 6 wanted"
+        assert len(mine) >= 6, f"{name}: {len(mine)} wrong answers in tests/fixtures/wrong_answers/{name}, at least 6 wanted"
         cells = {c.id: c for c in solution(name).cells}
         for _, fixture, cell, must_fail, _ in mine:
             assert cell in cells and is_answer(cells[cell]), f"{name}/{fixture}: {cell} is not an answer cell"
@@ -156,8 +69,8 @@ def test_every_exercise_keeps_six_wrong_answers_naming_real_cells():
 
 @pytest.mark.timeout(CLASS_RUN_TIMEOUT)
 @pytest.mark.parametrize("name, fixture, cell, must_fail, source", by_exercise(WRONG_ANSWERS))
-def test_every_wrong_answer_loses_points(class_run, name, fixture, cell, must_fail, source):
-    g = class_run(name)[f"wrong__{name}__{fixture}"]
+def test_every_wrong_answer_loses_points(exercise_class, name, fixture, cell, must_fail, source):
+    g = exercise_class(name)[f"wrong__{name}__{fixture}"]
     assert g.exercise == name and g.status == "failed", (g.status, g.reason)
     assert g.points < g.max_points
     assert set(must_fail) <= set(g.failed_checks), f"failed {g.failed_checks}, expected at least {must_fail}"
@@ -167,11 +80,11 @@ def test_every_wrong_answer_loses_points(class_run, name, fixture, cell, must_fa
 
 @pytest.mark.timeout(CLASS_RUN_TIMEOUT)
 @pytest.mark.parametrize("name", by_exercise([(n,) for n in NAMES], id=lambda c: c[0]))
-def test_tampered_checks_keep_the_true_grade(class_run, name):
-    full = class_run(name)[f"tampered-solved__{name}"]
+def test_tampered_checks_keep_the_true_grade(exercise_class, name):
+    full = exercise_class(name)[f"tampered-solved__{name}"]
     assert full.status == "ok" and full.points == full.max_points > 0, (full.reason, full.failed_checks)
     assert full.max_points == sum(exercises.points(c) for c in solution(name).cells if is_check(c))
-    nothing = class_run(name)[f"tampered-unsolved__{name}"]
+    nothing = exercise_class(name)[f"tampered-unsolved__{name}"]
     assert nothing.status == "failed" and nothing.points == 0 and nothing.max_points == full.max_points
     assert len(nothing.failed_checks) == len(nothing.checks) > 0
     for check in nothing.checks:  # the stub's own error (or a check's assert), never a broken check
@@ -180,8 +93,8 @@ def test_tampered_checks_keep_the_true_grade(class_run, name):
 
 @pytest.mark.timeout(CLASS_RUN_TIMEOUT)
 @pytest.mark.parametrize("name", by_exercise([(n,) for n in sorted(REAL_RANKS)], id=lambda c: c[0]))
-def test_real_rank_checks_pass_with_the_solution_and_fail_on_a_rank_with_the_stub(class_run, name):
-    full, nothing = class_run(name)[f"tampered-solved__{name}"], class_run(name)[f"tampered-unsolved__{name}"]
+def test_real_rank_checks_pass_with_the_solution_and_fail_on_a_rank_with_the_stub(exercise_class, name):
+    full, nothing = exercise_class(name)[f"tampered-solved__{name}"], exercise_class(name)[f"tampered-unsolved__{name}"]
     for check in REAL_RANKS[name]:
         assert check not in full.failed_checks
         assert check in nothing.failed_checks
@@ -195,17 +108,17 @@ GRID = ("07_layout", "process-groups", ("check-process-groups", "check-groups-ra
 
 @slow
 @pytest.mark.timeout(CLASS_RUN_TIMEOUT)
-def test_the_process_grid_earns_its_points_right_and_loses_them_wrong(class_run):
+def test_the_process_grid_earns_its_points_right_and_loses_them_wrong(exercise_class):
     """07's part 1: the solution's groups earn full marks; each wrong grid loses exactly part 1's points, and the
     wrong grids that split the ranks were judged on the real ranks (the grader read their all-reduce sums)."""
     name, cell, checks = GRID
     part = sum(exercises.points(c) for c in solution(name).cells if c.get("id") in checks)
-    right = class_run(name)[f"tampered-solved__{name}"]
+    right = exercise_class(name)[f"tampered-solved__{name}"]
     assert right.points == right.max_points == full_marks(name) and not set(checks) & set(right.failed_checks)
     wrong = [fixture for exercise, fixture, answer, *_ in WRONG_ANSWERS if (exercise, answer) == (name, cell)]
     assert len(wrong) >= 3, wrong
     for fixture in wrong:
-        g = class_run(name)[f"wrong__{name}__{fixture}"]
+        g = exercise_class(name)[f"wrong__{name}__{fixture}"]
         assert set(g.failed_checks) == set(checks), (fixture, g.failed_checks)
         assert g.points == full_marks(name) - part, (fixture, g.points)
         ranks = next(c for c in g.checks if c.id == checks[1])

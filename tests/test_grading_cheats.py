@@ -1,8 +1,8 @@
 """A student who cheats, second round (issue 40): every trick gets exactly the points the honest part deserves.
 
 Each file in tests/fixtures/cheats (see its README) is an answer cell that tries to score without the work; the
-rest of its notebook is the solution. One class folder holds them all, graded once, 2 at a time; each test
-asserts that a submission failed exactly the checks its trick was aimed at. The unit tests below name the
+rest of its notebook is the solution. Each is graded in its exercise's class (`exercise_class`, tests/classroom.py:
+graded once, 2 at a time, shared with the other test files); each test asserts that a submission failed exactly the checks its trick was aimed at. The unit tests below name the
 defence each trick meets, and fail when it is removed:
 
     mutation flowing back into the grader's objects    the Proxy returns copies; nothing is written back
@@ -18,12 +18,10 @@ defence each trick meets, and fail when it is removed:
 """
 import json
 import os
-import re
 import stat
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import nbformat
@@ -32,31 +30,16 @@ import torch
 from tiers import slow
 
 import test_grading as tg
-from par.course.grading import compare, grade, references, sandbox, standins
+from classroom import fixture_files
+from par.course.grading import compare, references, sandbox, standins
 from par.course.grading.report import format_grade
 from par.course.authoring.generate import is_answer, is_check
 
 ROOT = Path(__file__).resolve().parents[1]
-CHEATS = Path(__file__).parent / "fixtures" / "cheats"
 SANDBOX = sandbox.available()
 
 
-def cheats():
-    """[(exercise, fixture name, answer cell id, checks that must fail, needs the sandbox, cell source)]."""
-    out = []
-    for path in sorted(CHEATS.glob("*/*.py")):
-        text = path.read_text()
-        head = dict(re.findall(r"^# (cell|must fail|sandbox|why): (.*)$", text, re.M))
-        body = "\n".join(line for line in text.splitlines() if not re.match(r"^# (cell|must fail|sandbox|why): ", line))
-        cell = next(c for c in tg.solution(path.parent.name).cells if c.id == head["cell"])
-        magic = cell.source.split("\n", 1)[0]
-        source = (magic + "\n" if magic.startswith("%%writefile") else "") + body.strip("\n")
-        out.append((path.parent.name, path.stem, head["cell"], [s.strip() for s in head["must fail"].split(",")],
-                    head.get("sandbox") == "yes", source))
-    return out
-
-
-CHEATS_ALL = cheats()
+CHEATS_ALL = fixture_files("cheats")   # [(exercise, fixture, cell, must fail, needs the sandbox, source)]
 
 
 def test_every_cheat_names_real_cells():
@@ -67,29 +50,15 @@ def test_every_cheat_names_real_cells():
         assert must_fail and all(c in cells and is_check(cells[c]) for c in must_fail), f"{name}/{fixture}"
 
 
-@pytest.fixture(scope="module")
-def cheat_class(tmp_path_factory):
-    """{fixture: Grade} of the whole cheats class, graded once, 2 at a time."""
-    folder = tmp_path_factory.mktemp("cheats")
-    for name, fixture, cell, _, _, source in CHEATS_ALL:
-        nbformat.write(tg.solved(name, {cell: source}), folder / f"{fixture}__{name}.ipynb")
-    course = grade.load_course()
-    start = time.monotonic()
-    graded = {Path(g.submission).stem.split("__")[0]: g
-              for g in grade.grade_many(sorted(folder.glob("*.ipynb")), course, timeout=600, cell_timeout=300, jobs=2)}
-    print(f"\ncheats: {len(graded)} notebooks in {time.monotonic() - start:.0f} s")
-    return graded, course
-
-
 @slow
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("name, fixture, cell, must_fail, needs_sandbox, source", CHEATS_ALL,
                          ids=[f"{c[0]}/{c[1]}" for c in CHEATS_ALL])
-def test_a_cheat_gets_only_the_honest_points(cheat_class, name, fixture, cell, must_fail, needs_sandbox, source):
+def test_a_cheat_gets_only_the_honest_points(exercise_class, course, name, fixture, cell, must_fail, needs_sandbox,
+                                            source):
     if needs_sandbox and not SANDBOX:
         pytest.skip("the defence is the sandbox's view of par (needs bwrap)")
-    graded, course = cheat_class
-    g = graded[fixture]
+    g = exercise_class(name)[f"cheat__{name}__{fixture}"]
     assert g.exercise == name, g.reason
     assert sorted(g.failed_checks) == sorted(must_fail), \
         f"failed {g.failed_checks}, expected exactly {must_fail}:\n{format_grade(g, course)}"
@@ -100,9 +69,8 @@ def test_a_cheat_gets_only_the_honest_points(cheat_class, name, fixture, cell, m
 
 @slow
 @pytest.mark.timeout(1500)
-def test_feedback_never_shows_the_hidden_scenario(cheat_class):
-    graded, course = cheat_class
-    text = format_grade(graded["raises_with_its_arguments"], course)
+def test_feedback_never_shows_the_hidden_scenario(exercise_class, course):
+    text = format_grade(exercise_class("07_layout")["cheat__07_layout__raises_with_its_arguments"], course)
     assert "scenario:" in text, "the visible checks still show the student's own message"
     assert "V100" not in text and "v100" not in text, text
 
