@@ -107,6 +107,7 @@ dist.destroy_process_group()
 """
 
 
+@slow
 @pytest.mark.timeout(300)
 def test_the_expected_gradients_are_what_distributed_data_parallel_leaves(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

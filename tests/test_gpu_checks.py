@@ -4,12 +4,14 @@ machine (the tier itself runs only where CUDA is: tests/test_gpu.py)."""
 import json
 
 import pytest
+from tiers import slow
 
 from gpu_checks import finite_losses, sixteen_bit_tracks_fp32, tokens_per_second
 from par.model import preset
 from par.runtime import launch
 
 
+@slow
 def test_16_bit_check_reads_the_mixed_precision_job():
     result = launch.run("par.precision.job", nproc=1, backend="gloo", timeout=300, quiet=True, args=[
         "--dtype", "fp32,fp16", "--preset", "tiny", "--steps", "12", "--batch", "8", "--init-scale", 2 ** 16])
@@ -17,6 +19,7 @@ def test_16_bit_check_reads_the_mixed_precision_job():
     finite_losses(result)
 
 
+@slow
 def test_tokens_per_second_reads_the_training_job():
     config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "steps": 4, "model": {"preset": "tiny"}}
     row = launch.run("par.train.job", nproc=1, backend="gloo", timeout=300, quiet=True,

@@ -45,12 +45,10 @@ WRONG_ANSWERS = [(name, fixture, cell, must_fail, source)
                  for name, fixture, cell, must_fail, _, source in fixture_files("wrong_answers")]
 
 
-FAST_EXERCISE = "01_model_state_bytes"   # its class run is in the fast tier; the other exercises' are slow
-
-
-def by_exercise(cases, name=lambda c: c[0], id=lambda c: "/".join(c[:2])):
-    """Parameters of the class-run tests: FAST_EXERCISE's in the fast tier, every other exercise's `slow`."""
-    return [pytest.param(*c, id=id(c), marks=() if name(c) == FAST_EXERCISE else slow) for c in cases]
+def by_exercise(cases, id=lambda c: "/".join(c[:2])):
+    """Parameters of the class-run tests, all `slow` (the fast tier grades the solution and the stub of one exercise:
+    tests/test_exercises.py)."""
+    return [pytest.param(*c, id=id(c), marks=slow) for c in cases]
 
 
 # ---- the fixtures themselves (no kernel) ------------------------------------------------------------------------
@@ -295,6 +293,7 @@ def test_release_writes_the_bundle_without_answers_and_refuses_to_overwrite(tmp_
     assert python_m_par(["exercises", "release", str(ROOT / "solutions" / "x")]) == 2
 
 
+@slow
 def test_bundle_submissions_are_graded_from_the_checkout_and_practice_there(tmp_path, course):
     dest = tmp_path / "course"
     release.write_bundle(dest)

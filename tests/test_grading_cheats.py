@@ -251,6 +251,7 @@ def test_the_graders_memory_stays_bounded_with_a_256_mb_reply_and_an_iopub_flood
     assert growth < GRADER_BOUND, f"the grader grew by {growth >> 20} MB"
 
 
+@slow
 def test_the_twins_stubbed_do_not_depend_on_what_the_grader_imported_before():
     """A job module's `if __name__ == "__main__": main()` runs as a script, never on import: importing the job
     (as the grader's other work does) must not make its `main`'s callees count as needed by the given tools."""

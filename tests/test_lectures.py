@@ -21,6 +21,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from tiers import slow
 
 from par.course.batch import dry_run as checker, launches as course
 from par.site import build, numbers
@@ -39,6 +40,7 @@ def test_every_lecture_module_declares_what_the_engine_reads():
     assert stated[("bubble_measured_minus_formula_max", None)] == numbers.at_most(0.05)
 
 
+@slow
 def test_the_key_numbers_command_hands_the_site_every_lecture():
     done = subprocess.run([sys.executable, "-m", "par.course.lectures"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, check=True)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from tiers import slow
 import torch
 import torch.nn as nn
 
@@ -244,6 +245,7 @@ def test_cuda_peak_is_none_on_cpu():
 
 
 # ---------------------------------------------------------------- the launched job
+@slow
 def test_job_on_two_ranks_predicted_equals_measured():
     r = par.runtime.launch.run("par.memory.job", nproc=2, timeout=180, quiet=True,
                                args=["--optimizers", "adam,momentum,sgd", "--precisions", "fp32,bf16", "--steps", "3"])

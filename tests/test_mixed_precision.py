@@ -4,7 +4,7 @@ import math
 from pathlib import Path
 
 import pytest
-from tiers import tiered_one
+from tiers import slow, tiered_one
 import torch
 
 import par.runtime.launch
@@ -286,6 +286,7 @@ def test_data_parallel_hook_averages_16_bit_gradients(ranks):
         assert r["diff"] < 0.02 * r["update"], r
 
 
+@slow
 def test_training_job_reports_skips_memory_and_16_bit_traffic():
     """par.precision.job on 2 ranks: inf injected on rank 1 only, 16-bit DP all-reduce, memory = formula."""
     res = par.runtime.launch.run("par.precision.job", nproc=2, timeout=400, quiet=True, args=[

@@ -60,6 +60,7 @@ def test_install_is_idempotent_and_reversible():
     assert [getattr(dist, n) for n in names] == original
 
 
+@slow
 def test_the_emulation_fails_lecture_00s_old_unbatched_ring_and_passes_its_grouped_one():
     with pytest.raises(launch.LaunchError, match="UnmatchedSend: rank [0-2]: an unbatched send to rank"):
         launch.run(WORKER, nproc=3, env=EMULATED, args=["--ring", "isend"], timeout=120, quiet=True)
