@@ -1,4 +1,4 @@
-"""Exercise 11's save and load of a ZeRO run's training state, graded on real ranks (`par.course.grading.exercise_resume`).
+"""Exercise 11's save and load of a ZeRO run's training state, on real ranks (`par.course.grading.exercise_resume`).
 
 - The grader's own trajectory is what `torch.optim.Adam` leaves, in one process, on the gradient averaged over the
   ranks, with the noise torch's default generator draws after `torch.manual_seed` (the ranks' stream).
@@ -93,11 +93,16 @@ def test_verify_passes_honest_ranks_and_names_what_is_off():
     assert "Adam's state" in resume.verify(resume.Args(), context, later)["losses"]["problem"]
     drifted = honest(context, n)
     drifted[0]["losses"][1] = drifted[0]["losses"][1] + 1e-3
-    assert "left the grader's trajectory at step 2" in resume.verify(resume.Args(), context, drifted)["losses"]["problem"]
+    problem = resume.verify(resume.Args(), context, drifted)["losses"]["problem"]
+    assert "left the grader's trajectory at step 2" in problem
     count = honest(context, n)
     count[1]["again"]["step"][0] = torch.tensor(4.0)
     problem = resume.verify(resume.Args(), context, count)["state"]["problem"]
-    assert problem.startswith("rank 1, unit 0") and "Adam's step count" in problem
+    assert problem.startswith("rank 1, unit 0") and "Adam's step count t differs" in problem
+    assert "(t = 4, against 8)" in problem
+    shard = honest(context, n)
+    shard[0]["again"]["params"][1] = shard[0]["again"]["params"][1][:-1]
+    assert resume.verify(resume.Args(), context, shard)["state"]["problem"].startswith("rank 0, unit 1")
 
 
 def test_pars_resume_and_checkpoint_are_refused_on_the_ranks_and_stubbed_in_the_sandbox():

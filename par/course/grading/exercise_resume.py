@@ -141,7 +141,7 @@ def _state(engine) -> dict:
         v = s.get(key)
         return v.detach().clone() if isinstance(v, torch.Tensor) else torch.tensor(float("nan"))
     return {"params": [m.detach().clone() for m in masters], "m": [get(s, "exp_avg") for s in st],
-            "v": [get(s, "exp_avg_sq") for s in st], "step": [get(s, "step").reshape(()) for s in st]}
+            "v": [get(s, "exp_avg_sq") for s in st], "step": [get(s, "step") for s in st]}
 
 
 def _train(engine, inputs, steps, rank, n, device) -> list:
@@ -241,27 +241,32 @@ def loss_problem(r: int, out, want: torch.Tensor) -> str:
     return ""
 
 
-def state_problem(r: int, out) -> str:
-    """The first difference ("" if none) between the final state of rank r's resumed run and the uninterrupted
-    run's: its parameter partitions, Adam's m, v or step count, per unit."""
-    final, again = _parts(out, "final"), _parts(out, "again")
-    if final is None or again is None:
-        return f"rank {r}: no final state was reported"
-    names = {"params": "parameter partition", "m": "Adam's m", "v": "Adam's v", "step": "Adam's step count t"}
+def state_problem(outputs: list) -> str:
+    """The first difference ("" if none) between the final state of a rank's resumed run and its uninterrupted
+    run's: Adam's step count, m, v, then the parameter partitions (the most telling first), per unit, over the
+    ranks."""
+    runs = [(_parts(out, "final"), _parts(out, "again")) for out in outputs]
+    for r, (final, again) in enumerate(runs):
+        if final is None or again is None:
+            return f"rank {r}: no final state was reported"
+    names = {"step": "Adam's step count t", "m": "Adam's m", "v": "Adam's v", "params": "parameter partition"}
     for key, name in names.items():
-        if len(final[key]) != len(again[key]):
-            return f"rank {r}: {len(again[key])} units after the resumed run, {len(final[key])} after the other"
-        for u, (a, b) in enumerate(zip(again[key], final[key])):
-            if a.shape != b.shape or not torch.equal(a, b):
-                return (f"rank {r}, unit {u}: after step {STEPS}, the resumed run's {name} differs from the run "
-                        f"that never stopped (bit-equal expected)")
+        for r, (final, again) in enumerate(runs):
+            if len(final[key]) != len(again[key]):
+                return f"rank {r}: {len(again[key])} units after the resumed run, {len(final[key])} after the other"
+            for u, (a, b) in enumerate(zip(again[key], final[key])):
+                if a.shape != b.shape or not torch.equal(a, b):
+                    one = key == "step" and a.numel() == b.numel() == 1
+                    said = f" (t = {a.item():g}, against {b.item():g})" if one else ""
+                    return (f"rank {r}, unit {u}: after step {STEPS}, the resumed run's {name} differs from the run "
+                            f"that never stopped{said} (bit-equal expected)")
     return ""
 
 
 def verify(args: Args, context: dict, outputs: list) -> dict:
     want = context["losses"]
     loss = next((p for p in (loss_problem(r, out, want[:, r]) for r, out in enumerate(outputs)) if p), "")
-    state = next((p for p in (state_problem(r, out) for r, out in enumerate(outputs)) if p), "")
+    state = state_problem(outputs)
     return {"world_size": len(outputs), "losses": {"ok": not loss, "problem": loss, "steps": STEPS,
                                                    "save_at": SAVE_AT},
             "state": {"ok": not state, "problem": state}}
