@@ -99,7 +99,7 @@ def test_verify_passes_honest_ranks_and_names_what_is_off():
     count[1]["again"]["step"][0] = torch.tensor(4.0)
     problem = resume.verify(resume.Args(), context, count)["state"]["problem"]
     assert problem.startswith("rank 1, unit 0") and "Adam's step count t differs" in problem
-    assert "(t = 4, against 8)" in problem
+    assert "(t = 4, against 8; bit-equal expected)" in problem
     shard = honest(context, n)
     shard[0]["again"]["params"][1] = shard[0]["again"]["params"][1][:-1]
     assert resume.verify(resume.Args(), context, shard)["state"]["problem"].startswith("rank 0, unit 1")

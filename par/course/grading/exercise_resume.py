@@ -257,9 +257,9 @@ def state_problem(outputs: list) -> str:
             for u, (a, b) in enumerate(zip(again[key], final[key])):
                 if a.shape != b.shape or not torch.equal(a, b):
                     one = key == "step" and a.numel() == b.numel() == 1
-                    said = f" (t = {a.item():g}, against {b.item():g})" if one else ""
+                    said = f"t = {a.item():g}, against {b.item():g}; " if one else ""
                     return (f"rank {r}, unit {u}: after step {STEPS}, the resumed run's {name} differs from the run "
-                            f"that never stopped{said} (bit-equal expected)")
+                            f"that never stopped ({said}bit-equal expected)")
     return ""
 
 
