@@ -1,8 +1,10 @@
 """The launcher: results come back, output streams, failures surface with their root cause on the first line,
 hangs are killed naming the ranks that did not finish, a SIGKILLed rank ends the job, nothing is retried.
 
-The multi-process cases launch tests/workers/launch_modes.py with torchrun through `par.runtime.launch.run`; the
-parsing of torchrun's report is also checked on recorded text.
+The multi-process cases launch tests/workers/launch_modes.py through `par.runtime.launch.run`, whose ranks
+`par.runtime.agent` starts; the same job under torchrun gets the same environment and the same root cause, and
+torchrun's restarts (`max_restarts`) bring a failed try back. The parsing of the failure report is also checked on
+recorded text.
 """
 from __future__ import annotations
 
@@ -151,36 +153,73 @@ def test_a_rank_killed_by_sigkill_ends_the_job_naming_it():
     assert_all_gone([int(p) for p in re.findall(r"pid=(\d+)", str(info.value))], token)
 
 
-def test_ranks_do_not_outlive_a_killed_torchrun():
-    """torchrun itself dies (an OOM killer, a stray kill): its ranks are orphans, and the launcher ends them."""
+@pytest.mark.parametrize("starter", ["par.runtime.agent", pytest.param("torch.distributed.run", marks=slow)])
+def test_ranks_do_not_outlive_a_killed_starter(starter):
+    """The process that started the ranks dies (an OOM killer, a stray kill): its ranks are orphans, and the launcher
+    ends them."""
     token = f"orphan-token-{uuid.uuid4().hex}"
     caught = {}
 
     def launch_it():
-        try:
-            launch.run(WORKER, nproc=2, args=["hang", token], timeout=120, quiet=True)
+        try:   # max_restarts=1: torchrun starts the ranks; it never restarts them here, the job is ended first
+            launch.run(WORKER, nproc=2, args=["hang", token], timeout=120, quiet=True,
+                       max_restarts=int(starter == "torch.distributed.run"))
         except launch.LaunchError as e:
             caught["error"] = e
     t = threading.Thread(target=launch_it)
     t.start()
     deadline = time.monotonic() + 90
-    ranks = []
-    while len(ranks) < 2 and time.monotonic() < deadline:   # torchrun, then both ranks past their imports
+    ranks, agent = [], []
+    while len(ranks) < 2 and time.monotonic() < deadline:   # the starter, then both ranks past their imports
         time.sleep(0.5)
         mine = with_token(token)
-        torchrun = [p for p in mine if b"torch.distributed.run" in open(f"/proc/{p}/cmdline", "rb").read()]
-        ranks = [p for p in mine if p not in torchrun]
-    assert torchrun and len(ranks) == 2, "the job did not start within 90 s"
+        agent = [p for p in mine if starter.encode() in open(f"/proc/{p}/cmdline", "rb").read()]
+        ranks = [p for p in mine if p not in agent]
+    assert agent and len(ranks) == 2, "the job did not start within 90 s"
     time.sleep(2)   # let the launcher see the ranks once
-    os.kill(torchrun[0], signal.SIGKILL)
+    os.kill(agent[0], signal.SIGKILL)
     t.join(60)
     assert not t.is_alive() and "error" in caught
-    assert caught["error"].root_cause.startswith("torchrun itself was killed by SIGKILL")
+    name = "torchrun" if starter == "torch.distributed.run" else starter
+    assert caught["error"].root_cause.startswith(f"{name} itself was killed by SIGKILL")
     assert_all_gone(ranks, token)
 
 
+@slow
+def test_the_agent_gives_the_ranks_what_torchrun_gives_them(monkeypatch):
+    """The same job under par.runtime.agent and under torchrun: every variable a rank reads is the same (but the
+    port and the run's id), and the same failure is read back as the same root cause."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("launch_modes", WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    agent = launch.run(WORKER, nproc=2, args=["ok"], timeout=120, quiet=True)
+    torchrun = launch.run(WORKER, nproc=2, args=["ok"], timeout=120, quiet=True, max_restarts=1)  # never fails
+    for a, b in zip(agent["ranks"], torchrun["ranks"]):
+        for key in set(worker.TORCHRUN_VARS) - {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"}:
+            assert a["env"][key] == b["env"][key], (key, a["env"][key], b["env"][key])
+    assert {r["env"]["TORCHELASTIC_USE_AGENT_STORE"] for r in agent["ranks"]} == {"False"}   # rank 0 serves the store
+    errors = {}
+    for name, command in (("agent", launch.agent_command), ("torchrun", launch.torchrun_command)):
+        monkeypatch.setattr(launch, "agent_command", lambda target, nproc, args=(), port=None: command(target, nproc, args, port))
+        with pytest.raises(launch.LaunchError) as info:
+            launch.run(WORKER, nproc=3, args=["raise"], timeout=120, quiet=True)
+        errors[name] = info.value
+    assert errors["agent"].root_cause == errors["torchrun"].root_cause
+    assert errors["agent"].ranks == errors["torchrun"].ranks == [1]
+
+
+@slow
+def test_torchrun_restarts_a_failed_try_when_asked():
+    """max_restarts=1: the first try fails on rank 1, torchrun starts every rank again, the second try returns."""
+    assert launch.run(WORKER, nproc=2, args=["once"], timeout=120, quiet=True, max_restarts=1) == {"restart_count": 1}
+    with pytest.raises(launch.LaunchError) as info:      # without restarts the first failure is the end
+        launch.run(WORKER, nproc=2, args=["once"], timeout=120, quiet=True)
+    assert info.value.root_cause == "rank 1 failed: ValueError: the first try fails on rank one"
+
+
 def test_nccl_without_gpus_stops_before_starting_anything(monkeypatch):
-    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: pytest.fail("torchrun was started"))
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: pytest.fail("a process was started"))
     start = time.monotonic()
     with pytest.raises(BackendError) as info:
         launch.run(WORKER, nproc=64, args=["ok"], backend="nccl", timeout=120, quiet=True)
@@ -202,6 +241,14 @@ def test_torchrun_command_binds_localhost():
     assert "--max-restarts=0" in cmd
     assert cmd[-4:] == ["-m", "par.comm.job", "--parts", "show"]
     assert launch.torchrun_command("x/y.py", 2)[-1] == "x/y.py"
+    assert "--max-restarts=2" in launch.torchrun_command("x/y.py", 2, max_restarts=2)
+
+
+def test_agent_command_runs_the_same_program():
+    cmd = launch.agent_command("par.comm.job", 4, ["--parts", "show"], port=12345)
+    assert cmd[1:3] == ["-m", "par.runtime.agent"] and "--nproc-per-node=4" in cmd and "--master-port=12345" in cmd
+    assert cmd[-4:] == ["-m", "par.comm.job", "--parts", "show"]
+    assert launch.agent_command("x/y.py", 2)[-1] == "x/y.py"
 
 
 # ---------------------------------------------------------------- torchrun's report, read back (no launch)

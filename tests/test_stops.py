@@ -178,11 +178,18 @@ def test_with_default_settings_a_hung_rank_is_named_within_a_minute(tmp_path, mo
 
 
 # ---------------------------------------------------------------- nothing left in /tmp
-def test_a_run_keeps_its_files_in_its_own_folder_and_removes_it():
-    got = launch.run(WORKER, nproc=2, args=["tmpdir"], timeout=120, quiet=True)
+@pytest.mark.parametrize("max_restarts", [0, pytest.param(1, marks=slow)])
+def test_a_run_keeps_its_files_in_its_own_folder_and_removes_it(max_restarts):
+    """A rank's temp files (and, under torchrun, torchrun's logs of the ranks' output) land in the run's own folder,
+    which goes when the run ends."""
+    got = launch.run(WORKER, nproc=2, args=["tmpdir"], timeout=120, quiet=True, max_restarts=max_restarts)
     run_dir = got["tmpdir"]
     assert Path(run_dir).name.startswith(f"{lifeline.RUN_PREFIX}{os.getpid()}-")
-    assert got["stdout"].startswith(run_dir + os.sep) and "torchelastic_" in got["stdout"], got
+    assert got["made"].startswith(run_dir + os.sep), got
+    if max_restarts:     # torchrun (the agent's ranks write into a pipe)
+        assert got["stdout"].startswith(run_dir + os.sep) and "torchelastic_" in got["stdout"], got
+    else:
+        assert got["stdout"].startswith("pipe:"), got
     assert not os.path.exists(run_dir), "the run's folder outlived the run"
 
 

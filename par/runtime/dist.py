@@ -1,7 +1,7 @@
 """Process bootstrap: who am I, how many of us, which backend, which device.
 
-torchrun starts one process per rank and tells each one about the job through
-environment variables:
+torchrun (or `par.runtime.agent`, which does the same on one machine) starts one process per rank and tells each
+one about the job through environment variables:
 
     RANK         global index of this process, 0 .. WORLD_SIZE-1
     LOCAL_RANK   index of this process on its node (picks the GPU)
@@ -94,7 +94,7 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Env:
 
 
 def watch_launcher() -> None:
-    """A rank started by torchrun ends within a second of torchrun's death (`par.runtime.lifeline.watch_parent`):
+    """A rank started by torchrun or the agent ends within a second of its starter's death (`par.runtime.lifeline.watch_parent`):
     an orphaned rank would otherwise hold its cores, its GPU and the master port for ever."""
     from par.runtime.lifeline import watch_parent
     watch_parent(what=f"rank {os.environ.get('RANK', '?')}")
@@ -124,7 +124,7 @@ def env() -> Env:
 def teardown() -> None:
     """Leave the process group (waits for everyone first, so no rank exits early). Call it last.
 
-    A rank started by torchrun then ends right here with exit code 0 (`os._exit`, after flushing
+    A rank started by torchrun or the agent then ends right here with exit code 0 (`os._exit`, after flushing
     its output), skipping the interpreter's finalization. Why: a thread that is inside a torch C++
     call with the GIL released (par's communication thread in a gloo wait, or gloo's own thread
     about to run a Python callback) and comes back while Python finalizes is ended by CPython
@@ -150,7 +150,7 @@ def teardown() -> None:
 
 
 def exit_after_traceback(previous):
-    """A sys.excepthook for torchrun ranks: print the traceback as before, then leave with exit code 1
+    """A sys.excepthook for launched ranks: print the traceback as before, then leave with exit code 1
     at once (`os._exit`), skipping the finalization in which a C++ thread can abort the process and
     turn a Python error into a SIGABRT (see `teardown`)."""
     def hook(kind, value, tb):

@@ -4,16 +4,19 @@
 `nproc` ranks on this machine (`par.runtime.preflight.choose_backend`: a `BackendError` in one line,
 before anything starts), then starts
 
-    torchrun --nnodes=1 --nproc-per-node=4 --master-addr=127.0.0.1 --master-port=<free> -m par.comm.job ...
+    python -m par.runtime.agent --nproc-per-node=4 --master-port=<free> -m par.comm.job ...
 
 in its own process group, streams every rank's output into the cell as it happens, and
-returns the JSON that rank 0 saved with `par.runtime.dist.save_result`. Never a hang, never a
-swallowed failure, never a silent second try:
+returns the JSON that rank 0 saved with `par.runtime.dist.save_result`. `par.runtime.agent` starts the ranks
+exactly as `torchrun --nnodes=1 --max-restarts=0 --tee=3` would (the same environment, output prefix and
+failure report) without importing torch first; with `max_restarts=K` the job runs under torchrun itself
+(`--max-restarts=K`), which restarts every rank when one fails. Never a hang, never a swallowed failure,
+never a silent second try (unless asked for with `max_restarts`):
 
 * a rank that fails makes the whole job fail: `LaunchError`, whose FIRST LINE is the root
   cause (which rank, the exception type and message, or the signal that killed it), followed
   by that rank's traceback or last output;
-* torchrun ends the other ranks when one dies (even by SIGKILL: they would wait forever in
+* the agent (or torchrun) ends the other ranks when one dies (even by SIGKILL: they would wait forever in
   their next collective);
 * a job where a rank waits `hang_s` seconds (45 by default) for a peer that sleeps, blocks or spins, with a
   rank stopped that long, or waiting for a rank that exited (even with code 0), is hung (`par.runtime.hang`):
@@ -72,15 +75,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_command(target: str, nproc: int, args=(), port: int | None = None) -> list[str]:
+def torchrun_command(target: str, nproc: int, args=(), port: int | None = None, max_restarts: int = 0) -> list[str]:
     """The torchrun command line for `python -m target` (or a script, if `target` ends in .py) on `nproc` ranks."""
     program = [target] if target.endswith(".py") else ["-m", target]
     return [sys.executable, "-m", "torch.distributed.run",
             "--nnodes=1", f"--nproc-per-node={nproc}",
             "--master-addr=127.0.0.1", f"--master-port={port or free_port()}",
             f"--local-ranks-filter={','.join(map(str, range(nproc)))}", "--tee=3",
-            "--max-restarts=0", "--monitor-interval=0.1",
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.1",
             *program, *map(str, args)]
+
+
+def agent_command(target: str, nproc: int, args=(), port: int | None = None) -> list[str]:
+    """The same job started by `par.runtime.agent` (torchrun's one-node behaviour, no torch import before the ranks)."""
+    program = [target] if target.endswith(".py") else ["-m", target]
+    return [sys.executable, "-m", "par.runtime.agent", f"--nproc-per-node={nproc}",
+            f"--master-port={port or free_port()}", *program, *map(str, args)]
 
 
 # ---------------------------------------------------------------- reading what the ranks said
@@ -88,7 +98,8 @@ PREFIX = re.compile(r"^\[default(\d+)\]:(?:\[rank\d+\]: ?)?")
 
 
 def rank_lines(lines: list[str], rank: int | None = None) -> list[str]:
-    """What `rank` (None: any rank) printed, prefixes removed (torchrun writes `[defaultN]:`, torch adds `[rankN]: `)."""
+    """What `rank` (None: any rank) printed, prefixes removed (the agent and torchrun write `[defaultN]:`, torch adds
+    `[rankN]: `)."""
     out = []
     for line in lines:
         m = PREFIX.match(line)
@@ -98,7 +109,8 @@ def rank_lines(lines: list[str], rank: int | None = None) -> list[str]:
 
 
 def failures(lines: list[str]) -> list[dict]:
-    """torchrun's failure report, root cause first: [{rank, exitcode}] (empty when it printed none)."""
+    """torchrun's failure report (the agent prints the same), root cause first: [{rank, exitcode}] (empty when it
+    printed none)."""
     text = "".join(lines)
     found = []
     for section in (r"Root Cause \(first observed failure\):(.*?)(?:={10,}|$)", r"Failures:(.*?)-{10,}"):
@@ -135,7 +147,7 @@ PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pi
 
 def cause_first(found: list[dict], lines: list[str]) -> list[dict]:
     """torchrun's failures reordered so the cause leads, not its consequences: a rank killed by a
-    signal torchrun did not send (SIGTERM is how torchrun stops the others), then a rank with an
+    signal the launcher did not send (SIGTERM is how the agent and torchrun stop the others), then a rank with an
     exception of its own, then ranks that only saw a peer vanish (gloo's connection errors)."""
     def rank_of(f):
         if f["exitcode"] < 0:
@@ -163,7 +175,7 @@ def describe_failure(lines: list[str]) -> tuple[str, list[int], bool, str]:
     exc = exception_line(said)
     if code < 0 and exc is None:
         head = (f"rank {rank} was killed by {signal_name(-code)} (signal {-code}) without a Python exception; "
-                f"torchrun then stopped the other ranks")
+                f"the others were then stopped")
         return head, [rank], True, f"rank {rank}'s last output:\n" + "".join(said[-30:])
     refused = [l.strip() for l in said if l.startswith("error: ")]
     if exc is None and refused:        # a job that refused its input (`SystemExit("error: ...")`): that line
@@ -217,7 +229,7 @@ def describe_unfinished(lines: list[str], ranks: list[int], stopped=()) -> str:
 
     A rank in `stopped` (SIGSTOP) cannot print its stack: it is said to be stopped."""
     if not ranks:
-        return "no rank process was left (torchrun itself did not finish)"
+        return "no rank process was left (the process that started them did not finish)"
     status = {r: (False, "is stopped (SIGSTOP: process state T)") if r in stopped else
               where(main_stack(rank_lines(lines, r))) for r in ranks}
     busy = [f"rank {r} {text}" for r, (waiting, text) in status.items() if not waiting]
@@ -258,7 +270,7 @@ def _environ(pid: int) -> dict:
 def _rank_pids(proc: subprocess.Popen, token: str) -> dict[int, int]:
     """{rank: pid} of this launch's rank processes still alive (Linux; empty elsewhere).
 
-    A rank is a process below torchrun whose environment carries this launch's own `token`
+    A rank is a process below the agent (or torchrun) whose environment carries this launch's own `token`
     (its PAR_RESULT path) and a RANK."""
     ranks = {}
     for pid in _descendants(proc.pid):
@@ -269,9 +281,9 @@ def _rank_pids(proc: subprocess.Popen, token: str) -> dict[int, int]:
 
 
 def _kill_tree(proc: subprocess.Popen, also=()) -> None:
-    """SIGKILL torchrun and every rank below it (and `also`: ranks seen earlier, should torchrun be gone).
+    """SIGKILL the agent (or torchrun) and every rank below it (and `also`: ranks seen earlier, should it be gone).
 
-    Killing torchrun's process group is not enough: torchrun starts each rank in
+    Killing its process group is not enough: the agent, like torchrun, starts each rank in
     a session of its own, so the ranks are found by walking the process tree."""
     for pid in [proc.pid, *_descendants(proc.pid), *also]:
         try:
@@ -312,13 +324,15 @@ def _ask_for_stacks(pids: list[int], q: queue.Queue, lines: list[str], quiet: bo
 
 # ---------------------------------------------------------------- the launcher
 def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: str = "auto",
-        env: dict | None = None, quiet: bool = False, threads_per_rank: int = 1, hang_s: float | None = None):
+        env: dict | None = None, quiet: bool = False, threads_per_rank: int = 1, hang_s: float | None = None,
+        max_restarts: int = 0):
     """Launch `module` on `nproc` ranks; return rank 0's saved result (or None).
 
     Raises `par.runtime.preflight.BackendError` before starting anything when `backend` cannot run `nproc`
     ranks here, and `LaunchError` (root cause on its first line) when the job fails, hangs (no rank made
     progress for `hang_s` seconds, default PAR_HANG_S or 45: `par.runtime.hang`) or runs past `timeout`
-    seconds. Output is streamed line by line (prefixed `[defaultN]:` by torchrun). SIGTERM and SIGHUP
+    seconds. Output is streamed line by line (prefixed `[defaultN]:`). `max_restarts` > 0 runs the job under torchrun,
+    which restarts every rank (TORCHELASTIC_RESTART_COUNT counts the tries) up to that many times. SIGTERM and SIGHUP
     end the job like Ctrl-C (`par.runtime.lifeline.Stopped`); the run's files go with it."""
     from par.runtime.preflight import choose_backend
     choose_backend(nproc, backend, local_world_size=nproc)     # preflight: one line, nothing started
@@ -330,7 +344,7 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
             "PAR_RESULT": result_path,
             "PAR_BACKEND": backend,
             hang.HANG_ENV: str(hang_s),     # the ranks set their collectives' timeout from it
-            "TMPDIR": tmp,                  # torchrun's torchelastic_* log folder, and any rank's temp file
+            "TMPDIR": tmp,                  # torchrun's torchelastic_* log folder, any rank's temp file
             lifeline.LAUNCHER_ENV: str(os.getpid()),    # the ranks end when this process does
             "OMP_NUM_THREADS": str(threads_per_rank),
             "PYTHONUNBUFFERED": "1",
@@ -341,7 +355,9 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
         })
         child_env.update(env or {})
         name = os.path.basename(module) if module.endswith(".py") else module
-        cmd = torchrun_command(module, nproc, args)
+        cmd = (torchrun_command(module, nproc, args, max_restarts=max_restarts) if max_restarts
+               else agent_command(module, nproc, args))
+        starter = "torchrun" if max_restarts else "par.runtime.agent"
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=child_env, start_new_session=True, bufsize=1,
                                 preexec_fn=lifeline.dies_with_parent(signal.SIGTERM))
@@ -350,7 +366,7 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
         reader = threading.Thread(target=lambda: ([q.put(l) for l in proc.stdout], q.put(None)), daemon=True)
         reader.start()
         deadline = time.monotonic() + timeout
-        seen: dict[int, int] = {}     # rank -> pid, refreshed every second: to kill orphans if torchrun dies
+        seen: dict[int, int] = {}     # rank -> pid, refreshed every second: to kill orphans if the agent dies
         watch = hang.Watch(hang_s, nproc)
         next_look = time.monotonic()
         try:
@@ -389,12 +405,12 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
             raise
         code = proc.wait()
         leftovers = _still_ours(seen, result_path)
-        if leftovers:          # torchrun itself died (killed?) and left ranks behind
+        if leftovers:          # the agent itself died (killed?) and left ranks behind
             _kill_tree(proc, leftovers)
         if code != 0:
             head, ranks, crashed, details = describe_failure(lines)
             if code < 0 and not failures(lines):
-                head = f"torchrun itself was killed by {signal_name(-code)}; {head}"
+                head = f"{starter} itself was killed by {signal_name(-code)}; {head}"
             early = left_early(lines, nproc) if any(p in head for p in PEER_GONE) else []
             if early:            # the connection errors are the consequence; the rank that left is the cause
                 who = f"rank {early[0]}" if len(early) == 1 else "ranks " + ", ".join(map(str, early))

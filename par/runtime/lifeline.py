@@ -1,21 +1,23 @@
 """A job never outlives whoever started it, and leaves nothing behind in /tmp.
 
 A launched job is a tree of processes: the launcher (`python -m par train`, a notebook kernel, the
-grader) starts torchrun, and torchrun starts one process per rank. Whatever stops the launcher, the tree
+grader) starts the rank starter (`par.runtime.agent`, or torchrun when restarts are asked for), which starts one
+process per rank. Whatever stops the launcher, the tree
 below it goes too:
 
 * Ctrl-C, SIGTERM (a `kill`, a CI timeout, `timeout`) and SIGHUP (a closed terminal) all raise `Stopped`
   in the launcher (`stops_raise`): a KeyboardInterrupt, so the launcher's usual teardown runs (every rank
   killed) and the command prints one line;
-* SIGKILL cannot be caught, so the kernel does it: torchrun is started with a parent-death signal
+* SIGKILL cannot be caught, so the kernel does it: the starter is started with a parent-death signal
   (`dies_with_parent`, Linux `prctl(PR_SET_PDEATHSIG)`) and receives SIGTERM the moment the launcher dies;
-  torchrun then stops its ranks;
-* torchrun itself killed (SIGKILL, the OOM killer) leaves its ranks orphaned: a watchdog thread in every
+  it then stops its ranks;
+* the starter itself killed (SIGKILL, the OOM killer) leaves its ranks orphaned: a watchdog thread in every
   rank (`watch_parent`, started by `par.runtime.dist.init`) sees its parent change, or its launcher
   (PAR_LAUNCHER_PID) gone, and ends the rank within a second.
 
 Files: every launch works in a folder of its own, `par-run-<pid>-*` in the temp dir (`run_dir`), and
-torchrun and the ranks get it as TMPDIR, so torch's `torchelastic_*` log folders land inside it. It is
+the starter and the ranks get it as TMPDIR, so their temp files (and torchrun's `torchelastic_*` log folders)
+land inside it. It is
 removed when the launch ends, however it ends; after a SIGKILL of the launcher (nothing can run then)
 the next launch removes it (`sweep_run_dirs`).
 """

@@ -6,6 +6,7 @@ hang:      every rank prints its pid and steps through all-reduces; at step 3 th
            forever (busy), while the others finish their steps and then wait for it, forever, in teardown's barrier
 kill:      every rank steps through all-reduces; at step 5 rank 1 dies by SIGKILL (no Python exception)
 exit:      rank 0 exits with code 3 at once, without a traceback (as a library calling exit() in C would)
+once:      the first try (TORCHELASTIC_RESTART_COUNT=0): rank 1 raises; a restarted try: rank 0 returns the try's count
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ import par.runtime.dist  # noqa: E402
 from par.comm import collectives as C  # noqa: E402
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "GROUP_RANK", "TORCHELASTIC_RUN_ID")
+                 "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
+                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS")
 
 
 def compute_forever() -> None:
@@ -60,6 +62,12 @@ def main(mode: str) -> None:
             if step == 5 and env.rank == 1:
                 print(f"rank 1 kills itself at step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
+    elif mode == "once":
+        tries = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        if tries == 0 and env.rank == 1:
+            raise ValueError("the first try fails on rank one")
+        C.all_reduce(torch.ones(8, device=env.device))
+        par.runtime.dist.save_result({"restart_count": tries})
     elif mode == "exit":
         if env.rank == 0:
             os._exit(3)

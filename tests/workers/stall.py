@@ -6,7 +6,8 @@ sleep:    like `steps`, but at step 5 the last rank sleeps for ever inside `slee
 spin:     like `sleep`, but the last rank spins in a busy loop (100% CPU, no progress) in `spin_in_step`
 exit0:    the last rank exits with code 0 before joining the job; the others wait for it in init
 leave:    like `steps`, but at step 5 the last rank exits with code 0 while the others wait in all_reduce
-tmpdir:   rank 0 returns where its temp files and its torchrun log went (TMPDIR, its stdout's file)
+tmpdir:   rank 0 returns where its temp files went (TMPDIR, a file it made there) and its stdout (a pipe to the
+          agent, or torchrun's log file)
 
 argv[2], when given: each rank writes its pid to the file `<argv[2]>.<rank>` once it has joined the job.
 """
@@ -44,7 +45,10 @@ def main(mode: str) -> None:
         with open(f"{sys.argv[2]}.{env.rank}", "w") as f:
             f.write(str(os.getpid()))
     if mode == "tmpdir":
-        par.runtime.dist.save_result({"tmpdir": tempfile.gettempdir(), "stdout": os.readlink("/proc/self/fd/1")})
+        fd, made = tempfile.mkstemp()
+        os.close(fd)
+        par.runtime.dist.save_result({"tmpdir": tempfile.gettempdir(), "made": made,
+                                      "stdout": os.readlink("/proc/self/fd/1")})
     else:
         step = 0
         while True:
