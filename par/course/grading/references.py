@@ -54,6 +54,9 @@ RANKS = {
     "par.course.grading.exercise_ddp": [("par.dp.bucketed", n) for n in ("BucketedDP", "Bucket")],
     "par.course.grading.exercise_zero3": [("par.zero.engine", n) for n in ("Zero", "Unit", "_free", "_alloc")] +
         [("par.zero.flat", "FlatParams")],
+    "par.course.grading.exercise_memory": [("par.memory.accounting", n) for n in (
+        "tensor_bytes", "live_model_state_bytes", "_optimizer_tensors")] +
+        [("par.zero.engine", "Zero.memory"), ("par.zero.updaters", "DeviceUpdate.state_bytes")],
     "par.course.grading.exercise_resume": [("par.resilience.resume", n) for n in (
         "save", "load", "rng_state", "set_rng_state", "full_units", "install", "load_single")] +
         [("par.zero.checkpoint", n) for n in ("save", "load", "load_full", "_partitions_for")],
