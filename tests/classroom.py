@@ -15,6 +15,9 @@ A fixture file is the cell's body under a header: `# cell: <answer cell id>`, `#
 """
 from __future__ import annotations
 
+import fcntl
+import os
+import pickle
 import re
 import time
 from pathlib import Path
@@ -114,3 +117,19 @@ def grade_class(name: str, folder: Path, course) -> dict:
               grade.grade_many(paths, course, timeout=600, cell_timeout=300, jobs=2, progress=None)}
     print(f"\n{name}: graded its class of {len(paths)} notebooks in {time.monotonic() - start:.0f} s")
     return graded
+
+
+def grade_class_once(name: str, shared: Path, folder, course) -> dict:
+    """grade_class, once for every pytest process sharing the folder `shared` (pytest-xdist's workers): under an
+    exclusive lock on `shared/class-NAME.lock`, the grades pickled in `shared/class-NAME.pickle` if a process left
+    them there, else graded now (in the folder `folder()` makes) and left there (written whole, then renamed)."""
+    done = shared / f"class-{name}.pickle"
+    with open(shared / f"class-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return pickle.loads(done.read_bytes())
+        graded = grade_class(name, folder(), course)
+        part = done.with_suffix(f".{os.getpid()}.part")
+        part.write_bytes(pickle.dumps(graded))
+        os.replace(part, done)
+        return graded

@@ -11,6 +11,7 @@ should be cached per (world size, mode): `tuple(p2p_env.items())` is hashable.
 `exercise_class(name)` is one exercise's class (tests/classroom.py: the solved, tampered, wrong and cheating
 notebooks), graded once per session and shared by every test file that judges that exercise.
 """
+import os
 from pathlib import Path
 
 import pytest
@@ -39,13 +40,21 @@ def course():
 
 @pytest.fixture(scope="session")
 def exercise_class(tmp_path_factory, course):
-    """grades(name) -> {file stem: Grade} of exercise `name`'s class (tests/classroom.py), graded on first use."""
+    """grades(name) -> {file stem: Grade} of exercise `name`'s class (tests/classroom.py), graded on first use.
+
+    Under pytest-xdist (`-n 2`) the workers share one grading per exercise: the first worker to ask grades the class
+    under a lock and leaves the grades in the session's shared temp folder; a worker asking later (or waiting on
+    the lock meanwhile) reads them."""
     import classroom
     graded = {}
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent                   # the folder every worker's basetemp is in
 
     def grades(name: str) -> dict:
         if name not in graded:
-            graded[name] = classroom.grade_class(name, tmp_path_factory.mktemp(f"class-{name}"), course)
+            graded[name] = classroom.grade_class_once(name, shared, lambda: tmp_path_factory.mktemp(f"class-{name}"),
+                                                      course)
         return graded[name]
     return grades
 

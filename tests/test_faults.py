@@ -156,11 +156,12 @@ NUMBERS = {
 @pytest.mark.parametrize("argv,message", NUMBERS.values(), ids=NUMBERS.keys())
 def test_an_absurd_number_is_refused_at_once(argv, message, capsys):
     import tempfile
-    before = set(Path(tempfile.gettempdir()).glob("par-grade-*"))
+    mine = f"par-grade-{os.getpid()}-*"       # this process's grading folders (another pytest worker has its own)
+    before = set(Path(tempfile.gettempdir()).glob(mine))
     start = time.monotonic()
     assert message in refused(argv, capsys)
     assert time.monotonic() - start < 30
-    assert set(Path(tempfile.gettempdir()).glob("par-grade-*")) <= before, "a refused command left files in /tmp"
+    assert set(Path(tempfile.gettempdir()).glob(mine)) <= before, "a refused command left files in /tmp"
 
 
 def test_the_planner_searches_divisors_not_every_integer():

@@ -1,11 +1,15 @@
 """The two test tiers.
 
-    python -m pytest -m "not slow"    the fast tier, after every change (under 5 minutes on 2 cores): every pure
-                                      formula and one-process check, and every strategy launched once, on 2 gloo
-                                      ranks, against the single-process reference
-    python -m pytest                  everything (the README's test command, CI): 3 and 4 ranks, NCCL's
-                                      point-to-point semantics emulated, the lecture notebooks executed, the
-                                      grader's class run, the emulated cluster, the browser
+    python -m pytest -n 2 --dist loadfile -m "not slow"
+        the fast tier, after every change (under 5 minutes on 2 cores): every pure formula and one-process check,
+        and every strategy launched once, on 2 gloo ranks, against the single-process reference
+    python -m pytest -n 2 --dist loadfile
+        everything (the README's test command, CI): 3 and 4 ranks, NCCL's point-to-point semantics emulated, the
+        lecture notebooks executed, the grader's class runs, the emulated cluster, the browser
+
+`-n 2 --dist loadfile` (pytest-xdist) runs two files at a time, each file's tests in order on one worker: the
+suite waits on processes starting and ranks meeting about half of its time, which the other worker fills.
+Without `-n` the suite runs the same tests one after the other.
 
 A test module marks a whole test `@slow`, or passes its launches through `tiered(...)`: the first case runs
 in both tiers, the others only in the full suite.
