@@ -301,3 +301,28 @@ def test_where_a_rank_was():
     assert launch.where([("/w/job.py", 44, "compute"), ("/w/job.py", 60, "<module>")]) == \
         (False, "busy in compute at job.py:44")
     assert launch.where([])[0] is False
+
+
+def test_the_agents_report_reads_back_as_torchruns():
+    """par.runtime.agent's failure report, read by the same parser as torchrun's: the first exit it saw is the
+    root cause, the ranks it stopped (SIGTERM) follow; a rank that exited 0 is not in it."""
+    from types import SimpleNamespace
+    from par.runtime import agent
+
+    def rank(r, code, seen):
+        return SimpleNamespace(rank=r, exit_seen_at=seen, proc=SimpleNamespace(returncode=code, pid=100 + r))
+    text = agent.report("par.comm.job", [rank(0, -15, 12.0), rank(2, 1, 10.0), rank(3, -9, 11.0)])
+    lines = [line + "\n" for line in text.splitlines()]
+    assert launch.failures(lines) == [{"rank": 2, "exitcode": 1}, {"rank": 0, "exitcode": -15},
+                                      {"rank": 3, "exitcode": -9}]
+    assert [f["rank"] for f in launch.cause_first(launch.failures(lines), lines)] == [3, 2, 0]
+    assert launch.left_early(lines, 4) == [1]
+    assert "exitcode  : -15 (pid: 100) (SIGTERM)" in text and "Signal 15 (SIGTERM) received by PID 100" in text
+
+
+def test_the_agent_refuses_a_missing_program():
+    from par.runtime import agent
+    with pytest.raises(SystemExit):
+        agent.parse(["--nproc-per-node=2", "--master-port=1"])
+    assert agent.parse(["--nproc-per-node=2", "--master-port=7", "-m", "par.x", "--steps", "3"])[3][-4:] == \
+        ["-m", "par.x", "--steps", "3"]
