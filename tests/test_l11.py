@@ -1,6 +1,7 @@
 """Lecture 11's own pieces: the pure helpers its notebook uses (the differences, the slope, the resume length), Daly's
 exact optimum and the restart term of the first-order time lost, the job's `--mistakes` (its arguments, its
-refusal, its work), and, in the full suite, the mistakes and the straggler on 2 real gloo ranks.
+refusal, its work), DiLoCo's outer step and its refusal, and, in the full suite, the mistakes, the straggler and
+DiLoCo against DP on 2 real gloo ranks (the elastic restart: tests/test_elastic.py).
 """
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from tiers import slow
 
 import par.runtime.launch
 from par.course.lectures import l11_when_things_break as l11
-from par.resilience import interval, job, straggler_job
+import torch
+
+from par.resilience import diloco_job, interval, job, straggler_job
 
 C, M, R = 60.0, 11135.0, 300.0
 
@@ -62,12 +65,15 @@ def test_resume_steps_save_halfway_within_4_to_12():
 
 
 def test_the_lecture_launches_one_resume_with_every_mistake_and_a_straggler_on_two_ranks():
-    resume, strag = l11.launches(2, "gloo", "tiny", 20)
+    found = l11.launches(2, "gloo", "tiny", 20)
+    assert [l.cell for l in found] == ["resume", "elastic", "elastic", "stragglers", "diloco"]
+    resume, strag = found[0], found[3]
     assert resume.args.mistakes == l11.MISTAKES and resume.args.dcp and resume.args.resume_stages == (1, 3)
     assert [w.label for w in resume.work] == ["uninterrupted", "resumed on ZeRO-1", "resumed on ZeRO-3",
                                               *[f"resumed forgetting {m}" for m in l11.MISTAKES]]
     assert strag.module == "par.resilience.straggler_job" and len(strag.work) == len(strag.args.delays_ms)
-    assert [l.cell for l in l11.launches(1, "gloo", "tiny", 20)] == ["resume"]     # a straggler needs two ranks
+    assert [l.cell for l in l11.launches(1, "gloo", "tiny", 20)] == ["resume", "elastic", "elastic"]   # a straggler
+    # and DiLoCo need two ranks; one rank can be killed and restarted
 
 
 # ---------------------------------------------------------------- the job's --mistakes
@@ -113,3 +119,46 @@ def test_a_straggler_makes_every_rank_wait(tmp_path):
     assert [r["delay_ms"] for r in res["runs"]] == [0.0, 200.0]
     assert slow_["step_s"] >= 0.2 and slow_["per_rank"][1]["compute_s"] >= 0.2
     assert slow_["per_rank"][0]["allreduce_s"] >= 0.1 + none["per_rank"][0]["allreduce_s"] / 2
+
+
+# ---------------------------------------------------------------- DiLoCo
+def test_the_outer_step_is_torchs_nesterov_sgd():
+    """`nesterov_step` on a flat θ with gradient Δ equals torch.optim.SGD(nesterov=True) over three steps."""
+    gen = torch.Generator().manual_seed(0)
+    theta = torch.randn(10, generator=gen)
+    ref = torch.nn.Parameter(theta.clone())
+    opt = torch.optim.SGD([ref], lr=0.7, momentum=0.9, nesterov=True)
+    buf = torch.zeros_like(theta)
+    for _ in range(3):
+        delta = torch.randn(10, generator=gen)
+        diloco_job.nesterov_step(theta, delta, buf, 0.7, 0.9)
+        ref.grad = delta.clone()
+        opt.step()
+    assert torch.allclose(theta, ref.detach(), atol=1e-6)
+
+
+def test_an_h_that_does_not_divide_the_steps_is_refused():
+    with pytest.raises(SystemExit, match="error: --h 5 does not divide --steps 48"):
+        diloco_job.main(["--h", "4,5", "--steps", "48"])
+
+
+def test_diloco_is_launched_with_the_lectures_h():
+    [dil] = [l for l in l11.launches(2, "gloo", "tiny", 20) if l.cell == "diloco"]
+    assert dil.args.h == l11.DILOCO_H and all(l11.DILOCO_STEPS % h == 0 for h in l11.DILOCO_H)
+    assert [w.label for w in dil.work] == ["dp", *[f"diloco H={h}" for h in l11.DILOCO_H]]
+
+
+@slow
+def test_diloco_sends_h_times_fewer_bytes_than_dp(tmp_path):
+    """On 2 ranks, 8 steps: DP all-reduces 4Ψ·2(N−1)/N bytes at every step, DiLoCo (H = 4) once per 4 steps: 4× fewer
+    bytes, 2 all-reduces; both start from the same loss; DiLoCo's held-out loss is measured at its 2 outer steps."""
+    from par.comm.collectives import all_reduce_formula_bytes
+    res = par.runtime.launch.run("par.resilience.diloco_job", nproc=2, timeout=600, quiet=True,
+                                 args=["--h", "4", "--steps", 8])
+    dp, dil = res["runs"]
+    assert (dp["label"], dil["label"]) == ("dp", "diloco H=4")
+    assert dp["bytes_sent"] == 8 * all_reduce_formula_bytes(4 * res["psi"], 2) and dp["all_reduces"] == 8
+    assert dp["bytes_sent"] == 4 * dil["bytes_sent"] and dil["all_reduces"] == 2
+    assert dp["losses"][0] == dil["losses"][0] and dp["losses"][1] != dil["losses"][1]
+    assert dil["eval_steps"] == [4, 8] and dp["eval_steps"] == [4, 8]
+    assert all(math.isfinite(x) for x in dil["eval_losses"] + dp["eval_losses"])

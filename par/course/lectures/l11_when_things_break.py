@@ -1,7 +1,8 @@
 """Lecture 11, when things break: a run saved on ZeRO-3 resumed on other layouts (and in one process, and through
 DCP) equal to the run that never stopped, the three mistakes that make it differ; the checkpoint interval
-(Young/Daly) against a simulation of failures; a straggler setting the pace of synchronous data parallelism; its key
-numbers; its figures."""
+(Young/Daly) against a simulation of failures; a rank killed and the job brought back by torchrun's restart from its
+last checkpoint, the time lost against R + (k − c)·t; a straggler setting the pace of synchronous data parallelism;
+DiLoCo's H inner steps against DP's bytes and loss; its key numbers; its figures."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -12,11 +13,11 @@ from matplotlib.ticker import MaxNLocator
 from par.course.batch import cost
 from par.course.batch.launches import launch, sized
 from par.model import preset as model_preset
-from par.resilience import job as resilience_job, straggler_job
+from par.resilience import diloco_job, elastic_job, job as resilience_job, straggler_job
 from par.site.numbers import Key, at_least, at_most, equal, near
 
 NOTEBOOK = "11_when_things_break"
-CELLS = ("resume", "stragglers")
+CELLS = ("resume", "elastic", "stragglers", "diloco")
 MISTAKES = ("data", "rng", "optimizer")
 
 
@@ -25,6 +26,12 @@ def resume_steps(steps: int) -> tuple[int, int]:
     (6 Adam steps after the resume at the batch's default: several, as the course's criterion asks)."""
     n = max(4, min(steps, 12))
     return n, n // 2
+
+
+ELASTIC = {"steps": 16, "every": 8, "kill_step": 14, "step_ms": 300.0}   # 6 steps redone, each padded to 0.3 s
+RESTARTS = 1                    # torchrun's --max-restarts for the killed run
+DILOCO_H = (4, 16)              # DiLoCo's inner steps per outer step, against DP on the same 48 steps
+DILOCO_STEPS = 48
 
 
 def launches(W, backend, preset, steps):
@@ -36,8 +43,13 @@ def launches(W, backend, preset, steps):
     out = [launch(NOTEBOOK, "resume", W, resilience_job.Args(
         dir="{checkpoint}", preset=preset, steps=n, save_step=save, batch=batch, save_stage=3, resume_stages=(1, 3),
         dcp=True, mistakes=MISTAKES), backend)]
+    for kill in (0, ELASTIC["kill_step"]):      # the uninterrupted run, then the killed one (torchrun restarts it)
+        out.append(launch(NOTEBOOK, "elastic", W, elastic_job.Args(
+            dir="{checkpoint}", preset=preset, batch=batch, **{**ELASTIC, "kill_step": kill}), backend))
     if W >= 2:
         out.append(launch(NOTEBOOK, "stragglers", W, straggler_job.Args(preset=preset, batch=batch), backend))
+        out.append(launch(NOTEBOOK, "diloco", W, diloco_job.Args(preset=preset, batch=batch, h=DILOCO_H,
+                                                                 steps=DILOCO_STEPS), backend))
     return out
 
 
@@ -72,10 +84,23 @@ KEY_NUMBERS = [
         "simulated"),
     Key("time lost at τ* = √(2CM), first order (%)", "100·(C/τ* + (τ*/2 + R)/M)", "young_daly_lost_percent",
         "formula"),
+    Key("killed rank, restarted by torchrun: resumed losses vs uninterrupted (max |Δ|)", "= 0: bit-equal",
+        "elastic_resumed_max_diff", target=equal(0)),
+    Key("time lost to the kill / (R + (k − c)·t)", "measured from the kill to k steps done again; 1 ± 0.1",
+        "elastic_lost_over_formula", target=near(1.0, 0.10, "1 ± 0.1")),
+    Key("restart cost R: kill → first step of the next attempt (s)", "measured", "elastic_time_s", "restart"),
+    Key("time lost to the kill, measured (s)", "kill → k steps done again", "elastic_time_s", "lost"),
+    Key("time lost to the kill, formula (s)", "R + (k − c)·t", "elastic_time_s", "formula"),
+    Key("wall time of the killed launch − the uninterrupted one's (s)", "two launches' wall clocks (load-noisy)",
+        "elastic_time_s", "wall_difference"),
     Key("step time added per second of one rank's delay", "1: the slowest rank sets the pace",
         "straggler_step_slope", target=near(1.0, 0.15, "1 ± 0.15")),
     Key("the other ranks' all-reduce time added per second of delay", "1: they wait inside the all-reduce",
         "straggler_wait_slope", target=near(1.0, 0.15, "1 ± 0.15")),
+    *[Key(f"DiLoCo H = {h}: DP's bytes per step / DiLoCo's (commlog)", f"H = {h}: one all-reduce of Ψ per H steps",
+          "diloco_bytes_ratio", str(h), target=near(float(h), 0.01 * h, f"{h} ± 1 %")) for h in DILOCO_H],
+    *[Key(f"DiLoCo H = {h}: held-out loss − DP's at the same tokens (nats)", "≤ 0.1: no worse than DP by 0.1",
+          "diloco_loss_gap", str(h), target=at_most(0.1)) for h in DILOCO_H],
 ]
 
 
@@ -96,6 +121,25 @@ def slope(xs, ys) -> float:
     if sxx == 0:
         raise ValueError("a slope needs two different x")
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+
+
+def elastic_times(result) -> dict:
+    """The killed run's log read as the lecture's terms (seconds): the kill before step k, the checkpoint c it
+    resumed from, t (attempt 0's median step), R (kill → the next attempt's first step: the agent's restart, the
+    new processes' imports and rendezvous, the load), lost (kill → k steps done again) and the formula
+    R + (k − c)·t."""
+    import statistics
+    k, kill = result.kill["step"], result.kill["time"]
+    first = [s for s in result.steps if s["attempt"] == 0]
+    again = [s for s in result.steps if s["attempt"] == 1]
+    if not again or not result.loads:
+        raise ValueError("the killed run has no second attempt that loaded a checkpoint: was it restarted?")
+    c = result.loads[0]["step"]
+    t = statistics.median(s["end"] - s["start"] for s in first)
+    restart = again[0]["start"] - kill
+    back = next(s["end"] for s in again if s["step"] == k - 1)
+    return {"k": k, "c": c, "step": t, "restart": restart, "lost": back - kill, "formula": restart + (k - c) * t,
+            "spawn": result.starts[1]["time"] - kill, "load": result.loads[0]["end"] - result.loads[0]["start"]}
 
 
 # ---------------------------------------------------------------- figures
@@ -170,6 +214,73 @@ def interval_figure(sim, checkpoint_s: float, mtbf_s: float, restart_s: float, f
     ax.set(xlabel="checkpoint interval τ (minutes of work)", ylabel="time lost (% of wall time)",
            title=f"C = {checkpoint_s:g} s, M = {mtbf_s / 3600:.1f} h, R = {restart_s / 60:g} min")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def elastic_figure(whole, killed, times: dict):
+    """Left: steps done against wall time since each run's first step started, the uninterrupted run (line) and the
+    killed one (markers: attempt 0, attempt 1), the kill, the restart R and the rework shaded, the time lost as an
+    arrow. Right: the loss per step of both runs, the steps redone after the restart drawn again."""
+    fig, (ax, al) = plt.subplots(1, 2, figsize=(12, 4.4))
+    t0u, t0k = whole.steps[0]["start"], killed.steps[0]["start"]
+    ax.plot([0] + [s["end"] - t0u for s in whole.steps], [0] + [s["step"] + 1 for s in whole.steps], color="black",
+            lw=2, label="uninterrupted")
+    for a, marker in ((0, "o"), (1, "s")):
+        mine = [s for s in killed.steps if s["attempt"] == a]
+        ax.plot([s["end"] - t0k for s in mine], [s["step"] + 1 for s in mine], marker, ms=5, color=f"C{a}",
+                label=f"killed run, attempt {a}")
+    kill = killed.kill["time"] - t0k
+    ax.axvspan(kill, kill + times["restart"], color="C3", alpha=0.15, label=f"restart R = {times['restart']:.1f} s")
+    ax.axvspan(kill + times["restart"], kill + times["lost"], color="C1", alpha=0.15,
+               label=f"rework: {times['k'] - times['c']} steps from checkpoint {times['c']}")
+    ax.axvline(kill, color="C3", lw=1, ls=":")
+    ax.text(kill, 0.5, f" SIGKILL before step {times['k'] + 1}", color="C3", fontsize=8, rotation=90, va="bottom")
+    ax.annotate("", xy=(kill + times["lost"], times["k"]), xytext=(kill, times["k"]),
+                arrowprops={"arrowstyle": "<->", "color": "C3"})
+    ax.text(kill + times["lost"] / 2, times["k"] + 0.3, f"lost {times['lost']:.1f} s", color="C3", ha="center",
+            fontsize=8)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="wall time since the first step started (s)", ylabel="steps done",
+           title=f"time lost {times['lost']:.1f} s  vs  R + (k − c)·t = {times['formula']:.1f} s")
+    ax.legend(fontsize=8, loc="lower right")
+    al.plot([s["step"] + 1 for s in whole.steps], [s["loss"] for s in whole.steps], color="black", lw=2,
+            label="uninterrupted")
+    for a, marker, face in ((0, "o", "none"), (1, "s", None)):
+        mine = [s for s in killed.steps if s["attempt"] == a]
+        al.plot([s["step"] + 1 for s in mine], [s["loss"] for s in mine], marker, ms=8 if a == 0 else 4,
+                mfc=face, color=f"C{a}", ls="none", label=f"killed run, attempt {a}")
+    al.axvline(times["c"] + 0.5, color="grey", ls=":", lw=1)
+    al.text(times["c"] + 0.6, max(s["loss"] for s in whole.steps), "checkpoint", fontsize=8, color="grey", va="top")
+    al.xaxis.set_major_locator(MaxNLocator(integer=True))
+    al.set(xlabel="training step", ylabel="training loss (nats)", title="the same losses, to the bit")
+    al.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def diloco_figure(result, tokens_per_step: int):
+    """Left: the held-out loss against the tokens seen, DP (line) and DiLoCo per H (markers at its outer steps).
+    Right: bytes sent per step by rank 0 (commlog, log scale) per run, with DP's 2(N−1)/N·4Ψ divided by H."""
+    from par.comm.collectives import all_reduce_formula_bytes
+    fig, (ax, ab) = plt.subplots(1, 2, figsize=(12, 4))
+    for k, run in enumerate(result.runs):
+        xs = [s * tokens_per_step for s in run.eval_steps]
+        ax.plot(xs, run.eval_losses, "-" if run.h == 0 else "o--", color="black" if run.h == 0 else f"C{k}",
+                lw=2 if run.h == 0 else 1, ms=5, label="DP (all-reduce every step)" if run.h == 0
+                else f"DiLoCo H = {run.h} (outer steps)")
+    ax.set(xlabel="tokens seen (all ranks)", ylabel="held-out loss (nats)", title="loss at the same tokens")
+    ax.legend(fontsize=8)
+    steps = len(result.runs[0].losses)
+    full = all_reduce_formula_bytes(4 * result.psi, result.world_size)
+    labels = [run.label for run in result.runs]
+    ab.bar(range(len(labels)), [run.bytes_sent / steps for run in result.runs], color="C0", label="measured (commlog)")
+    ab.plot(range(len(labels)), [full / max(1, run.h) for run in result.runs], "_", ms=40, mew=2, color="C3",
+            label="2(N−1)/N·4Ψ / H")
+    ab.set_xticks(range(len(labels)), labels)
+    ab.set_yscale("log")
+    ab.set(ylabel="bytes sent per step by a rank", title="communication per step")
+    ab.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     return fig
 
