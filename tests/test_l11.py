@@ -70,7 +70,8 @@ def test_the_lecture_launches_one_resume_with_every_mistake_and_a_straggler_on_t
     resume, strag = found[0], found[3]
     assert resume.args.mistakes == l11.MISTAKES and resume.args.dcp and resume.args.resume_stages == (1, 3)
     assert [w.label for w in resume.work] == ["uninterrupted", "resumed on ZeRO-1", "resumed on ZeRO-3",
-                                              *[f"resumed forgetting {m}" for m in l11.MISTAKES]]
+                                              *[f"resumed forgetting {m}" for m in l11.MISTAKES], "resumed on TP"]
+    assert resume.args.resume_tp and not l11.launches(3, "gloo", "tiny", 20)[0].args.resume_tp    # 4 heads: TP 2
     assert strag.module == "par.resilience.straggler_job" and len(strag.work) == len(strag.args.delays_ms)
     assert [l.cell for l in l11.launches(1, "gloo", "tiny", 20)] == ["resume", "elastic", "elastic"]   # a straggler
     # and DiLoCo need two ranks; one rank can be killed and restarted

@@ -11,6 +11,8 @@ One launch, every run from the same seed on the same ranks:
 `--dcp`: the uninterrupted run also saves that state with `torch.distributed.checkpoint` to DIR/dcp
 (`par.resilience.torch_api.save_zero`). Each run saves its final state to DIR/final_<label>, where a test reads
 its parameters (`load_full`).
+`--resume-tp`: one more resumed run, "3>tp", on tensor parallelism over all the ranks (`resume.load_tp`: the state
+loaded whole, the weights and Adam's m and v cut into TP shards; every rank trains on the whole global batch).
 `--forget data|rng|optimizer` makes the resumed runs restart the data order, keep the fresh random state, or lose
 rank 0's shard of Adam's state. `--mistakes data,rng,optimizer` adds, after the resumed runs, one more resumed
 run per mistake (on the first of `--resume-stages`, labelled "3>1 forget data"), each forgetting that one thing:
@@ -52,6 +54,7 @@ class Args(JobArgs):
                       choices=("", "data", "rng", "optimizer"))
     mistakes: tuple[str, ...] = arg((), "comma-separated, of data, rng, optimizer: one more resumed run each, "
                                         "forgetting that one thing", choices=("data", "rng", "optimizer"))
+    resume_tp: bool = arg(False, "one more resumed run (labelled \"3>tp\"): tensor parallelism over every rank")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +65,7 @@ class RunResult(RunResult):
     start_step: int
     losses: list
     final: str
+    final_shard_diff: float | None = None     # the TP run: max |Δ| of its weight shards against the uninterrupted run
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,8 +82,10 @@ def work(args: Args, nproc: int) -> list:
     resumed = [(s, args.steps - args.save_step, f"resumed on ZeRO-{s}") for s in args.resume_stages]
     resumed += [(args.resume_stages[0], args.steps - args.save_step, f"resumed forgetting {m}")
                 for m in args.mistakes if args.resume_stages]
+    tp = [Training(model=cfg, global_batch=args.batch, tp=nproc, steps=args.steps - args.save_step,
+                   label="resumed on TP")] if args.resume_tp else []
     return [Training(model=cfg, global_batch=args.batch, dp=nproc, zero_stage=s, steps=n, label=label)
-            for s, n, label in [(args.save_stage, args.steps, "uninterrupted"), *resumed]]
+            for s, n, label in [(args.save_stage, args.steps, "uninterrupted"), *resumed]] + tp
 
 
 def train_run(stage: int, args: Args, env, data, resume_from: str = "", mistake: str = "") -> dict:
@@ -114,6 +120,32 @@ def train_run(stage: int, args: Args, env, data, resume_from: str = "", mistake:
             "losses": losses, "final": final}
 
 
+def train_tp(args: Args, env, data, resume_from: str) -> dict:
+    """The resumed run on TP ranks (every rank: the whole batch, its shards); saves no final state (its
+    parameters are compared shard by shard in `final_shard_diff`)."""
+    from par.tp.layers import TensorParallelGPT
+    torch.manual_seed(args.seed)
+    model, opt, start = resume.load_tp(build(preset(args.preset), seed=args.seed), resume_from, lr=args.lr)
+    model = model.to(env.device)
+    losses = []
+    for x, y in resume.batches_from(data, args.batch, args.steps, args.seed, start):
+        x, y = resume.global_step_input(x, y, args.noise, data.vocab_size)
+        opt.zero_grad(set_to_none=True)
+        loss = lm_loss(model(x.to(env.device)), y.to(env.device))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    whole = build(preset(args.preset), seed=args.seed)
+    final = os.path.join(args.dir, f"final_{args.save_stage}")
+    with torch.no_grad():
+        for name, value in checkpoint.load_full(final).items():
+            dict(whole.named_parameters())[name].copy_(value)
+    expected = dict(TensorParallelGPT.from_dense(whole, impl="torch").named_parameters())
+    diff = max((p.detach().cpu() - expected[n]).abs().max().item() for n, p in model.named_parameters())
+    return {"label": f"{args.save_stage}>tp", "stage": -1, "start_step": start, "losses": losses, "final": "",
+            "final_shard_diff": diff}
+
+
 def main(argv=None) -> None:
     args = Args.parse(argv)
     if args.save_step >= args.steps:
@@ -137,6 +169,10 @@ def main(argv=None) -> None:
             mine = ranks[0]
             losses = [sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(len(mine["losses"]))]
             runs.append({**mine, "losses": losses})
+    if args.resume_tp:
+        ranks = par.runtime.dist.gather_object(train_tp(args, env, data, state))
+        if env.is_rank0:
+            runs.append({**ranks[0], "final_shard_diff": max(r["final_shard_diff"] for r in ranks)})
     par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "runs": runs})
     par.runtime.dist.teardown()
 

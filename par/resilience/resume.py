@@ -149,6 +149,33 @@ def install(model, meta: dict, units: list[dict], optimizer: str = "adam", lr: f
     return opt, (meta["step"] if data else 0)
 
 
+def load_tp(model, directory: str, lr: float = 1e-3, group=None) -> tuple:
+    """Resume a ZeRO run on tensor-parallel ranks: every rank loads the whole state into the dense `model`
+    (`load_single`: the random state and data position too), then keeps its TP shards of the weights and of Adam's
+    m and v (`TensorParallelGPT.from_dense` cuts a dense model holding m, or v, the same way; t is copied).
+    Returns (TP model, its Adam, data position)."""
+    import copy
+
+    from par.tp.layers import TensorParallelGPT
+    dense_opt, position = load_single(model, directory, lr=lr)
+    restored = rng_state()              # building the TP modules draws from the generator: put it back after
+    tp = TensorParallelGPT.from_dense(model, group, impl="torch")
+    opt = make_optimizer(tp.parameters(), "adam", lr)
+    dense = dict(model.named_parameters())
+    shards = {}
+    for key in ("exp_avg", "exp_avg_sq"):
+        holder = copy.deepcopy(model)
+        with torch.no_grad():
+            for name, p in holder.named_parameters():
+                p.copy_(dense_opt.state[dense[name]][key])
+        shards[key] = dict(TensorParallelGPT.from_dense(holder, group, impl="torch").named_parameters())
+    step = next(iter(dense_opt.state.values()))["step"]
+    for name, p in tp.named_parameters():
+        opt.state[p] = {"step": step.clone(), **{k: shards[k][name].detach().clone() for k in shards}}
+    set_rng_state(restored)
+    return tp, opt, position
+
+
 def train_single(model, opt, dataset, batch: int, steps: int, seed: int, position: int, noise: float) -> list[float]:
     """One process trains from the data position to `steps` with the same batches and noise as every layout;
     returns the losses."""

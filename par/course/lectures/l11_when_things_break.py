@@ -34,6 +34,16 @@ DILOCO_H = (4, 16)              # DiLoCo's inner steps per outer step, against D
 DILOCO_STEPS = 48
 
 
+def tp_fits(cfg, W: int) -> bool:
+    """Whether tensor parallelism over all W ranks splits this model (heads and widths divisible by W)."""
+    from par.tp.layers import check_tp_degree
+    try:
+        check_tp_degree(cfg, W)
+    except ValueError:
+        return False
+    return True
+
+
 def launches(W, backend, preset, steps):
     """One launch on W ranks: ZeRO-3 saves halfway (par's format and DCP), ZeRO-1 and ZeRO-3 resume, then one resume
     per mistake. The straggler sweep on W ranks where there are two or more."""
@@ -42,7 +52,7 @@ def launches(W, backend, preset, steps):
     batch = cost.per_rank_batch(cfg, 4) * W
     out = [launch(NOTEBOOK, "resume", W, resilience_job.Args(
         dir="{checkpoint}", preset=preset, steps=n, save_step=save, batch=batch, save_stage=3, resume_stages=(1, 3),
-        dcp=True, mistakes=MISTAKES), backend)]
+        dcp=True, mistakes=MISTAKES, resume_tp=tp_fits(cfg, W)), backend)]
     for kill in (0, ELASTIC["kill_step"]):      # the uninterrupted run, then the killed one (torchrun restarts it)
         out.append(launch(NOTEBOOK, "elastic", W, elastic_job.Args(
             dir="{checkpoint}", preset=preset, batch=batch, **{**ELASTIC, "kill_step": kill}), backend))
@@ -71,6 +81,8 @@ KEY_NUMBERS = [
         "resume_same_layout_max_diff", target=equal(0)),
     Key("saved on ZeRO-3, resumed on ZeRO-1: losses and weights (max |Δ|)", "≤ 1e-5", "resume_zero1_max_diff",
         target=at_most(1e-5)),
+    Key("saved on ZeRO-3, resumed on TP over the same ranks: losses and weight shards (max |Δ|)", "≤ 5e-6",
+        "resume_tp_max_diff", target=at_most(5e-6)),
     Key("saved on ZeRO-3, resumed in one process: losses and weights (max |Δ|)", "≤ 1e-5",
         "resume_one_process_max_diff", target=at_most(1e-5)),
     Key("DCP's load vs par's load: weights, Adam's state, resumed losses (max |Δ|)", "= 0: bit-equal",
