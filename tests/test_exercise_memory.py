@@ -4,8 +4,9 @@
 - The grader's truth, from the layout alone: the padded flat buffers (or their partitions) per stage, before and
   after the step; the formula (4Ψ, 4Ψ, 8Ψ with the stage's 1/N); the gap between them = the padding.
 - verify() on raw outputs made by hand: the expected values pass; nothing, forged types, an error, a byte too
-  many, a formula off by a rounding, a gap of zero, NaN each fail the check they belong to (and only that one),
-  and a run whose own count differs from the layout fails the measurement.
+  many, a formula off by a rounding, a gap of zero, NaN each fail the check they belong to (and only that one,
+  but for the gap, explained only beside a right measurement), and a run whose own count differs from the layout
+  fails the measurement.
 - The drawn models always need some padding (so a gap of zero is wrong), on 2 and 3 ranks.
 - The class run (01's `exercise_class`, tests/classroom.py, shared with tests/test_grading.py): the solution earns
   every point, the untouched exercise none, every wrong answer and cheat of part 5 loses exactly the points of the
@@ -107,8 +108,9 @@ def with_row(rows, index, row):
 def test_a_byte_too_many_fails_the_measurement_naming_rank_stage_moment_and_kind(case):
     wrong = with_row(case["measured"], 5, [case["measured"][5][0], case["measured"][5][1] + 1, case["measured"][5][2]])
     result = memory.verify(memory.Args(), case, [rank_out(case), rank_out(case, measured=wrong)])
-    assert failed(result) == {"measured"}
+    assert failed(result) == {"measured", "gap"}, "a right padding explains nothing beside a wrong measurement"
     assert result["measured"]["problem"].startswith("rank 1, stage 2, after the step: measured(zero) grads = ")
+    assert result["gap"]["problem"].startswith("padding(zero) explains the gap only beside a right measurement")
 
 
 def test_an_error_of_one_function_fails_only_its_check(case):
@@ -136,7 +138,7 @@ def test_a_gap_of_zero_fails_the_gap(case):
 def test_a_run_that_held_other_bytes_than_the_layout_fails_the_measurement(case):
     grader = with_row(case["measured"], 0, [case["measured"][0][0] + 4, 0, 0])
     result = memory.verify(memory.Args(), case, [rank_out(case, grader=grader)] * 2)
-    assert failed(result) == {"measured"} and "the run itself held other bytes" in result["measured"]["problem"]
+    assert failed(result) == {"measured", "gap"} and "the run itself held other bytes" in result["measured"]["problem"]
 
 
 # ---- the class run (01's `exercise_class`, tests/classroom.py, shared with tests/test_grading.py) --------------
