@@ -155,29 +155,6 @@ def attempt(args: Args, env, data, number: int) -> None:
     engine.close()
 
 
-def join_attempt(number: int) -> None:
-    """Join torchrun's process group through a store of this attempt's own (its keys prefixed "attempt_N/").
-    torchrun's static rendezvous keeps one TCPStore across restarts, and the ranks of a new attempt would read the
-    dead attempt's gloo addresses still in it and dial a closed port ("connectFullMesh failed ... Connection
-    refused": about one restart in three here). `par.runtime.dist.init` then finds the group joined."""
-    from datetime import timedelta
-
-    from par.runtime.preflight import choose_backend
-    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    backend = choose_backend(world, os.environ.get("PAR_BACKEND", "auto"),
-                             local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                                       is_master=False, timeout=timedelta(seconds=120))
-    device = {}
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        device = {"device_id": torch.device("cuda", local_rank)}
-    torch.distributed.init_process_group(backend, store=torch.distributed.PrefixStore(f"attempt_{number}/", store),
-                                         rank=rank, world_size=world, timeout=timedelta(seconds=120), **device)
-    par.runtime.dist.set_collective_timeout()
-
-
 def main(argv=None) -> None:
     args = Args.parse(argv)
     if args.kill_step >= args.steps:
@@ -189,9 +166,7 @@ def main(argv=None) -> None:
     if number == 0 and (newest_checkpoint(args.dir) or os.path.exists(os.path.join(args.dir, "log.jsonl"))):
         raise SystemExit(f"error: --dir {args.dir} holds a checkpoint or a log: the first attempt starts from a "
                          f"folder without them (a checkpoint there would be resumed); give a new folder")
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":       # under torchrun's own agent
-        join_attempt(number)
-    env = par.runtime.dist.init()
+    env = par.runtime.dist.init()      # under torchrun, through this attempt's own keys (dist.attempt_store)
     if args.batch % env.world_size:
         raise SystemExit(f"error: --batch {args.batch} is not a multiple of the world size {env.world_size}: "
                          f"use e.g. --batch {env.world_size * max(1, args.batch // env.world_size)}")

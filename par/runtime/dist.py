@@ -80,7 +80,7 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Env:
         from datetime import timedelta
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")   # a timed-out NCCL op ends the rank
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s),
+                                timeout=timedelta(seconds=timeout_s), store=attempt_store(world_size, timeout_s),
                                 **({"device_id": device} if device.type == "cuda" else {}))
         set_collective_timeout()
         if "TORCHELASTIC_RUN_ID" in os.environ:
@@ -91,6 +91,21 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Env:
             nccl_emulation.install()
     _ENV = Env(rank, local_rank, world_size, backend, device)
     return _ENV
+
+
+def attempt_store(world_size: int, timeout_s: float):
+    """Under torchrun's own agent (TORCHELASTIC_USE_AGENT_STORE=True): the agent's store seen through this attempt's
+    own prefix, `attempt_<TORCHELASTIC_RESTART_COUNT>/`; else None (the env:// rendezvous, rank 0 serving the store).
+
+    torchrun's static rendezvous keeps one TCPStore for every attempt of a job, and the process group's keys are the
+    same in each: the ranks of a restarted attempt would read the dead attempt's gloo addresses and dial closed ports
+    ("connectFullMesh failed ... Connection refused", about one restart in three here)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    from datetime import timedelta
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+                          timeout=timedelta(seconds=timeout_s))
+    return dist.PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
 
 
 def watch_launcher() -> None:
