@@ -74,9 +74,15 @@ def pytest_configure(config):
                                        "(tests/tiers.py)")
 
 
+CLASS_TIMEOUT_S = 1800   # a test that reads a class may grade it, or wait for the other worker grading it
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests run only when asked for (`pytest -m gpu`) and only where torch sees a CUDA device;
-    otherwise they are skipped, with the reason."""
+    otherwise they are skipped, with the reason. A test that uses `exercise_class` gets CLASS_TIMEOUT_S."""
+    for item in items:
+        if "exercise_class" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timeout(CLASS_TIMEOUT_S), append=False)
     asked = "gpu" in (config.getoption("markexpr", "") or "")
     if asked and torch.cuda.is_available():
         return

@@ -505,8 +505,8 @@ def test_a_killed_grader_keeps_its_rows_and_resume_grades_the_rest(tmp_path):
     nbformat.write(STUB, folder / f"b_{EX}.ipynb")
     hang = "def bytes_per_param(precision, optimizer):\n    import time\n    while True:\n        time.sleep(0.05)"
     nbformat.write(tg.solved(EX, {"bytes-per-param": hang}), folder / f"c_{EX}.ipynb")
-    cmd = [sys.executable, "-m", "par", "grade", str(folder), "--report", str(report), "--timeout", "60",
-           "--cell-timeout", "10", "--jobs", "1"]
+    cmd = [sys.executable, "-m", "par", "grade", str(folder), "--report", str(report), "--timeout", "120",
+           "--cell-timeout", "40", "--jobs", "1"]        # 40 s: exercise 01's part 5 launches 2 ranks in a cell
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
@@ -519,7 +519,7 @@ def test_a_killed_grader_keeps_its_rows_and_resume_grades_the_rest(tmp_path):
     mine = f"{sandbox.PREFIX}{proc.pid}-".encode()        # its submissions' work folders are named after it
     kept = [r["submission"] for r in csv.DictReader(report.open())]
     assert [Path(k).name for k in kept] == [f"a_{EX}.ipynb", f"b_{EX}.ipynb"], kept
-    again = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=200)
+    again = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=250)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert "resuming: 2 submission(s) already" in again.stdout and "grading 1 file(s)" in again.stdout
     rows = {Path(r["submission"]).name: r for r in csv.DictReader(report.open())}
