@@ -13,6 +13,11 @@ One launch, every run from the same seed on the same ranks:
 its parameters (`load_full`).
 `--resume-tp`: one more resumed run, "3>tp", on tensor parallelism over all the ranks (`resume.load_tp`: the state
 loaded whole, the weights and Adam's m and v cut into TP shards; every rank trains on the whole global batch).
+`--pp P`: two more runs on a dp × pp grid (P pipeline stages, `--microbatches` m, 1F1B, dp = world / P): "pp",
+uninterrupted, saving its state after `--save-step` steps to DIR/state_pp (`resume.save_pp`: each stage's parameters
+and Adam state by the dense model's names), and "pp>pp", resumed from it on the same grid (`resume.load_pp`); their
+final states go to DIR/final_pp and DIR/final_pp_to_pp (`resume.pp_units` reads them; one process resumes with
+`resume.load_pp`).
 `--forget data|rng|optimizer` makes the resumed runs restart the data order, keep the fresh random state, or lose
 rank 0's shard of Adam's state. `--mistakes data,rng,optimizer` adds, after the resumed runs, one more resumed
 run per mistake (on the first of `--resume-stages`, labelled "3>1 forget data"), each forgetting that one thing:
@@ -55,6 +60,9 @@ class Args(JobArgs):
     mistakes: tuple[str, ...] = arg((), "comma-separated, of data, rng, optimizer: one more resumed run each, "
                                         "forgetting that one thing", choices=("data", "rng", "optimizer"))
     resume_tp: bool = arg(False, "one more resumed run (labelled \"3>tp\"): tensor parallelism over every rank")
+    pp: int = arg(0, "pipeline stages of two more runs, uninterrupted (\"pp\") and resumed (\"pp>pp\"); 0: none",
+                  minimum=0)
+    microbatches: int = arg(2, "micro-batches per step of the --pp runs", minimum=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,8 +92,12 @@ def work(args: Args, nproc: int) -> list:
                 for m in args.mistakes if args.resume_stages]
     tp = [Training(model=cfg, global_batch=args.batch, tp=nproc, steps=args.steps - args.save_step,
                    label="resumed on TP")] if args.resume_tp else []
+    pp = [Training(model=cfg, global_batch=args.batch, dp=nproc // args.pp, pp=args.pp,
+                   microbatches=args.microbatches, steps=n, label=label)
+          for n, label in [(args.steps, "uninterrupted on PP"), (args.steps - args.save_step, "resumed on PP")]
+          ] if args.pp else []
     return [Training(model=cfg, global_batch=args.batch, dp=nproc, zero_stage=s, steps=n, label=label)
-            for s, n, label in [(args.save_stage, args.steps, "uninterrupted"), *resumed]] + tp
+            for s, n, label in [(args.save_stage, args.steps, "uninterrupted"), *resumed]] + tp + pp
 
 
 def train_run(stage: int, args: Args, env, data, resume_from: str = "", mistake: str = "") -> dict:
@@ -146,6 +158,37 @@ def train_tp(args: Args, env, data, resume_from: str) -> dict:
             "final_shard_diff": diff}
 
 
+def train_pp(args: Args, env, data, resume_from: str = "") -> dict:
+    """One run on a dp × pp grid (`par.pp.replicated.ReplicatedPipeline` over the dense model's layers), from the
+    seed or resumed from `resume_from` (`resume.load_pp`: the whole state into the model, each stage's parameters
+    given their Adam state). Saves the state after `save_step` (the uninterrupted run) and at the end. Losses
+    on the last stage only (elsewhere [])."""
+    from par.pp.replicated import ReplicatedPipeline
+    from par.runtime.grid import Grid
+    torch.manual_seed(args.seed)
+    model = build(preset(args.preset), seed=args.seed)
+    start, loaded = 0, None
+    if resume_from:
+        loaded, start = resume.load_pp(model, resume_from, lr=args.lr)
+    engine = ReplicatedPipeline(model.to(env.device).to_layers(), Grid(dp=env.world_size // args.pp, pp=args.pp),
+                                args.microbatches, "adam", args.lr)
+    if loaded is not None:                      # the stage's modules are the model's: the same parameter objects
+        for p in engine.params:
+            engine.optimizer.state[p] = {k: v.to(p.device) for k, v in loaded.state[p].items()}
+    label = "pp>pp" if resume_from else "pp"
+    losses = []
+    for s, (x, y) in enumerate(resume.batches_from(data, args.batch, args.steps, args.seed, start), start):
+        x, y = resume.global_step_input(x, y, args.noise, data.vocab_size)
+        loss = engine.step(x.to(env.device), y.to(env.device))
+        if loss is not None:
+            losses.append(loss)
+        if not resume_from and s + 1 == args.save_step:
+            resume.save_pp(engine, model, os.path.join(args.dir, "state_pp"), step=s + 1)
+    final = os.path.join(args.dir, f"final_{label.replace('>', '_to_')}")
+    resume.save_pp(engine, model, final, step=args.steps)
+    return {"label": label, "stage": -1, "start_step": start, "losses": losses, "final": final}
+
+
 def main(argv=None) -> None:
     args = Args.parse(argv)
     if args.save_step >= args.steps:
@@ -155,6 +198,9 @@ def main(argv=None) -> None:
         raise SystemExit("error: --mistakes resume on the first of --resume-stages: give --resume-stages too")
     checkpoint.check_directory(args.dir)
     env = par.runtime.dist.init()
+    if args.pp and (env.world_size % args.pp or args.batch % (env.world_size // args.pp * args.microbatches)):
+        raise SystemExit(f"error: --pp {args.pp} needs a world size ({env.world_size}) it divides and a --batch "
+                         f"({args.batch}) divisible by dp × --microbatches: use --pp 2 on 2 or 4 ranks, --batch 8")
     if args.batch % env.world_size:
         raise SystemExit(f"error: --batch {args.batch} is not a multiple of the world size {env.world_size}: "
                          f"use e.g. --batch {env.world_size * max(1, args.batch // env.world_size)}")
@@ -173,6 +219,10 @@ def main(argv=None) -> None:
         ranks = par.runtime.dist.gather_object(train_tp(args, env, data, state))
         if env.is_rank0:
             runs.append({**ranks[0], "final_shard_diff": max(r["final_shard_diff"] for r in ranks)})
+    for source in ("", state + "_pp") if args.pp else ():
+        ranks = par.runtime.dist.gather_object(train_pp(args, env, data, source))
+        if env.is_rank0:
+            runs.append(next(r for r in ranks if r["losses"]))
     par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "runs": runs})
     par.runtime.dist.teardown()
 

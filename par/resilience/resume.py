@@ -17,6 +17,8 @@ batch from the same generator and keeps its rows r, r+N, ... , so the draws do n
 Saved on one layout (ZeRO-3 on N ranks), the model and optimizer state re-shard to another (ZeRO-1 on M ranks,
 `par.zero.checkpoint.load`), or gather whole into a single process with a plain `torch.optim.Adam`
 (`load_single`): flat partitions concatenated, padding dropped, cut back into parameters.
+A dp × pp run saves each stage's parameters and Adam state by the dense model's names (`save_pp`); one process
+(`load_pp`) or a pipeline again reads every stage's file into the whole model.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import itertools
 import os
 
 import torch
+import torch.distributed as dist
 
 from par.data import global_batches
 from par.model import lm_loss
@@ -174,6 +177,58 @@ def load_tp(model, directory: str, lr: float = 1e-3, group=None) -> tuple:
         opt.state[p] = {"step": step.clone(), **{k: shards[k][name].detach().clone() for k in shards}}
     set_rng_state(restored)
     return tp, opt, position
+
+
+# ------------------------------------------------------------------ save and load on a pipeline layout
+def stage_path(directory: str, stage: int, stages: int) -> str:
+    return os.path.join(directory, f"stage_{stage:05d}_of_{stages:05d}.pt")
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save_pp(engine, model, directory: str, step: int) -> None:
+    """A dp × pp run's state (`par.pp.replicated.ReplicatedPipeline` over `model.to_layers()`): replica 0 of each
+    stage writes its parameters and their Adam state by the dense model's names (the stage's modules are the
+    model's own, so a parameter is found by identity); rank 0 writes meta.pt last (data position, random state)."""
+    grid = engine.grid
+    names = {id(p): n for n, p in model.named_parameters()}
+    os.makedirs(directory, exist_ok=True)
+    if grid.dp_rank == 0:
+        own = [(names[id(p)], p) for p in engine.params]
+        checkpoint.write_file({"params": {n: p.detach().cpu() for n, p in own},
+                               "state": {n: {k: v.cpu() for k, v in engine.optimizer.state[p].items()}
+                                         for n, p in own}}, stage_path(directory, grid.stage, grid.pp))
+    _barrier()
+    if grid.rank == 0:
+        checkpoint.write_file({"layout": "pp", "stages": grid.pp, "dp": grid.dp, "step": step,
+                               "extra": {"rng": rng_state()}}, checkpoint.meta_path(directory))
+    _barrier()
+
+
+def pp_units(directory: str) -> tuple[dict, list[dict]]:
+    """`save_pp`'s folder as `install` reads it: one unit per parameter, {"master": flat, "state": {m, v: flat;
+    step}}, every stage's file read."""
+    meta = torch.load(checkpoint.meta_path(directory), map_location="cpu", weights_only=True)
+    if meta.get("layout") != "pp":
+        raise ValueError(f"{directory} holds no pipeline state (save_pp's): load it with load_single or load")
+    meta, units = {**meta, "units": []}, []
+    for s in range(meta["stages"]):
+        saved = torch.load(stage_path(directory, s, meta["stages"]), map_location="cpu", weights_only=True)
+        for name, value in saved["params"].items():
+            meta["units"].append({"params": [name], "shapes": [tuple(value.shape)]})
+            units.append({"master": value.flatten(),
+                          "state": {k: v.flatten() if v.dim() > 0 else v for k, v in saved["state"][name].items()}})
+    return meta, units
+
+
+def load_pp(model, directory: str, lr: float = 1e-3) -> tuple[torch.optim.Optimizer, int]:
+    """A single process resumes a dp × pp run (`save_pp`'s folder): every stage's parameters and Adam state into
+    `model` and a fresh Adam, the random state restored; returns (optimizer, data position). A pipeline resumes
+    from it too: build it over this `model`'s layers and hand each of its parameters this optimizer's state."""
+    return install(model, *pp_units(directory), "adam", lr)
 
 
 def train_single(model, opt, dataset, batch: int, steps: int, seed: int, position: int, noise: float) -> list[float]:
