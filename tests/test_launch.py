@@ -22,6 +22,7 @@ import threading
 import pytest
 from tiers import slow
 
+from par.runtime import agent as agent_module
 from par.runtime import launch
 from par.runtime.preflight import BackendError
 
@@ -127,8 +128,9 @@ def test_hang_is_killed_at_the_timeout_naming_who_did_not_finish():
     """Rank 2 computes forever; ranks 0 and 1 wait for it in a collective (teardown's barrier), forever."""
     token = f"hang-token-{uuid.uuid4().hex}"
     start = time.monotonic()
-    with pytest.raises(launch.LaunchError, match="timed out after 25s") as info:
-        launch.run(WORKER, nproc=3, args=["hang", token], timeout=25, quiet=True)
+    out = TimedOutput()
+    with pytest.raises(launch.LaunchError, match="timed out after 25s") as info, redirect_stdout(out):
+        launch.run(WORKER, nproc=3, args=["hang", token], timeout=25)
     elapsed = time.monotonic() - start
     assert 25 <= elapsed < 45
     first = info.value.root_cause
@@ -136,7 +138,7 @@ def test_hang_is_killed_at_the_timeout_naming_who_did_not_finish():
     assert "rank 2 busy in compute_forever at launch_modes.py:" in first, first
     assert "rank 0 waiting in teardown at launch_modes.py:" in first and "rank 1 waiting in teardown" in first
     assert first.index("rank 2 busy") < first.index("rank 0 waiting"), "the busy rank comes first"
-    pids = [int(p) for p in re.findall(r"pid=(\d+)", str(info.value))]
+    pids = [int(p) for p in re.findall(r"pid=(\d+)", out.getvalue())]
     assert len(pids) == 3, f"every rank should have started within 25s:\n{info.value}"
     assert_all_gone(pids, token)
 
@@ -173,7 +175,8 @@ def test_ranks_do_not_outlive_a_killed_starter(starter):
     while len(ranks) < 2 and time.monotonic() < deadline:   # the starter, then both ranks past their imports
         time.sleep(0.5)
         mine = with_token(token)
-        agent = [p for p in mine if starter.encode() in open(f"/proc/{p}/cmdline", "rb").read()]
+        agent = [p for p in mine if starter.encode() in open(f"/proc/{p}/cmdline", "rb").read()
+                 and not launch._comm(p).startswith(agent_module.RANK_NAME)]     # forked ranks share its line
         ranks = [p for p in mine if p not in agent]
     assert agent and len(ranks) == 2, "the job did not start within 90 s"
     time.sleep(2)   # let the launcher see the ranks once
@@ -185,28 +188,42 @@ def test_ranks_do_not_outlive_a_killed_starter(starter):
     assert_all_gone(ranks, token)
 
 
+AGENT_COMMAND = launch.agent_command
+STARTERS = {   # how launch.run starts a gloo job's ranks, and the two ways it can be told to start them instead
+    "forked by the agent": lambda target, nproc, args=(), port=None, fork=False: AGENT_COMMAND(
+        target, nproc, args, port, fork=True),
+    "fresh under the agent": lambda target, nproc, args=(), port=None, fork=False: AGENT_COMMAND(
+        target, nproc, args, port, fork=False),
+    "torchrun": lambda target, nproc, args=(), port=None, fork=False: launch.torchrun_command(target, nproc, args, port),
+}
+
+
 @slow
 def test_the_agent_gives_the_ranks_what_torchrun_gives_them(monkeypatch):
-    """The same job under par.runtime.agent and under torchrun: every variable a rank reads is the same (but the
-    port and the run's id), and the same failure is read back as the same root cause."""
+    """The same job with its ranks forked by par.runtime.agent, started fresh by it, and started by torchrun: every
+    variable a rank reads is the same (but the port and the run's id), every rank is a process of its own, and the
+    same failure is read back as the same root cause and the same rank."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("launch_modes", WORKER)
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
-    agent = launch.run(WORKER, nproc=2, args=["ok"], timeout=120, quiet=True)
-    torchrun = launch.run(WORKER, nproc=2, args=["ok"], timeout=120, quiet=True, max_restarts=1)  # never fails
-    for a, b in zip(agent["ranks"], torchrun["ranks"]):
-        for key in set(worker.TORCHRUN_VARS) - {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"}:
-            assert a["env"][key] == b["env"][key], (key, a["env"][key], b["env"][key])
-    assert {r["env"]["TORCHELASTIC_USE_AGENT_STORE"] for r in agent["ranks"]} == {"False"}   # rank 0 serves the store
-    errors = {}
-    for name, command in (("agent", launch.agent_command), ("torchrun", launch.torchrun_command)):
-        monkeypatch.setattr(launch, "agent_command", lambda target, nproc, args=(), port=None: command(target, nproc, args, port))
+    runs, errors = {}, {}
+    for name, command in STARTERS.items():
+        monkeypatch.setattr(launch, "agent_command", command)
+        runs[name] = launch.run(WORKER, nproc=2, args=["ok"], timeout=120, quiet=True)
         with pytest.raises(launch.LaunchError) as info:
             launch.run(WORKER, nproc=3, args=["raise"], timeout=120, quiet=True)
         errors[name] = info.value
-    assert errors["agent"].root_cause == errors["torchrun"].root_cause
-    assert errors["agent"].ranks == errors["torchrun"].ranks == [1]
+    for name, run in runs.items():
+        assert len({r["pid"] for r in run["ranks"]}) == 2, name
+        for a, b in zip(run["ranks"], runs["torchrun"]["ranks"]):
+            for key in set(worker.TORCHRUN_VARS) - {"MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                                                    "TORCHELASTIC_USE_AGENT_STORE"}:
+                assert a["env"][key] == b["env"][key], (name, key, a["env"][key], b["env"][key])
+        assert errors[name].root_cause == errors["torchrun"].root_cause, name
+        assert errors[name].ranks == [1], name
+    for name in ("forked by the agent", "fresh under the agent"):     # rank 0 serves the store
+        assert {r["env"]["TORCHELASTIC_USE_AGENT_STORE"] for r in runs[name]["ranks"]} == {"False"}
 
 
 @slow
@@ -247,8 +264,24 @@ def test_torchrun_command_binds_localhost():
 def test_agent_command_runs_the_same_program():
     cmd = launch.agent_command("par.comm.job", 4, ["--parts", "show"], port=12345)
     assert cmd[1:3] == ["-m", "par.runtime.agent"] and "--nproc-per-node=4" in cmd and "--master-port=12345" in cmd
-    assert cmd[-4:] == ["-m", "par.comm.job", "--parts", "show"]
+    assert cmd[-4:] == ["-m", "par.comm.job", "--parts", "show"] and "--fork" not in cmd
     assert launch.agent_command("x/y.py", 2)[-1] == "x/y.py"
+    assert "--fork" in launch.agent_command("x/y.py", 2, fork=True)
+
+
+def test_a_gloo_job_forks_its_ranks_and_they_are_found_by_name(monkeypatch):
+    """A gloo job's ranks are forked by the agent (`--fork`): processes of their own, named par-rank<N>, found by
+    the launcher (which names a hung or killed rank by them), with torch imported before their first line."""
+    commands, agent_command = [], launch.agent_command
+    monkeypatch.setattr(launch, "agent_command", lambda *a, **k: commands.append(k) or agent_command(*a, **k))
+    found = []
+    original = launch._rank_pids
+    monkeypatch.setattr(launch, "_rank_pids", lambda *a: found.append(original(*a)) or found[-1])
+    result = launch.run(WORKER, nproc=2, args=["ok"], timeout=120, quiet=True)
+    assert commands == [{"fork": True}]
+    pids = {r["rank"]: r["pid"] for r in result["ranks"]}
+    assert len(set(pids.values())) == 2 and pids in found
+    assert {r["env"]["OMP_NUM_THREADS"] for r in result["ranks"]} == {"1"}
 
 
 # ---------------------------------------------------------------- torchrun's report, read back (no launch)

@@ -80,7 +80,7 @@ def test_a_stopped_launcher_leaves_no_process(sig):
     token = uuid.uuid4().hex
     parent = train(token)
     try:
-        ranks = lambda: [p for p, e in with_token(token).items() if e.get("RANK", "").isdigit()]  # noqa: E731
+        ranks = lambda: [p for p, e in with_token(token).items() if launch.rank_number(p, e) is not None]  # noqa: E731
         wait_for(lambda: len(ranks()) == 2, 120, "the job did not start its 2 ranks")
         time.sleep(1)                       # the ranks are past their imports, training
         parent.send_signal(sig)
@@ -221,7 +221,7 @@ def test_a_killed_cluster_leaves_no_rank_and_the_next_one_removes_its_namespaces
     owner = subprocess.Popen([sys.executable, "-c", CLUSTER_JOB, prefix, WORKER], cwd=ROOT,
                              env={**os.environ, TOKEN: token}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        ranks = lambda: [p for p, e in with_token(token).items() if e.get("RANK", "").isdigit()]  # noqa: E731
+        ranks = lambda: [p for p, e in with_token(token).items() if launch.rank_number(p, e) is not None]  # noqa: E731
         wait_for(lambda: len(ranks()) == 2, 120, "the cluster job did not start its 2 ranks")
         owner.kill()
         owner.wait()

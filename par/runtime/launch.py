@@ -4,12 +4,13 @@
 `nproc` ranks on this machine (`par.runtime.preflight.choose_backend`: a `BackendError` in one line,
 before anything starts), then starts
 
-    python -m par.runtime.agent --nproc-per-node=4 --master-port=<free> -m par.comm.job ...
+    python -m par.runtime.agent [--fork] --nproc-per-node=4 --master-port=<free> -m par.comm.job ...
 
 in its own process group, streams every rank's output into the cell as it happens, and
 returns the JSON that rank 0 saved with `par.runtime.dist.save_result`. `par.runtime.agent` starts the ranks
 exactly as `torchrun --nnodes=1 --max-restarts=0 --tee=3` would (the same environment, output prefix and
-failure report) without importing torch first; with `max_restarts=K` the job runs under torchrun itself
+failure report); for a gloo job it imports torch once and forks the ranks from itself (`--fork`), for an
+NCCL job each rank is a fresh interpreter. With `max_restarts=K` the job runs under torchrun itself
 (`--max-restarts=K`), which restarts every rank when one fails. Never a hang, never a swallowed failure,
 never a silent second try (unless asked for with `max_restarts`):
 
@@ -42,7 +43,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from par.runtime import hang, lifeline
+from par.runtime import agent, hang, lifeline
 
 STACK_SIGNAL = signal.SIGUSR1     # "print your stack": par.runtime.dist.init registers faulthandler for it
 COMM_FILES = ("torch/distributed/", "par/comm/collectives.py", "par/comm/coalesced.py", "par/comm/thread.py",
@@ -86,10 +87,11 @@ def torchrun_command(target: str, nproc: int, args=(), port: int | None = None, 
             *program, *map(str, args)]
 
 
-def agent_command(target: str, nproc: int, args=(), port: int | None = None) -> list[str]:
-    """The same job started by `par.runtime.agent` (torchrun's one-node behaviour, no torch import before the ranks)."""
+def agent_command(target: str, nproc: int, args=(), port: int | None = None, fork: bool = False) -> list[str]:
+    """The same job started by `par.runtime.agent` (torchrun's one-node behaviour): with `fork`, the ranks are
+    forked from an agent that imported torch once; without, each is a fresh interpreter."""
     program = [target] if target.endswith(".py") else ["-m", target]
-    return [sys.executable, "-m", "par.runtime.agent", f"--nproc-per-node={nproc}",
+    return [sys.executable, "-m", "par.runtime.agent", *(["--fork"] if fork else []), f"--nproc-per-node={nproc}",
             f"--master-port={port or free_port()}", *program, *map(str, args)]
 
 
@@ -267,16 +269,34 @@ def _environ(pid: int) -> dict:
         return {}
 
 
-def _rank_pids(proc: subprocess.Popen, token: str) -> dict[int, int]:
-    """{rank: pid} of this launch's rank processes still alive (Linux; empty elsewhere).
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
-    A rank is a process below the agent (or torchrun) whose environment carries this launch's own `token`
-    (its PAR_RESULT path) and a RANK."""
+
+def rank_number(pid: int, environ: dict) -> int | None:
+    """The rank process `pid` (whose /proc environment is `environ`) is, or None: a RANK in its environment (a
+    fresh interpreter, torchrun's or the agent's), else its process name `par-rank<N>` (forked by the agent, it
+    shows the agent's environment)."""
+    if environ.get("RANK", "").isdigit() and environ.get("TORCHELASTIC_RUN_ID"):
+        return int(environ["RANK"])
+    name = _comm(pid)
+    number = name[len(agent.RANK_NAME):]
+    return int(number) if name.startswith(agent.RANK_NAME) and number.isdigit() else None
+
+
+def _rank_pids(proc: subprocess.Popen, token: str) -> dict[int, int]:
+    """{rank: pid} of this launch's rank processes still alive (Linux; empty elsewhere): the processes below the
+    agent (or torchrun) whose environment carries this launch's own `token` (its PAR_RESULT path) that are a rank
+    (`rank_number`)."""
     ranks = {}
     for pid in _descendants(proc.pid):
         e = _environ(pid)
-        if e.get("PAR_RESULT") == token and e.get("RANK", "").isdigit() and e.get("TORCHELASTIC_RUN_ID"):
-            ranks.setdefault(int(e["RANK"]), pid)
+        if e.get("PAR_RESULT") == token and (rank := rank_number(pid, e)) is not None:
+            ranks.setdefault(rank, pid)
     return ranks
 
 
@@ -335,7 +355,7 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
     which restarts every rank (TORCHELASTIC_RESTART_COUNT counts the tries) up to that many times. SIGTERM and SIGHUP
     end the job like Ctrl-C (`par.runtime.lifeline.Stopped`); the run's files go with it."""
     from par.runtime.preflight import choose_backend
-    choose_backend(nproc, backend, local_world_size=nproc)     # preflight: one line, nothing started
+    chosen = choose_backend(nproc, backend, local_world_size=nproc)     # preflight: one line, nothing started
     hang_s = hang.hang_seconds(hang_s)
     with lifeline.run_dir() as tmp, lifeline.stops_raise():
         result_path = os.path.join(tmp, "result.json")
@@ -356,7 +376,7 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
         child_env.update(env or {})
         name = os.path.basename(module) if module.endswith(".py") else module
         cmd = (torchrun_command(module, nproc, args, max_restarts=max_restarts) if max_restarts
-               else agent_command(module, nproc, args))
+               else agent_command(module, nproc, args, fork=chosen == "gloo"))
         starter = "torchrun" if max_restarts else "par.runtime.agent"
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=child_env, start_new_session=True, bufsize=1,
