@@ -119,7 +119,7 @@ def preload() -> bool:
     return True
 
 
-def fork_rank(rank: int, program: list[str], env: dict[str, str], close_fds: list[int]) -> Forked:
+def fork_rank(rank: int, program: list[str], env: dict[str, str], others: list) -> Forked:
     """Fork rank `rank`: the child becomes the rank (`become_rank`), the parent gets a Forked with its output pipe."""
     read, write = os.pipe()
     sys.stdout.flush()
@@ -127,18 +127,18 @@ def fork_rank(rank: int, program: list[str], env: dict[str, str], close_fds: lis
     pid = os.fork()
     if pid == 0:
         os.close(read)
-        become_rank(rank, program, env, write, close_fds)       # never returns
+        for pipe in others:                                     # the earlier ranks' outputs are not the child's
+            pipe.close()
+        become_rank(rank, program, env, write)                  # never returns
     os.close(write)
     return Forked(pid, os.fdopen(read, "rb"))
 
 
-def become_rank(rank: int, program: list[str], env: dict[str, str], out: int, close_fds: list[int]) -> None:
+def become_rank(rank: int, program: list[str], env: dict[str, str], out: int) -> None:
     """In a forked child: what `python -m MODULE ARGS` (or `python SCRIPT ARGS`) would be, then exit. The module's
     SystemExit, or its exception, leaves through the agent's own frames to the interpreter, which prints it and
     exits as a fresh one would (exit handlers run, output flushed)."""
     os.setsid()
-    for fd in close_fds:
-        os.close(fd)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -205,7 +205,7 @@ def start_ranks(nproc: int, program: list[str], port: int, run_id: str, fork: bo
     if fork and can_fork() and preload() and can_fork():
         ranks: list[Rank] = []
         for r in range(nproc):
-            ranks.append(Rank(r, fork_rank(r, program, envs[r], [x.proc.stdout.fileno() for x in ranks])))
+            ranks.append(Rank(r, fork_rank(r, program, envs[r], [x.proc.stdout for x in ranks])))
         return ranks
     return [Rank.spawn(r, program, envs[r]) for r in range(nproc)]
 
