@@ -28,7 +28,8 @@ farm-bench on 2 idle cores for a 2-rank DP job of 3 steps (median of 5): 3.5 s o
 of wall instead of 2.7, since the imports no longer run side by side. Where the cores are busy (the test suite,
 a class graded 2 notebooks at a time, the batch) the CPU is the time; on idle cores a launch waits about 0.7 s
 more. `par.runtime.launch` asks for `--fork` for gloo jobs only: a process that may have touched CUDA cannot be
-forked safely, so NCCL jobs get fresh interpreters. The agent forks only while it is a single thread; otherwise it starts fresh interpreters.
+forked safely, so NCCL jobs get fresh interpreters. The agent forks only while it is a single thread; otherwise
+it starts fresh interpreters.
 
 Why the agent exists: torchrun's agent imports torch before it starts a rank, about 1.3 s of one core on the
 critical path of every launch (measured: a 2-rank job that all-reduces one number takes 2.9-3.0 s under
