@@ -281,6 +281,7 @@ def test_a_gloo_job_forks_its_ranks_and_they_are_found_by_name(monkeypatch):
     assert commands == [{"fork": True}]
     pids = {r["rank"]: r["pid"] for r in result["ranks"]}
     assert len(set(pids.values())) == 2 and pids in found
+    assert [r["comm"] for r in result["ranks"]] == ["par-rank0", "par-rank1"], "the ranks were not forked"
     assert {r["env"]["OMP_NUM_THREADS"] for r in result["ranks"]} == {"1"}
 
 

@@ -206,7 +206,7 @@ class Rank:
 def start_ranks(nproc: int, program: list[str], port: int, run_id: str, fork: bool) -> list[Rank]:
     """Every rank, forked from this process (`fork`, when it is safe and torch imports) or as fresh interpreters."""
     envs = [{**os.environ, **rank_env(r, nproc, port, run_id)} for r in range(nproc)]
-    if fork and can_fork() and preload() and can_fork():
+    if fork and can_fork() and preload() and can_fork():      # one thread before the imports, and still after
         ranks: list[Rank] = []
         for r in range(nproc):
             ranks.append(Rank(r, fork_rank(r, program, envs[r], [x.proc.stdout for x in ranks])))

@@ -43,7 +43,8 @@ def main(mode: str) -> None:
         par.runtime.dist.print0("second line")
         mine = {"rank": env.rank, "local_rank": env.local_rank, "world_size": env.world_size,
                 "backend": env.backend, "device": str(env.device), "pid": os.getpid(),
-                "env": {k: os.environ.get(k) for k in TORCHRUN_VARS}}
+                "env": {k: os.environ.get(k) for k in TORCHRUN_VARS},
+                "comm": open("/proc/self/comm").read().strip() if os.path.exists("/proc/self/comm") else ""}
         par.runtime.dist.save_result({"ranks": par.runtime.dist.gather_object(mine)})
     elif mode == "raise":
         if env.rank == 1:
