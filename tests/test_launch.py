@@ -22,8 +22,7 @@ import threading
 import pytest
 from tiers import slow
 
-from par.runtime import agent as agent_module
-from par.runtime import launch
+from par.runtime import launch, zygote
 from par.runtime.preflight import BackendError
 
 WORKER = str(Path(__file__).parent / "workers" / "launch_modes.py")
@@ -172,13 +171,13 @@ def test_ranks_do_not_outlive_a_killed_starter(starter):
     t.start()
     deadline = time.monotonic() + 90
     ranks, agent = [], []
-    while len(ranks) < 2 and time.monotonic() < deadline:   # the starter, then both ranks past their imports
+    while len(ranks) < 2 and time.monotonic() < deadline:   # both ranks started; their parent is the starter
         time.sleep(0.5)
-        mine = with_token(token)
-        agent = [p for p in mine if starter.encode() in open(f"/proc/{p}/cmdline", "rb").read()
-                 and not launch._comm(p).startswith(agent_module.RANK_NAME)]     # forked ranks share its line
-        ranks = [p for p in mine if p not in agent]
-    assert agent and len(ranks) == 2, "the job did not start within 90 s"
+        ranks = [p for p in launch._descendants(os.getpid()) if launch.rank_number(p, launch._environ(p)) is not None]
+        agent = sorted({launch.parent_of(p) for p in ranks})
+    assert len(agent) == 1 and len(ranks) == 2, "the job did not start within 90 s"
+    assert starter.encode() in open(f"/proc/{agent[0]}/cmdline", "rb").read() or \
+        launch._comm(agent[0]) == zygote.AGENT_NAME, "the ranks' parent is not the process that starts them"
     time.sleep(2)   # let the launcher see the ranks once
     os.kill(agent[0], signal.SIGKILL)
     t.join(60)
@@ -189,12 +188,14 @@ def test_ranks_do_not_outlive_a_killed_starter(starter):
 
 
 AGENT_COMMAND = launch.agent_command
-STARTERS = {   # how launch.run starts a gloo job's ranks, and the two ways it can be told to start them instead
-    "forked by the agent": lambda target, nproc, args=(), port=None, fork=False: AGENT_COMMAND(
-        target, nproc, args, port, fork=True),
-    "fresh under the agent": lambda target, nproc, args=(), port=None, fork=False: AGENT_COMMAND(
-        target, nproc, args, port, fork=False),
-    "torchrun": lambda target, nproc, args=(), port=None, fork=False: launch.torchrun_command(target, nproc, args, port),
+FORKING = lambda target, nproc, args=(), port=None, fork=False: AGENT_COMMAND(target, nproc, args, port, fork=True)  # noqa: E731
+STARTERS = {   # how launch.run starts a gloo job's ranks (the command, PAR_ZYGOTE), and the ways it can be told to
+    "forked by the zygote's agent": (FORKING, "1"),                                   # start them instead
+    "forked by a fresh agent": (FORKING, "0"),
+    "fresh under the agent": (lambda target, nproc, args=(), port=None, fork=False: AGENT_COMMAND(
+        target, nproc, args, port, fork=False), "1"),
+    "torchrun": (lambda target, nproc, args=(), port=None, fork=False: launch.torchrun_command(target, nproc, args,
+                                                                                                port), "1"),
 }
 
 
@@ -208,8 +209,9 @@ def test_the_agent_gives_the_ranks_what_torchrun_gives_them(monkeypatch):
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
     runs, errors = {}, {}
-    for name, command in STARTERS.items():
+    for name, (command, zygote_on) in STARTERS.items():
         monkeypatch.setattr(launch, "agent_command", command)
+        monkeypatch.setenv("PAR_ZYGOTE", zygote_on)
         runs[name] = launch.run(WORKER, nproc=2, args=["ok"], timeout=120, quiet=True)
         with pytest.raises(launch.LaunchError) as info:
             launch.run(WORKER, nproc=3, args=["raise"], timeout=120, quiet=True)
@@ -222,8 +224,10 @@ def test_the_agent_gives_the_ranks_what_torchrun_gives_them(monkeypatch):
                 assert a["env"][key] == b["env"][key], (name, key, a["env"][key], b["env"][key])
         assert errors[name].root_cause == errors["torchrun"].root_cause, name
         assert errors[name].ranks == [1], name
-    for name in ("forked by the agent", "fresh under the agent"):     # rank 0 serves the store
-        assert {r["env"]["TORCHELASTIC_USE_AGENT_STORE"] for r in runs[name]["ranks"]} == {"False"}
+    for name in ("forked by the zygote's agent", "forked by a fresh agent", "fresh under the agent"):
+        assert {r["env"]["TORCHELASTIC_USE_AGENT_STORE"] for r in runs[name]["ranks"]} == {"False"}   # rank 0's store
+    assert {r["parent"] for r in runs["forked by the zygote's agent"]["ranks"]} == {zygote.AGENT_NAME}
+    assert {r["parent"] for r in runs["forked by a fresh agent"]["ranks"]} == {"python"}
 
 
 @slow
@@ -283,6 +287,10 @@ def test_a_gloo_job_forks_its_ranks_and_they_are_found_by_name(monkeypatch):
     assert len(set(pids.values())) == 2 and pids in found
     assert [r["comm"] for r in result["ranks"]] == ["par-rank0", "par-rank1"], "the ranks were not forked"
     assert {r["env"]["OMP_NUM_THREADS"] for r in result["ranks"]} == {"1"}
+    again = launch.run(WORKER, nproc=2, args=["ok"], timeout=120, quiet=True)     # the same zygote forks its agent
+    assert {r["parent"] for r in result["ranks"] + again["ranks"]} == {zygote.AGENT_NAME}, "no agent of the zygote"
+    grandparents = {r["grandparent"] for r in result["ranks"] + again["ranks"]}
+    assert len(grandparents) == 1 and launch._comm(grandparents.pop()) == zygote.NAME
 
 
 # ---------------------------------------------------------------- torchrun's report, read back (no launch)

@@ -138,10 +138,8 @@ def fork_rank(rank: int, program: list[str], env: dict[str, str], others: list) 
     return Forked(pid, os.fdopen(read, "rb"))
 
 
-def become_rank(rank: int, program: list[str], env: dict[str, str], out: int) -> None:
-    """In a forked child: what `python -m MODULE ARGS` (or `python SCRIPT ARGS`) would be, then exit. The module's
-    SystemExit, or its exception, leaves through the agent's own frames to the interpreter, which prints it and
-    exits as a fresh one would (exit handlers run, output flushed)."""
+def detach(out: int) -> None:
+    """In a forked child: a session of its own, stdin /dev/null, stdout and stderr on the pipe `out`."""
     os.setsid()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -149,6 +147,13 @@ def become_rank(rank: int, program: list[str], env: dict[str, str], out: int) ->
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
+
+
+def become_rank(rank: int, program: list[str], env: dict[str, str], out: int) -> None:
+    """In a forked child: what `python -m MODULE ARGS` (or `python SCRIPT ARGS`) would be, then exit. The module's
+    SystemExit, or its exception, leaves through the agent's own frames to the interpreter, which prints it and
+    exits as a fresh one would (exit handlers run, output flushed)."""
+    detach(out)
     os.environ.clear()
     os.environ.update(env)
     set_process_name(f"{RANK_NAME}{rank}")

@@ -43,7 +43,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from par.runtime import agent, hang, lifeline
+from par.runtime import agent, hang, lifeline, zygote
 
 STACK_SIGNAL = signal.SIGUSR1     # "print your stack": par.runtime.dist.init registers faulthandler for it
 COMM_FILES = ("torch/distributed/", "par/comm/collectives.py", "par/comm/coalesced.py", "par/comm/thread.py",
@@ -244,13 +244,8 @@ def describe_unfinished(lines: list[str], ranks: list[int], stopped=()) -> str:
 def _descendants(pid: int) -> list[int]:
     """Every process below `pid`, parents first (from /proc on Linux, `ps` elsewhere)."""
     if os.path.isdir("/proc/self"):
-        pairs = []
-        for d in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    pairs.append((int(d), int(f.read().rsplit(")", 1)[1].split()[1])))
-            except (OSError, IndexError, ValueError):
-                pass
+        pairs = [(int(d), parent) for d in filter(str.isdigit, os.listdir("/proc"))
+                 if (parent := parent_of(int(d))) is not None]
     else:
         out = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
         pairs = [tuple(map(int, line.split())) for line in out.splitlines() if line.strip()]
@@ -288,16 +283,32 @@ def rank_number(pid: int, environ: dict) -> int | None:
     return int(number) if name.startswith(agent.RANK_NAME) and number.isdigit() else None
 
 
-def _rank_pids(proc: subprocess.Popen, token: str) -> dict[int, int]:
+def _rank_pids(proc) -> dict[int, int]:
     """{rank: pid} of this launch's rank processes still alive (Linux; empty elsewhere): the processes below the
-    agent (or torchrun) whose environment carries this launch's own `token` (its PAR_RESULT path) that are a rank
-    (`rank_number`)."""
+    agent (or torchrun) that are a rank (`rank_number`); a rank's own children come after it and are not."""
     ranks = {}
     for pid in _descendants(proc.pid):
-        e = _environ(pid)
-        if e.get("PAR_RESULT") == token and (rank := rank_number(pid, e)) is not None:
+        if (rank := rank_number(pid, _environ(pid))) is not None:
             ranks.setdefault(rank, pid)
     return ranks
+
+
+def _stat(pid: int, field: int) -> int | None:
+    """Field `field` (numbered as in proc(5): 4 the parent's pid, 22 the start time) of /proc/PID/stat, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[field - 3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def parent_of(pid: int) -> int | None:
+    return _stat(pid, 4)
+
+
+def _start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot): with the pid, a process's identity."""
+    return _stat(pid, 22)
 
 
 def _kill_tree(proc: subprocess.Popen, also=()) -> None:
@@ -378,15 +389,14 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
         cmd = (torchrun_command(module, nproc, args, max_restarts=max_restarts) if max_restarts
                else agent_command(module, nproc, args, fork=chosen == "gloo"))
         starter = "torchrun" if max_restarts else "par.runtime.agent"
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=child_env, start_new_session=True, bufsize=1,
-                                preexec_fn=lifeline.dies_with_parent(signal.SIGTERM))
+        proc = _start(cmd, child_env)
         lines: list[str] = []
         q: queue.Queue = queue.Queue()
         reader = threading.Thread(target=lambda: ([q.put(l) for l in proc.stdout], q.put(None)), daemon=True)
         reader.start()
         deadline = time.monotonic() + timeout
-        seen: dict[int, int] = {}     # rank -> pid, refreshed every second: to kill orphans if the agent dies
+        seen: dict[int, tuple] = {}   # rank -> (pid, start time), refreshed every second: to kill orphans if the
+        #                               agent dies
         watch = hang.Watch(hang_s, nproc)
         next_look = time.monotonic()
         try:
@@ -402,8 +412,8 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
                     if not quiet:
                         print(line, end="", flush=True)
                 if time.monotonic() >= next_look:
-                    alive = _rank_pids(proc, result_path)
-                    seen.update(alive)
+                    alive = _rank_pids(proc)
+                    seen.update({r: (p, _start_time(p)) for r, p in alive.items() if seen.get(r, (0,))[0] != p})
                     watch.look(alive)
                     next_look = time.monotonic() + 1.0
                     if watch.hung():
@@ -411,7 +421,7 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
                         if error is not None:
                             raise error
                 if time.monotonic() > deadline:
-                    alive = _rank_pids(proc, result_path)
+                    alive = _rank_pids(proc)
                     watch.look(alive)
                     stopped = watch.stopped()
                     _ask_for_stacks([p for r, p in alive.items() if r not in stopped], q, lines, quiet)
@@ -421,10 +431,10 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
                                       streamed=not quiet)
         except BaseException:  # a hang, the timeout, Ctrl-C, SIGTERM/SIGHUP: leave no rank behind
             with lifeline.interrupts_held():    # a second Ctrl-C cannot cut the teardown short
-                _kill_tree(proc, _still_ours(seen, result_path))
+                _kill_tree(proc, _still_ours(seen))
             raise
         code = proc.wait()
-        leftovers = _still_ours(seen, result_path)
+        leftovers = _still_ours(seen)
         if leftovers:          # the agent itself died (killed?) and left ranks behind
             _kill_tree(proc, leftovers)
         if code != 0:
@@ -461,9 +471,23 @@ def _hang_error(watch, alive: dict[int, int], q, lines: list[str], quiet: bool, 
                        f"Last output:\n{''.join(lines[-40:])}", ranks=culprits, streamed=not quiet)
 
 
-def _still_ours(seen: dict[int, int], token: str) -> list[int]:
-    """The pids of `seen` that are still this launch's ranks (a pid may have been reused since)."""
-    return [pid for pid in seen.values() if _environ(pid).get("PAR_RESULT") == token]
+def _still_ours(seen: dict[int, tuple]) -> list[int]:
+    """The pids of `seen` ({rank: (pid, start time)}) still running as this launch's ranks: a pid may have been
+    reused since, by a process that started later."""
+    return [pid for pid, start in seen.values() if start is not None and _start_time(pid) == start]
+
+
+def _start(cmd: list[str], env: dict):
+    """The starter of the ranks (`cmd`) as a process the launcher reads and waits for. A gloo job's forking agent
+    (`--fork`) is forked by this process's zygote (`par.runtime.zygote`: torch imported once per launcher, not
+    once per job) where one can run; anything else starts as a fresh process, in a session of its own, with a
+    parent-death signal."""
+    if cmd[1:4] == ["-m", "par.runtime.agent", "--fork"]:
+        forked = zygote.start_agent(cmd[3:], env)
+        if forked is not None:
+            return forked
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True, bufsize=1, preexec_fn=lifeline.dies_with_parent(signal.SIGTERM))
 
 
 # ---------------------------------------------------------------- several nodes

@@ -1,6 +1,7 @@
 """A tiny job whose behaviour the launcher tests choose (argv[1]); argv[2], when given, is a token the test looks for.
 
-ok:        every rank reports what torchrun told it; rank 0 returns the list (streams two lines, 1.5 s apart)
+ok:        every rank reports what torchrun told it, its process name and its parent's; rank 0 returns the list
+           (streams two lines, 1.5 s apart)
 raise:     rank 1 raises after a moment while the others wait in a collective
 hang:      every rank prints its pid and steps through all-reduces; at step 3 the last rank starts computing
            forever (busy), while the others finish their steps and then wait for it, forever, in teardown's barrier
@@ -22,6 +23,7 @@ import torch  # noqa: E402
 
 import par.runtime.dist  # noqa: E402
 from par.comm import collectives as C  # noqa: E402
+from par.runtime import launch  # noqa: E402
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
@@ -44,7 +46,7 @@ def main(mode: str) -> None:
         mine = {"rank": env.rank, "local_rank": env.local_rank, "world_size": env.world_size,
                 "backend": env.backend, "device": str(env.device), "pid": os.getpid(),
                 "env": {k: os.environ.get(k) for k in TORCHRUN_VARS},
-                "comm": open("/proc/self/comm").read().strip() if os.path.exists("/proc/self/comm") else ""}
+                "comm": launch._comm(os.getpid()), "parent": launch._comm(os.getppid()), "grandparent": launch.parent_of(os.getppid())}
         par.runtime.dist.save_result({"ranks": par.runtime.dist.gather_object(mine)})
     elif mode == "raise":
         if env.rank == 1:
