@@ -209,6 +209,7 @@ def test_the_agent_gives_the_ranks_what_torchrun_gives_them(monkeypatch):
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
     runs, errors = {}, {}
+    monkeypatch.setattr(zygote, "_LAUNCHES", [1])          # this process has launched before: it has a zygote
     for name, (command, zygote_on) in STARTERS.items():
         monkeypatch.setattr(launch, "agent_command", command)
         monkeypatch.setenv("PAR_ZYGOTE", zygote_on)
@@ -275,12 +276,18 @@ def test_agent_command_runs_the_same_program():
 
 def test_a_gloo_job_forks_its_ranks_and_they_are_found_by_name(monkeypatch):
     """A gloo job's ranks are forked by the agent (`--fork`): processes of their own, named par-rank<N>, found by
-    the launcher (which names a hung or killed rank by them), with torch imported before their first line."""
+    the launcher (which names a hung or killed rank by them), with torch imported before their first line. The
+    agent of a process's first launch is a fresh interpreter; from its second launch on, every agent is forked by
+    the process's one zygote."""
     commands, agent_command = [], launch.agent_command
     monkeypatch.setattr(launch, "agent_command", lambda *a, **k: commands.append(k) or agent_command(*a, **k))
     found = []
     original = launch._rank_pids
     monkeypatch.setattr(launch, "_rank_pids", lambda *a: found.append(original(*a)) or found[-1])
+    monkeypatch.setattr(zygote, "_LAUNCHES", [0])          # this process's first launch: a fresh agent forks
+    first = launch.run(WORKER, nproc=2, args=["ok"], timeout=120, quiet=True)
+    assert {r["parent"] for r in first["ranks"]} == {"python"}, "a zygote for a process's first launch"
+    commands.clear()
     result = launch.run(WORKER, nproc=2, args=["ok"], timeout=120, quiet=True)
     assert commands == [{"fork": True}]
     pids = {r["rank"]: r["pid"] for r in result["ranks"]}

@@ -40,6 +40,7 @@ hundred jobs. Several nodes, restarts and rendezvous backends stay torchrun's
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import runpy
 import signal
@@ -212,6 +213,7 @@ def start_ranks(nproc: int, program: list[str], port: int, run_id: str, fork: bo
     """Every rank, forked from this process (`fork`, when it is safe and torch imports) or as fresh interpreters."""
     envs = [{**os.environ, **rank_env(r, nproc, port, run_id)} for r in range(nproc)]
     if fork and can_fork() and preload() and can_fork():      # one thread before the imports, and still after
+        gc.freeze()         # the imports' objects leave the collector: a rank's collections copy none of their pages
         ranks: list[Rank] = []
         for r in range(nproc):
             ranks.append(Rank(r, fork_rank(r, program, envs[r], [x.proc.stdout for x in ranks])))

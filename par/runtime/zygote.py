@@ -5,7 +5,7 @@
 
 `python -m par.runtime.agent --fork` imports torch and torch._dynamo before it forks the ranks (`agent.PRELOAD`):
 about 3 s of one core for every job. A process that launches many jobs (a notebook kernel, the test suite, the
-grader measuring layouts) pays it once here. Its first gloo launch starts `python -m par.runtime.zygote`, which
+grader measuring layouts) pays it once here. Its second gloo launch starts `python -m par.runtime.zygote`, which
 imports PRELOAD and waits on a socket; every launch then asks it for an agent, which it forks at once. The child
 becomes what `python -m par.runtime.agent ARGV` would have been: the launch's working directory and environment,
 its stdout and stderr on the pipe the launcher handed over (SCM_RIGHTS), stdin /dev/null, a session of its own,
@@ -24,6 +24,7 @@ PAR_ZYGOTE=0 turns it off: every job's agent is then a fresh interpreter.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -113,6 +114,7 @@ def main(fd: int) -> int:
     if not agent.preload():
         send(sock, {"error": "torch cannot be imported here"})
         return 1
+    gc.freeze()               # the imports' objects leave the collector: an agent's collections copy none of them
     if not agent.can_fork():
         send(sock, {"error": "the zygote runs more than one thread after importing torch"})
         return 1
@@ -252,6 +254,7 @@ class Zygote:
 
 
 _ZYGOTES: list[Zygote] = []          # this process's zygotes, the most recently used last
+_LAUNCHES = [0]                      # gloo agents this process asked for
 _REFUSED: dict[tuple, str] = {}      # keys whose zygote could not serve (OMP_NUM_THREADS > 1 starts threads), why
 _OWNER = [os.getpid()]               # a forked launcher starts its own
 _LOCK = threading.Lock()
@@ -264,9 +267,6 @@ def enabled() -> bool:
 def zygote_for(env: dict, cwd: str) -> Zygote | None:
     """This process's zygote for a launch in `env` and `cwd`, started if there is none (None if it cannot start)."""
     with _LOCK:
-        if _OWNER[0] != os.getpid():
-            _ZYGOTES.clear()
-            _OWNER[0] = os.getpid()
         wanted = key(env, cwd)
         if wanted in _REFUSED:
             return None
@@ -290,9 +290,19 @@ def zygote_for(env: dict, cwd: str) -> Zygote | None:
 
 def start_agent(argv: list[str], env: dict, cwd: str | None = None) -> Agent | None:
     """An agent for `python -m par.runtime.agent ARGV`, forked by this process's zygote; None when there is no
-    zygote to ask (PAR_ZYGOTE=0, not Linux, torch missing): the caller starts the agent as a fresh interpreter."""
+    zygote to ask: the caller starts the agent as a fresh interpreter. There is none for the first gloo launch of
+    a process (one that launches once, like the grader's sandboxed jobs or `python -m par train`, would import
+    torch once either way, and pay the zygote's fork on top), with PAR_ZYGOTE=0, off Linux, or without torch."""
     if not enabled():
         return None
+    with _LOCK:
+        if _OWNER[0] != os.getpid():         # a forked launcher: its parent's zygotes are not its own
+            _ZYGOTES.clear()
+            _LAUNCHES[0] = 0
+            _OWNER[0] = os.getpid()
+        _LAUNCHES[0] += 1
+        if _LAUNCHES[0] == 1:
+            return None
     cwd = cwd or os.getcwd()
     z = zygote_for(env, cwd)
     return z.start(argv, env, cwd) if z is not None else None
