@@ -22,6 +22,7 @@ import threading
 import pytest
 from tiers import slow
 
+from par.runtime import agent as agent_module
 from par.runtime import launch, zygote
 from par.runtime.preflight import BackendError
 
@@ -375,3 +376,69 @@ def test_the_agent_refuses_a_missing_program():
         agent.parse(["--nproc-per-node=2", "--master-port=1"])
     assert agent.parse(["--nproc-per-node=2", "--master-port=7", "-m", "par.x", "--steps", "3"])[3][-4:] == \
         ["-m", "par.x", "--steps", "3"]
+
+
+# ---------------------------------------------------------------- what the agent imports before it forks
+def test_a_job_module_states_what_the_agent_imports_before_forking(tmp_path):
+    """`PRELOAD = (...)` at a job module's top level, read from its source: the agent imports that, not PRELOAD."""
+    import sys
+    (tmp_path / "light.py").write_text('"""A job."""\nimport os\n\nPRELOAD = ("torch",)   # no optimizer here\n')
+    (tmp_path / "plain.py").write_text("import os\nX = 1\n")
+    (tmp_path / "odd.py").write_text("PRELOAD = [1, 2]\n")
+    assert agent_module.preload_of([sys.executable, str(tmp_path / "light.py")]) == ("torch",)
+    assert agent_module.preload_of([sys.executable, str(tmp_path / "plain.py")]) == agent_module.PRELOAD
+    assert agent_module.preload_of([sys.executable, str(tmp_path / "odd.py")]) == agent_module.PRELOAD
+    assert agent_module.preload_of([sys.executable, str(tmp_path / "missing.py")]) == agent_module.PRELOAD
+    assert agent_module.preload_of([sys.executable, "-m", "par.course.grading.exercise_ring"]) == ("torch",)
+    assert agent_module.preload_of([sys.executable, "-m", "par.train.job"]) == agent_module.PRELOAD
+    assert agent_module.preload_of([sys.executable, "-m", "no.such.module"]) == agent_module.PRELOAD
+
+
+EMULATED = {"PAR_NCCL_EMULATION": "1"}
+TORCH_ONLY = [   # (solution notebook, job module, ranks, env as the solution launches it): every job module that
+    ("00_ring_chunks", "par.course.grading.exercise_ring", 3, EMULATED),       # states PRELOAD = ("torch",)
+    ("02_gradient_buckets", "par.course.grading.exercise_ddp", 2, {}),
+    ("04_tensor_parallel", "par.course.grading.exercise_tp", 2, {}),
+    ("06_zero", "par.course.grading.exercise_zero3", 2, {}),
+    ("09_expert_dispatch", "par.course.grading.exercise_alltoall", 3, EMULATED),
+    ("07_layout", "par.runtime.grid", 4, {}),
+]
+
+
+def test_every_job_module_stating_torch_only_is_listed_here():
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    stating = {".".join(p.relative_to(root).with_suffix("").parts) for p in (root / "par").rglob("*.py")
+               if agent_module.preload_of([sys.executable, str(p)]) == ("torch",)}
+    assert stating == {module for _, module, _, _ in TORCH_ONLY}
+
+
+@slow
+@pytest.mark.parametrize("notebook, module, nproc, env", TORCH_ONLY, ids=[m.rsplit(".", 1)[1] for _, m, _, _ in TORCH_ONLY])
+def test_ranks_of_a_torch_only_job_never_import_dynamo(notebook, module, nproc, env, tmp_path, monkeypatch):
+    """The solution's job, its ranks forked by a fresh agent that imported torch only, under
+    PYTHONPROFILEIMPORTTIME: no rank prints an import of torch._dynamo (an optimizer step or a dispatch mode would
+    import it, and every rank would then pay for what the agent left out)."""
+    import json
+    import nbformat
+    root = Path(__file__).resolve().parents[1]
+    for cell in nbformat.read(root / "solutions" / f"{notebook}.ipynb", as_version=4).cells:
+        if cell.cell_type == "code" and cell.source.startswith("%%writefile "):
+            head, body = cell.source.split("\n", 1)
+            (tmp_path / head.split()[1]).write_text(body)
+    if module == "par.runtime.grid":
+        from par.runtime import grid
+        lay = grid.check_layout(nproc, 2, 2, 1)
+        args = ["--groups", json.dumps({axis: grid.group_ranks(axis, lay) for axis in grid.AXES})]
+    else:
+        args = ["--answer", next(p.name for p in tmp_path.glob("my_*.py"))]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PAR_ZYGOTE", "0")          # a zygote imports all of agent.PRELOAD: the fresh agent does not
+    out = io.StringIO()
+    with redirect_stdout(out):
+        launch.run(module, nproc=nproc, args=args, backend="gloo", timeout=180,
+                   env={"PYTHONPROFILEIMPORTTIME": "1", **env})
+    lines = out.getvalue().splitlines()
+    assert any(re.search(r"\| +torch$", line) for line in lines), "the agent's imports were not profiled"
+    dynamo = [line for line in lines if re.search(r"\| +torch\._dynamo$", line)]
+    assert not dynamo, f"{module}'s ranks import torch._dynamo: {dynamo[:2]}"

@@ -18,7 +18,8 @@ does, in the same words, so that `par.runtime.launch` reads either:
 
 How a rank starts. Without `--fork`, every rank is a fresh interpreter (`python -m <module>`), and the agent
 never imports torch. With `--fork`, the agent imports torch once (`PRELOAD`: torch, and torch._dynamo, which
-torch imports on the first optimizer step or dispatch mode of every process) and forks the ranks from itself:
+torch imports on the first optimizer step or dispatch mode of every process; a job module that needs less says so
+with a `PRELOAD` of its own, `preload_of`) and forks the ranks from itself:
 each child starts a session, points its stdin at /dev/null and its stdout and stderr at the agent's pipe, takes
 the rank's environment, names itself `par-rank<N>` (the process name `ps` shows; `par.runtime.launch` finds
 the ranks by it) and runs the module as `__main__` (`runpy`), so a rank's exit code, traceback and exit handlers
@@ -113,11 +114,35 @@ def can_fork() -> bool:
         return False
 
 
-def preload() -> bool:
-    """Import PRELOAD with the ranks' thread count (OpenMP reads it when torch loads). False when it fails."""
+def preload_of(program: list[str]) -> tuple[str, ...]:
+    """What the agent imports before it forks the ranks of `program` ([python, -m, MODULE, ...] or [python,
+    SCRIPT, ...]): the job module's own `PRELOAD = (...)` if it states one at its top level (read from its source,
+    never imported: importing it would be the ranks' work), else PRELOAD. A job whose ranks take no optimizer step
+    and run no dispatch mode never imports torch._dynamo and says `PRELOAD = ("torch",)`."""
+    import ast
+    import importlib.util
+    try:
+        path = importlib.util.find_spec(program[2]).origin if program[1] == "-m" else program[1]
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (ImportError, AttributeError, ValueError, TypeError, OSError, SyntaxError):
+        return PRELOAD
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["PRELOAD"]:
+            try:
+                stated = ast.literal_eval(node.value)
+            except ValueError:
+                return PRELOAD
+            return tuple(stated) if isinstance(stated, (tuple, list)) and all(isinstance(m, str) for m in stated) \
+                else PRELOAD
+    return PRELOAD
+
+
+def preload(modules: tuple[str, ...] = PRELOAD) -> bool:
+    """Import `modules` with the ranks' thread count (OpenMP reads it when torch loads). False when it fails."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
-        for module in PRELOAD:
+        for module in modules:
             __import__(module)
     except Exception:   # noqa: BLE001  (no torch here: the ranks start as fresh interpreters and say why)
         return False
@@ -212,7 +237,7 @@ class Rank:
 def start_ranks(nproc: int, program: list[str], port: int, run_id: str, fork: bool) -> list[Rank]:
     """Every rank, forked from this process (`fork`, when it is safe and torch imports) or as fresh interpreters."""
     envs = [{**os.environ, **rank_env(r, nproc, port, run_id)} for r in range(nproc)]
-    if fork and can_fork() and preload() and can_fork():      # one thread before the imports, and still after
+    if fork and can_fork() and preload(preload_of(program)) and can_fork():   # one thread before the imports, and after
         gc.freeze()         # the imports' objects leave the collector: a rank's collections copy none of their pages
         ranks: list[Rank] = []
         for r in range(nproc):

@@ -44,6 +44,9 @@ from dataclasses import dataclass
 
 from par.runtime.job_args import JobArgs, arg
 
+PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ranks: no optimizer step, no dispatch
+#                         mode here, so the ranks never import torch._dynamo
+
 AXES = ("dp", "pp", "tp")
 
 

@@ -26,6 +26,9 @@ from par.comm.collectives import chunk_bounds
 from par.course.grading import answers, rank_io
 from par.runtime.job_args import JobArgs, arg
 
+PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ranks: no optimizer step, no dispatch
+#                         mode here, so the ranks never import torch._dynamo
+
 WHY = "the exercise asks for an all-to-all built from sends and receives"
 FORBIDDEN, P2P_ONLY = answers.COLLECTIVES, True    # only sends and receives (rank_io.guarded)
 CASES = ("equal", "dispatch", "combine")

@@ -48,6 +48,9 @@ import torch.nn.functional as F
 from par.course.grading import answers, rank_io
 from par.runtime.job_args import JobArgs, arg
 
+PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ranks: no optimizer step, no dispatch
+#                         mode here, so the ranks never import torch._dynamo
+
 WHY = "write the hooks and the bucketed all-reduce yourself with torch.distributed.all_reduce(async_op=True)"
 FORBIDDEN = [("torch.nn.parallel", "DistributedDataParallel"), ("par.dp.bucketed", "BucketedDP")]
 P2P_ONLY = False                # torch's all-reduce allowed (and recorded, `recording`)

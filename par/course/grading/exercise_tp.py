@@ -29,6 +29,9 @@ from par.course.grading import rank_io
 from par.runtime.job_args import JobArgs, arg
 from par.tp.layers import column_shard, row_shard
 
+PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ranks: no optimizer step, no dispatch
+#                         mode here, so the ranks never import torch._dynamo
+
 OFF_LIMITS = [("par.tp.ops", "_all_reduce"), ("par.comm.collectives", "all_reduce"), ("par.comm.collectives", "ring_all_reduce")]
 WHY = "write f and g yourself with torch.distributed.all_reduce"
 FORBIDDEN, P2P_ONLY = OFF_LIMITS, False      # torch's all-reduce allowed, counted on the wire

@@ -59,6 +59,9 @@ import torch.nn.functional as F
 from par.course.grading import rank_io
 from par.runtime.job_args import JobArgs, arg
 
+PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ranks: no optimizer step, no dispatch
+#                         mode here, so the ranks never import torch._dynamo
+
 WHY = "write the gather, the free and the reduce-scatter yourself with torch.distributed's collectives"
 FORBIDDEN = [("par.zero.engine", "Zero")]      # par's ZeRO (stubbed in the sandbox's par too: references.RANKS)
 P2P_ONLY = False                # torch's collectives allowed (and recorded, `recording`)
