@@ -88,20 +88,19 @@ def fork_agent(request: dict, out: int, sock: socket.socket) -> int:
     """Fork; the child becomes the agent (`become_agent`, never returns), the parent gets its pid."""
     sys.stdout.flush()
     sys.stderr.flush()
-    zygote = os.getpid()
+    dies_with_zygote = lifeline.dies_with_parent(signal.SIGTERM)
     pid = os.fork()
     if pid == 0:
-        become_agent(request, out, sock, zygote)
+        become_agent(request, out, sock, dies_with_zygote)
     return pid
 
 
-def become_agent(request: dict, out: int, sock: socket.socket, zygote: int) -> None:
+def become_agent(request: dict, out: int, sock: socket.socket, dies_with_zygote) -> None:
     """In the forked child: `python -m par.runtime.agent ARGV` in the launch's folder and environment. The agent's
     exit code leaves as SystemExit through the zygote's frames, so it exits as a fresh interpreter would."""
     sock.close()
     agent.detach(out)
-    if lifeline._prctl_pdeathsig(signal.SIGTERM) and os.getppid() != zygote:
-        os._exit(128 + signal.SIGTERM)                    # the zygote died before the signal was armed
+    dies_with_zygote()                                    # SIGTERM when the zygote dies, or now if it already has
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
