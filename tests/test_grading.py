@@ -191,6 +191,20 @@ def test_a_notebook_past_its_timeout_is_killed_with_what_it_started(tmp_path):
         assert not state.exists() or state.read_text().rsplit(")", 1)[1].split()[0] in "ZX", f"process {pid} survived"
 
 
+@slow
+def test_a_cell_that_ignores_the_interrupt_ends_the_notebook_at_its_cell_limit_said_so(tmp_path, course):
+    name = "01_model_state_bytes"
+    stuck = ("def bytes_per_param(precision, optimizer):\n    import signal, time\n"
+             "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    while True:\n        time.sleep(0.05)")
+    nbformat.write(solved(name, {"bytes-per-param": stuck}), tmp_path / f"{name}.ipynb")
+    start = time.monotonic()
+    g = grade.grade_one(tmp_path / f"{name}.ipynb", course, timeout=300, cell_timeout=3)
+    assert time.monotonic() - start < 60, "ended 10 s after the interrupt, not at the notebook's limit"
+    assert g.status == "timeout" and "ran past the 3 s cell limit and ignored the interrupt" in g.reason, g.reason
+    assert "300 s" not in g.reason and "check-bytes-per-param" in g.reason
+    assert [c.id for c in g.checks if c.error == "did not run"] == [c.id for c in g.checks][1:]
+
+
 # ---- assembling and recognising, without a kernel ------------------------------------------------------------
 
 def test_assembly_takes_answers_by_id_or_by_what_they_define_and_keeps_added_cells(course):

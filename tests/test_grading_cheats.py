@@ -15,6 +15,8 @@ defence each trick meets, and fail when it is removed:
     hidden inputs in feedback                           checks._error_of withholds messages of hidden cases
     cleanup through a symlink                           sandbox.remove
     an iopub flood, a 256 MB reply                      kernel.MAX_MESSAGE, MAX_QUEUED, standins.MAX_REPLY
+    an answer zmq dropped, noticed at once              kernel._Probe (the same test)
+    an honest answer too large to read                 codec._MAX_VALUES, counted in the kernel
 """
 import json
 import os
@@ -136,6 +138,30 @@ def test_a_reply_too_large_or_too_deep_is_not_decoded():
         text()
 
 
+def test_an_answer_too_large_to_read_is_refused_in_the_kernel_before_it_is_encoded(monkeypatch):
+    """The grader's helper in the kernel counts an answer's values first: one over _MAX_VALUES could never be read
+    (each value takes 2 characters or more of the MAX_REPLY the grader decodes), so the honest student is told at
+    once instead of waiting for 256 MB to be encoded and dropped."""
+    import types
+    import IPython
+    from par.course.grading import codec
+    left, limit = codec._codec["_values_left"], codec._codec["_MAX_VALUES"]
+    assert 2 * limit >= standins.MAX_REPLY
+    assert left([[0]] * (limit + 1), limit) < 0 and left([[0] * 10] * (limit // 10 + 1), limit) < 0
+    assert left(torch.ones(limit + 1), limit) < 0 and left({"a": (torch.ones(limit),)}, limit) < 0
+    assert left([torch.ones(limit // 2), list(range(100))], limit) >= 0 and left({"x": 1.0}, limit) >= 0
+    kernel = {"huge": lambda: [[0]] * 52_000_000, "fine": lambda: [torch.ones(3), {"k": (1, 2)}]}
+    shell = types.SimpleNamespace(user_ns=kernel, kernel=types.SimpleNamespace(
+        comm_manager=types.SimpleNamespace(register_target=lambda *a: None)))
+    helper = {"get_ipython": lambda: shell}
+    exec(codec.KERNEL_HELPER, helper)   # noqa: S102  (par's own helper, as the kernel runs it)
+    call, empty = helper["__par_grader__"].call, json.dumps(codec.encode([[], {}]))
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    with pytest.raises(ValueError, match=f"holds more than {limit} values: the grader reads 4 MB"):
+        call("huge", empty)
+    assert codec.decode(json.loads(call("fine", empty))["result"])[1] == {"k": (1, 2)}
+
+
 def test_the_twins_of_an_answer_are_stubbed_and_the_given_tools_are_not():
     def names(exercise):
         return set(references.answers_of(tg.solution(exercise)))
@@ -208,7 +234,13 @@ import threading
 
 
 def bytes_per_param(precision, optimizer):
-    return [[0]] * 52_000_000         # 256 MB as data; decoded, 52 million lists (the grader grew 2.9 GB on 48 MB)
+    return 4
+
+
+# past the grader's helper in the kernel (the student owns it): every answer is 256 MB of JSON; decoded, it would be
+# 52 million lists (the grader grew 2.9 GB on 48 MB)
+__par_grader__.call = staticmethod(
+    lambda name, payload: '{"result": [' + "[0]," * 52_000_000 + '0], "args": [], "kwargs": {"__dict__": []}}')
 
 
 def _flood():
@@ -221,11 +253,12 @@ def _flood():
 threading.Thread(target=_flood, daemon=True).start()
 '''
 PEAK = '''
-import resource, sys
+import json, resource, sys
 from pathlib import Path
 from par.course.grading import grade
 g = grade.grade_one(Path(sys.argv[1]), grade.load_course(), timeout=400, cell_timeout=120)
 print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, g.points)
+print("GRADE", json.dumps({"status": g.status, "errors": {c.id: c.error for c in g.checks if not c.passed}}))
 '''
 GRADER_BOUND = 600 << 20    # the grader's own growth for one submission, whatever it sends (kernel.MAX_QUEUED
 #                             * MAX_MESSAGE per socket is 256 MB; a decoded reply ~250 MB at most)
@@ -234,7 +267,7 @@ GRADER_BOUND = 600 << 20    # the grader's own growth for one submission, whatev
 @slow
 @pytest.mark.timeout(900)
 def test_the_graders_memory_stays_bounded_with_a_256_mb_reply_and_an_iopub_flood(tmp_path):
-    peaks = {}
+    peaks, grades = {}, {}
     for label, nb in (("control", tg.solved("01_model_state_bytes")),
                       ("flood", tg.solved("01_model_state_bytes", {"bytes-per-param": FLOOD}))):
         path = tmp_path / f"{label}_01_model_state_bytes.ipynb"
@@ -244,6 +277,11 @@ def test_the_graders_memory_stays_bounded_with_a_256_mb_reply_and_an_iopub_flood
         line = [x for x in out.stdout.splitlines() if x.startswith("PEAK")]
         assert line, out.stdout[-2000:] + out.stderr[-2000:]
         peaks[label] = int(line[-1].split()[1])
+        grades[label] = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("GRADE"))[6:])
+    assert grades["control"] == {"status": "ok", "errors": {}}, grades["control"]
+    flood = grades["flood"]     # each lost answer is noticed at once: no cell runs to its 120 s limit
+    assert flood["status"] == "failed", flood
+    assert "never reached the grader" in flood["errors"]["check-bytes-per-param"], flood
     growth = peaks["flood"] - peaks["control"]
     print(f"\ngrader peak: control {peaks['control'] >> 20} MB, flood {peaks['flood'] >> 20} MB")
     assert growth < GRADER_BOUND, f"the grader grew by {growth >> 20} MB"

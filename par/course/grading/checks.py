@@ -45,7 +45,7 @@ from pathlib import Path
 
 from par.course.grading import nbval_run, references, sandbox
 from par.course.grading.codec import KERNEL_HELPER
-from par.course.grading.kernel import MAX_OUTPUT, CellTimeout, Kernel, KernelDied, NotebookTimeout, Reply
+from par.course.grading.kernel import MAX_OUTPUT, CellTimeout, Kernel, KernelDied, NotebookTimeout, Reply, Unstoppable
 from par.course.grading.nbval_run import CellResult, NotebookRun
 from par.course.grading.standins import (Proxy, Session, StudentError, launching_import,
                                  sandboxed_launch)
@@ -141,6 +141,10 @@ def run(assembled, reference, *, timeout: float, cell_timeout: float, env: dict 
             except CellTimeout:
                 res.passed, res.timed_out = False, True
                 res.error = f"Timeout of {cell_timeout:g} seconds exceeded while executing cell"
+            except Unstoppable:     # the cells after it cannot run: the notebook ends here (result.running is i)
+                res.passed, res.timed_out = False, True
+                res.error = f"Timeout of {cell_timeout:g} seconds exceeded while executing cell; the interrupt was ignored"
+                return result, notes
             except NotebookTimeout:
                 res.passed, result.timed_out = False, True
                 res.error = "the notebook ran past its time limit"

@@ -18,6 +18,23 @@ CODEC = r'''
 _PAR_TYPES = ("par.model.GPTConfig", "par.train.planner.Workload", "par.train.planner.Hardware")
 _PLAN_KEYS = ("dp", "pp", "tp", "zero_stage", "microbatches", "offload", "cp")
 _DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+_MAX_VALUES = 1 << 21   # values in one answer: each takes 2 characters or more, and the grader reads 4 MB (MAX_REPLY)
+
+
+def _values_left(x, budget, depth=0):
+    """`budget` less the values `x` holds (a tensor: its elements), counted until it is spent (then below 0)."""
+    if type(x) in (list, tuple):
+        budget -= len(x)
+        for v in x:
+            if budget < 0 or depth > 64:
+                break
+            if type(v) in (list, tuple, dict) or type(v).__module__.startswith("torch"):
+                budget = _values_left(v, budget, depth + 1)
+        return budget
+    if type(x) is dict:
+        return _values_left([*x.keys(), *x.values()], budget, depth)
+    numel = getattr(x, "numel", None)
+    return budget - numel() if callable(numel) and type(x).__module__.startswith("torch") else budget
 
 
 def _encode(x, depth=0):
@@ -123,6 +140,9 @@ class __par_grader__:
         if name not in namespace:
             raise NameError(f"name {name!r} is not defined")
         result = namespace[name](*args, **kwargs)
+        if _values_left([result, args, kwargs], _MAX_VALUES) < 0:
+            raise ValueError(f"your function's answer holds more than {_MAX_VALUES} values: the grader reads "
+                             f"{_MAX_VALUES >> 19} MB of data at most")
         answer = {"result": _encode(result), "args": _encode(args), "kwargs": _encode(kwargs)}
         if getattr(result, "requires_grad", False) and type(result).__module__.startswith("torch"):
             __par_grader__.graphs.append((result, __par_grader__.leaves([args, kwargs])))

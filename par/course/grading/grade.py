@@ -292,6 +292,8 @@ def score(assembled: Assembled, run: nbval_run.NotebookRun, reference, timeout: 
     elif run.cell_timeouts:
         grade.status = "timeout"
         grade.reason = "; ".join(f"{where(i)} ran past the {cell_timeout:g} s cell limit" for i in run.cell_timeouts)
+        if run.running is not None:
+            grade.reason += " and ignored the interrupt, so the cells after it did not run"
     elif not any(c.ran for c in run.cells.values()) or run.exit_code in (2, 3, 4):
         first = next((c.error for c in run.cells.values() if c.error), "")
         grade.status = "error"

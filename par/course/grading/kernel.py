@@ -7,7 +7,8 @@
 
 Its messages are signed with a key only the grader and the kernel hold; a message that does not verify is
 ignored. What the grader holds of a kernel's messages is bounded whatever the student sends: one message at
-most MAX_MESSAGE bytes, at most MAX_QUEUED of them unread per socket (zmq drops the rest). KernelDied,
+most MAX_MESSAGE bytes, at most MAX_QUEUED of them unread per socket (zmq drops the rest). An answer zmq dropped is
+noticed within seconds (`_Probe`): the call or cell fails with LOST instead of running to its time limit. KernelDied,
 CellTimeout and NotebookTimeout are BaseExceptions: a check's `except Exception` cannot swallow them.
 """
 from __future__ import annotations
@@ -26,6 +27,10 @@ MAX_OUTPUT = 1 << 20        # characters of a cell's output kept
 MAX_MESSAGE = 8 << 20       # bytes of one message from the kernel (a student's value, one output)
 MAX_QUEUED = 32             # messages waiting unread on a socket: at most MAX_QUEUED * MAX_MESSAGE = 256 MB each
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+PROBE_AFTER = 1.0           # seconds an answer is awaited before the grader asks whether the kernel is done
+SILENT = 3.0                # seconds of no iopub message after a probe's reply: the iopub connection is dead
+LOST = (f"your kernel's answer never reached the grader (a message over {MAX_MESSAGE >> 20} MB, or a flood of output "
+        f"before it): it is not read")
 
 
 class KernelDied(BaseException):      # BaseException: a check's `except Exception` cannot swallow these
@@ -38,6 +43,10 @@ class CellTimeout(BaseException):
 
 class NotebookTimeout(BaseException):
     pass
+
+
+class Unstoppable(NotebookTimeout):
+    """A cell past its limit did not stop within 10 s of the interrupt: the notebook ends there."""
 
 
 class Reply:
@@ -76,19 +85,11 @@ class Kernel:
             nbval_run._RUNNING.add(self.proc)
         self.signer = Signer(key=key.encode(), signature_scheme=info.get("signature_scheme", "hmac-sha256"))
         self.ctx = zmq.Context()
-        url = lambda port: f"ipc://{info['ip']}-{port}"  # noqa: E731
-        self.shell, self.control = self.ctx.socket(zmq.DEALER), self.ctx.socket(zmq.DEALER)
-        self.iopub = self.ctx.socket(zmq.SUB)
-        self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
-        for sock in (self.shell, self.iopub):      # a message over MAX_MESSAGE is not read (the call then runs to
-            sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)   # its time limit); at most MAX_QUEUED wait unread (a
-            sock.setsockopt(zmq.RCVHWM, MAX_QUEUED)        # flood from a thread of the student's: the rest dropped)
-        for sock, port in ((self.shell, "shell_port"), (self.control, "control_port"), (self.iopub, "iopub_port")):
-            sock.linger = 0
-            sock.connect(url(info[port]))
+        self.url = lambda port: f"ipc://{info['ip']}-{info[port]}"  # noqa: E731
         self.poller = zmq.Poller()
-        self.poller.register(self.shell, zmq.POLLIN)
-        self.poller.register(self.iopub, zmq.POLLIN)
+        self.shell, self.control = self._socket(zmq.DEALER, "shell_port"), self._socket(zmq.DEALER, "control_port")
+        self.iopub = self._socket(zmq.SUB, "iopub_port")
+        self.heard = time.monotonic()       # when the last iopub message came
         ready = min(deadline, time.monotonic() + 120)
         replied = published = False
         while not (replied and published):          # the kernel answers, and its iopub reaches us
@@ -102,9 +103,34 @@ class Kernel:
                     replied |= sock is self.shell
                     published |= sock is self.iopub
 
+    def _socket(self, kind: int, port: str):
+        """A socket to the kernel's `port`. Shell and iopub read no message over MAX_MESSAGE (zmq closes the
+        connection; a probe then tells that an answer is lost) and keep at most MAX_QUEUED unread (a flood from a
+        thread of the student's: the rest dropped)."""
+        import zmq
+        sock = self.ctx.socket(kind)
+        if kind == zmq.SUB:
+            sock.setsockopt(zmq.SUBSCRIBE, b"")
+        if port != "control_port":
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
+            sock.setsockopt(zmq.RCVHWM, MAX_QUEUED)
+            self.poller.register(sock, zmq.POLLIN)
+        sock.linger = 0
+        sock.connect(self.url(port))
+        return sock
+
+    def _reconnect_iopub(self) -> None:
+        """A new iopub connection: the kernel sends nothing more on one that dropped a message over MAX_MESSAGE."""
+        import zmq
+        self.poller.unregister(self.iopub)
+        self.iopub.close(linger=0)
+        self.iopub, self.heard = self._socket(zmq.SUB, "iopub_port"), time.monotonic()
+
     def _receive(self, timeout: float):
         out = []
         for sock, _ in self.poller.poll(int(timeout * 1000)):
+            if sock is self.iopub:
+                self.heard = time.monotonic()
             try:
                 _, parts = self.signer.feed_identities(sock.recv_multipart())
                 out.append((sock, self.signer.deserialize(parts)))
@@ -122,13 +148,19 @@ class Kernel:
                    "allow_stdin": False, "stop_on_error": False}
         msg_id = self.signer.send(self.shell, "execute_request", content)["header"]["msg_id"]
         reply, got_reply, idle, interrupted, size, got_at = Reply(), False, False, None, 0, 0.0
+        probe = _Probe(self)
         while not (got_reply and (idle or (silent and reply.data))):   # a call's data is its last message
             interrupted = self._watch(cell_deadline, interrupted)
             if got_reply and time.monotonic() > got_at + 5:            # replied, but no idle status: enough
                 break
             if not self.alive():
                 raise KernelDied()
+            if not got_reply:
+                probe.send()
             for sock, msg in self._receive(0.05):
+                if probe.answered_before(sock, msg, self.shell) and not got_reply:   # the execute_reply is lost
+                    reply.status, reply.ename, reply.evalue = "error", "StudentError", LOST
+                    got_reply = idle = True
                 if msg.get("parent_header", {}).get("msg_id") != msg_id:
                     continue
                 kind, content = msg["msg_type"], msg["content"]
@@ -156,12 +188,20 @@ class Kernel:
         """Call the student's function `name` over the comm; the kernel's answer ({"data"} or {"error"})."""
         msg_id = self.signer.send(self.shell, "comm_msg", {"comm_id": self.comm_id, "data": {
             "name": name, "payload": payload, **more}})["header"]["msg_id"]
-        interrupted = None
+        interrupted, probe = None, _Probe(self)
         while True:
             interrupted = self._watch(cell_deadline, interrupted)
             if not self.alive():
                 raise KernelDied()
+            probe.send()
+            if probe.iopub_silent():
+                self._reconnect_iopub()
+                return {"error": ["StudentError", LOST]}
             for sock, msg in self._receive(0.05):
+                if probe.answered_before(sock, msg, self.iopub):
+                    if interrupted is not None:
+                        raise CellTimeout()
+                    return {"error": ["StudentError", LOST]}
                 if (sock is self.iopub and msg["msg_type"] == "comm_msg"
                         and msg.get("parent_header", {}).get("msg_id") == msg_id):
                     if interrupted is not None:
@@ -170,8 +210,8 @@ class Kernel:
                     return data if isinstance(data, dict) else {"error": ["StudentError", "no answer"]}
 
     def _watch(self, cell_deadline: float, interrupted: float | None) -> float | None:
-        """One tick of a wait: NotebookTimeout past the notebook's deadline, or 10 s after an interrupt the kernel
-        ignores; past the cell's deadline the kernel is interrupted. Returns when it was (None: not yet)."""
+        """One tick of a wait: NotebookTimeout past the notebook's deadline, or Unstoppable 10 s after an interrupt
+        the kernel ignores; past the cell's deadline the kernel is interrupted. Returns when it was (None: not yet)."""
         now = time.monotonic()
         if now > self.deadline:
             raise NotebookTimeout()
@@ -179,7 +219,7 @@ class Kernel:
             self.interrupt()
             return now
         if interrupted is not None and now > interrupted + 10:
-            raise NotebookTimeout()
+            raise Unstoppable()
         return interrupted
 
     def interrupt(self) -> None:
@@ -201,3 +241,34 @@ class Kernel:
             nbval_run._RUNNING.discard(self.proc)
         self.ctx.destroy(linger=0)
         self.log.close()
+
+
+class _Probe:
+    """Tells, while the grader awaits an answer from the kernel, that the answer is lost (zmq dropped it: over
+    MAX_MESSAGE, or past MAX_QUEUED). Once the answer has been awaited PROBE_AFTER s, a `kernel_info_request` is
+    sent (one at a time). The kernel handles shell messages one at a time: it takes the probe up only when it is done
+    with the request awaited, after it sent that request's answer. So the answer is lost when, on the socket that
+    carries it, the probe's message comes first: its shell reply (for an execute_reply) or its iopub status (for a
+    comm answer); or when iopub has been silent SILENT s after the probe's reply (the connection is dead)."""
+
+    def __init__(self, kernel: Kernel):
+        self.kernel, self.since, self.ids, self.pending, self.replied = kernel, time.monotonic(), set(), False, 0.0
+        self.quiet = None       # the first probe reply since which iopub has said nothing
+
+    def send(self) -> None:
+        if not self.pending and time.monotonic() > max(self.since, self.replied) + PROBE_AFTER:
+            self.ids.add(self.kernel.signer.send(self.kernel.shell, "kernel_info_request", {})["header"]["msg_id"])
+            self.pending = True
+
+    def answered_before(self, sock, msg, carrier) -> bool:
+        """Whether `msg`, on `sock`, is the probe's and `sock` is the socket `carrier` of the awaited answer."""
+        if msg.get("parent_header", {}).get("msg_id") not in self.ids:
+            return False
+        if sock is self.kernel.shell:
+            self.pending, self.replied = False, time.monotonic()
+            if self.quiet is None or self.kernel.heard > self.quiet:
+                self.quiet = self.replied
+        return sock is carrier
+
+    def iopub_silent(self) -> bool:
+        return self.quiet is not None and self.kernel.heard < self.quiet and time.monotonic() > self.quiet + SILENT
