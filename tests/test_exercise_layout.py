@@ -105,11 +105,11 @@ def test_a_layout_within_the_band_of_the_measured_best_passes_and_one_outside_fa
     runs = runs_of({(2, 1, 1, 1, 2): 300.0, (2, 1, 1, 2, 1): 200.0, (2, 1, 1, 3, 4): 50.0, (1, 2, 1, 0, 2): 180.0})
     text = judge.check_fastest(answer(), sc, runs)
     assert re.search(r"1\. dp 2 pp 1 tp 1 ZeRO-1 m=2 .* 300\.0 samples/s  x1\.00  <- yours", text), text
-    judge.check_fastest(answer(zero_stage=2, microbatches=1), sc, runs)          # 1.5x slower: inside 1.75x
+    judge.check_fastest(answer(zero_stage=2, microbatches=1), sc, runs)          # 1.5x slower: inside 2x
     with pytest.raises(AssertionError) as e:
         judge.check_fastest(answer(dp=1, pp=2, zero_stage=0), sc, runs_of({(2, 1, 1, 1, 2): 300.0,
-                                                                          (1, 2, 1, 0, 2): 300.0 / 1.8}))
-    assert "1.80 times slower than the fastest layout that fits (dp 2 pp 1 tp 1 ZeRO-1 m=2, 300.0" in str(e.value)
+                                                                          (1, 2, 1, 0, 2): 300.0 / 2.1}))
+    assert "2.10 times slower than the fastest layout that fits (dp 2 pp 1 tp 1 ZeRO-1 m=2, 300.0" in str(e.value)
     with pytest.raises(AssertionError, match=r"(?s)ZeRO-3 m=4 fits but ran at 50\.0 samples/s.*<- yours"):
         judge.check_fastest(answer(zero_stage=3, microbatches=4), sc, runs)
     with pytest.raises(AssertionError, match="more than the budget"):    # over the budget: not ranked at all

@@ -24,8 +24,11 @@ disturbed estimate of what the layout can do.
 
 The judgement (`check_fastest`): the student's layout, if it fits, is within BAND of the measured best
 (samples/s ≥ best / BAND). BAND is wide because timings on 2 shared CPU cores vary by tens of per cent between
-runs (the order of the top layouts changes from run to run); the slowest layouts that fit, ZeRO-3 and ZeRO-2
-with 4 micro-batches of one sample, ran 2.4 to 11 times slower than the best in six runs on a loaded machine.
+runs (the order of the top layouts changes from run to run): in the test suite, beside the other worker's
+gradings, the solution's layout (dp 2, ZeRO-1, m=2) once measured 1.78 times slower than the best, and ZeRO-0 and
+ZeRO-1 with 4 micro-batches, nearly the same work, 1.80 times apart. The slowest layouts that fit, ZeRO-3 and
+ZeRO-2 with 4 micro-batches of one sample, ran 2.4 to 11 times slower than the best in six runs on a loaded
+machine, and ZeRO-3 with 4 micro-batches 4.27 times slower in that suite run.
 The feedback shows the measured ranking and the planner's choice beside it, never the drawn model or budget.
 
 The answer is data: a dict {"dp", "pp", "tp", "zero_stage", "microbatches"} of ints, checked for type before
@@ -46,7 +49,7 @@ MICROBATCHES = (1, 2, 4)
 STAGES = (0, 1, 2, 3)
 MODELS = ((3, 96), (5, 80))     # (heads, width): odd heads, so tensor parallelism over 2 ranks is never valid
 GAP = 1.06          # the budget's gap: the next layout up needs at least GAP times the memory of the one below
-BAND = 1.75         # the student's layout passes at best / BAND samples/s or more
+BAND = 2.0          # the student's layout passes at best / BAND samples/s or more
 KEYS = ("dp", "pp", "tp", "zero_stage", "microbatches")
 TIMEOUT = 240.0
 
