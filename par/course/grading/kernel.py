@@ -256,8 +256,15 @@ class _Probe:
         self.quiet = None       # the first probe reply since which iopub has said nothing
 
     def send(self) -> None:
+        """Send a probe if none is pending; never blocks (a shell connection that zmq closed takes nothing)."""
+        import zmq
         if not self.pending and time.monotonic() > max(self.since, self.replied) + PROBE_AFTER:
-            self.ids.add(self.kernel.signer.send(self.kernel.shell, "kernel_info_request", {})["header"]["msg_id"])
+            msg = self.kernel.signer.msg("kernel_info_request", {})
+            try:
+                self.kernel.shell.send_multipart(self.kernel.signer.serialize(msg), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.ids.add(msg["header"]["msg_id"])
             self.pending = True
 
     def answered_before(self, sock, msg, carrier) -> bool:
