@@ -2,11 +2,18 @@
 
     box = Sandbox.create(workdir, cpu_seconds=600, memory_bytes=16 << 30)
     subprocess.Popen(box.wrap([sys.executable, "-m", "ipykernel_launcher", "-f", conn]), ...)
-    box.close()                                       # kills whatever is left, removes its files
+    remove(workdir)                                   # after its processes are gone: its files
 
-What a sandboxed submission sees and may do (bwrap, no root needed where unprivileged user namespaces are on):
+What a sandboxed submission sees and may do (bwrap, no root needed where unprivileged user namespaces are on;
+`isolation` lists the namespaces):
 
+* no powers, whoever grades: a user namespace of its own in which it is nobody (uid and gid 65534) with every
+  capability dropped and no user namespace of its own to make, so a root grader's sandbox cannot remount a
+  read-only bind read-write, mount anything or change what it was given; files only root may read under /etc
+  and /opt are masked (bwrap maps the sandbox's nobody to the grader's uid, root's for a root grader);
 * no network: a network namespace of its own with only a loopback (gloo ranks on 127.0.0.1 still work);
+* no shared memory with anyone: an IPC namespace of its own (SysV segments, message queues) and its own /dev,
+  so a segment it leaves goes with it;
 * a pid namespace of its own: the grader, other submissions and their kernels are not in its /proc; when the
   kernel's sandbox ends (killed at the timeout, or the grader dies: --die-with-parent) every process in it goes;
 * the file system: /usr, /etc and the Python installation read-only, a read-only private copy of the `par`
@@ -37,6 +44,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -53,17 +61,39 @@ MAX_PROCESSES = int(env_number("PAR_GRADE_MAX_PROCESSES", 256, minimum=1))   # p
 TASKS = 4096         # RLIMIT_NPROC in a sandbox (threads included), where the kernel counts it per user namespace
 
 
-@functools.lru_cache(maxsize=None)
-def available() -> bool:
-    """bwrap exists and can make the namespaces we ask for on this machine."""
-    bwrap = shutil.which("bwrap")
-    if not bwrap or os.environ.get("PAR_GRADE_SANDBOX") == "off":
-        return False
+NOBODY = 65534      # the uid and gid a sandboxed process has inside its user namespace
+# what every sandbox is started with: its own user namespace, in which it is nobody with no capability (bwrap keeps
+# a root caller's capabilities unless told: a root grader's sandbox could then remount its read-only binds
+# read-write), and its own pid, network, IPC (SysV segments, POSIX message queues), uts and cgroup namespaces
+ISOLATION = ("--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--cap-drop", "ALL",
+             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
+NO_NESTED_USERNS = ("--disable-userns",)     # bwrap 0.8 and later: no user namespace of its own inside
+
+
+def _runs(bwrap: str, flags) -> bool:
     try:
-        return subprocess.run([bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
+        return subprocess.run([bwrap, *flags, "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
                                "--dev", "/dev", "true"], capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
+
+
+@functools.lru_cache(maxsize=None)
+def isolation() -> tuple[str, ...] | None:
+    """The namespace flags this machine's bwrap takes (ISOLATION, and NO_NESTED_USERNS where it has it), or None
+    when there is no usable bwrap: then grading runs unsandboxed."""
+    bwrap = shutil.which("bwrap")
+    if not bwrap or os.environ.get("PAR_GRADE_SANDBOX") == "off":
+        return None
+    for flags in ((*ISOLATION, *NO_NESTED_USERNS), ISOLATION):
+        if _runs(bwrap, flags):
+            return flags
+    return None
+
+
+def available() -> bool:
+    """bwrap exists and can make the namespaces we ask for on this machine."""
+    return isolation() is not None
 
 
 def package_copy(dest: Path) -> Path:
@@ -73,6 +103,9 @@ def package_copy(dest: Path) -> Path:
     for path in [target, *target.rglob("*")]:
         path.chmod(0o555 if path.is_dir() else 0o444)
     return Path(dest)
+
+
+MASKED_TREES = ("/etc", "/opt")      # searched for what only its owner may read (/etc/shadow, /etc/ssl/private)
 
 
 def _system_binds() -> list[str]:
@@ -86,7 +119,30 @@ def _system_binds() -> list[str]:
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
     args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
+    for path, is_dir in _owner_only(MASKED_TREES):
+        args += ["--tmpfs", path, "--remount-ro", path] if is_dir else ["--ro-bind", "/dev/null", path]
     return args
+
+
+@functools.lru_cache(maxsize=None)
+def _owner_only(tops: tuple[str, ...]) -> tuple[tuple[str, bool], ...]:
+    """(path, is a folder) of every file and folder under `tops` that others may not read: masked in the sandbox.
+    A root grader's sandbox is nobody to itself but root's uid to the host's files (bwrap maps it so), so it would
+    read what only root may; masked, it reads an empty file or folder there."""
+    found = []
+    for top in tops:
+        for root, dirs, files in os.walk(top):
+            for name in [*dirs, *files]:
+                path = os.path.join(root, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if not stat.S_ISLNK(st.st_mode) and not st.st_mode & stat.S_IROTH:
+                    found.append((path, stat.S_ISDIR(st.st_mode)))
+                    if name in dirs:
+                        dirs.remove(name)
+    return tuple(found)
 
 
 def _python_binds() -> list[str]:
@@ -147,9 +203,7 @@ class Sandbox:
         if not self.sandboxed:
             return limited
         work = str(self.workdir)
-        # every namespace but IPC (--unshare-ipc makes each kernel round trip ~15 ms slower here, for SysV IPC only)
-        args = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-                "--die-with-parent", "--new-session"]
+        args = ["bwrap", *(isolation() or ISOLATION), "--die-with-parent", "--new-session"]
         args += _system_binds()
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/tmp/home"]
         args += _python_binds()        # after the private /tmp: bwrap mounts in order, a later mount hides an earlier
