@@ -37,6 +37,7 @@ import nbformat
 import pytest
 from tiers import slow
 
+import classroom
 import test_grading as tg
 from par.course.authoring import generate as exercises
 from par.course.grading import grade, sandbox
@@ -227,6 +228,48 @@ pathlib.Path("/tmp/par-tamper-{MARK}").write_text("left behind")
 '''
 
 
+SHM_KEY = int(MARK, 16) & 0x7FFFFFFF     # the SysV key of the segment ROOT_ESCAPE makes
+ROOT_ESCAPE = f'''import ctypes, os, pathlib, site, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+package = pathlib.Path(os.environ["PYTHONPATH"].split(os.pathsep)[0]) / "par"
+venv = next(p for p in site.getsitepackages() if p.startswith(sys.prefix))
+mounts = [line.split()[4] for line in open("/proc/self/mountinfo")]
+for path in mounts:                                 # remount every read-only bind read-write, as root could
+    for flags in (32 | 4096, 32):                   # MS_REMOUNT | MS_BIND, MS_REMOUNT
+        libc.mount(None, path.encode(), None, flags, None)
+    subprocess.run(["mount", "-o", "remount,rw,bind", path], capture_output=True)
+done = []
+
+
+def attempt(name, action):
+    try:
+        action()
+        done.append(name)
+    except OSError:
+        pass
+
+
+model = package / "model.py"       # the next classmate's kernel and ranks import it
+attempt("package", lambda: (os.chmod(model, 0o644), model.write_text(model.read_text() + "\\nraise RuntimeError('tampered')\\n")))
+attempt("opt", lambda: pathlib.Path("/opt/par-escape-{MARK}").write_text("planted"))
+attempt("venv", lambda: pathlib.Path(venv, "zz_par_escape_{MARK}.pth").write_text("import os\\n"))
+attempt("shadow", lambda: done.append(open("/etc/shadow").readline().strip()))
+attempt("devshm", lambda: pathlib.Path("/dev/shm/par-escape-{MARK}").write_text("left behind"))
+if libc.shmget({SHM_KEY}, 256 << 20, 0o1000 | 0o666) >= 0:      # IPC_CREAT: 256 MB, left for later
+    done.append("sysv")
+raise RuntimeError("escaped: " + ", ".join(done))
+'''
+
+
+def sysv_keys() -> set[int]:
+    """The keys of the host's SysV shared-memory segments."""
+    try:
+        rows = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    except OSError:
+        return set()
+    return {int(row.split()[0]) for row in rows if row.split()}
+
+
 KILL_GRADER = '''import os, signal
 if os.getpid() < 100:   # only ever inside a pid namespace of its own (the test runs this only when sandboxed)
     for pid in os.listdir("/proc"):
@@ -238,6 +281,29 @@ if os.getpid() < 100:   # only ever inside a pid namespace of its own (the test 
             if b"pytest" in cmd or b"grade" in cmd:
                 os.kill(int(pid), signal.SIGKILL)
     os.kill(os.getppid(), signal.SIGKILL)
+'''
+
+
+DEFLATES_ITS_OUTPUT = '''
+
+import os, zipfile
+
+import torch
+
+_save = torch.save
+
+
+def _deflated_save(obj, f, *args, **kwargs):    # the runner saves this rank's outputs: the records, compressed
+    _save(obj, f, *args, **kwargs)
+    if isinstance(f, (str, os.PathLike)) and os.path.basename(str(f)).startswith("out-"):
+        with zipfile.ZipFile(f) as src:
+            records = [(i.filename, src.read(i)) for i in src.infolist()]
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as out:
+            for name, data in records:
+                out.writestr(name, data)
+
+
+torch.save = _deflated_save
 '''
 
 
@@ -274,13 +340,18 @@ def build_class(folder: Path, canary: Path, port: int = 0) -> dict:
         put(f"aa_outside_{EX}.ipynb", unsolved(cells={"bytes-per-param": bpp + "\n\n" + escape}), points="0")
         put(f"kill_grader_{EX}.ipynb", unsolved(cells={"bytes-per-param": bpp + "\n\n" + KILL_GRADER}),
             points="0")
-    put("forge_result_00_ring_chunks.ipynb", unsolved("00_ring_chunks", cells={"ring-ranks": FORGE_RING}), points="0")
-    put("forge_result_04_tensor_parallel.ipynb", unsolved("04_tensor_parallel", cells={"f-and-g": FORGE_TP}),
-        points="0")
-    put("group_method_00_ring_chunks.ipynb", unsolved("00_ring_chunks", cells={"ring-ranks": GROUP_METHOD}),
-        points="0")
-    put("par_helpers_00_ring_chunks.ipynb", unsolved("00_ring_chunks", cells={"ring-ranks": PAR_HELPERS}),
-        **({"points": "0"} if SANDBOX else {"reason": "unsandboxed"}))
+        put(f"aa_root_escape_{EX}.ipynb", unsolved(cells={"bytes-per-param": bpp + "\n\n" + ROOT_ESCAPE}),
+            points="0", reason="escaped:")
+    ring_solution = next(c.source for c in tg.solution("00_ring_chunks").cells if c.get("id") == "ring-ranks")
+    ring_lost = grade._num(tg.full_marks("00_ring_chunks") - classroom.points_of("00_ring_chunks", ["check-ring-ranks"]))
+    for file, ring in (("forge_result", FORGE_RING), ("deflated_output", ring_solution + DEFLATES_ITS_OUTPUT),
+                       ("group_method", GROUP_METHOD), ("par_helpers", PAR_HELPERS)):
+        # the other parts solved: check-ring-ranks is the first check that fails, its message the row's reason
+        put(f"{file}_00_ring_chunks.ipynb", tg.solved("00_ring_chunks", {"ring-ranks": ring}),
+            **({"points": ring_lost} if SANDBOX or file != "par_helpers" else {"reason": "unsandboxed"}))
+    tp_checks = ["check-tp-forward", "check-tp-backward", "check-tp-traffic"]
+    put("forge_result_04_tensor_parallel.ipynb", tg.solved("04_tensor_parallel", {"f-and-g": FORGE_TP}),
+        points=grade._num(tg.full_marks("04_tensor_parallel") - classroom.points_of("04_tensor_parallel", tp_checks)))
     put(f"par_answer_{EX}.ipynb", unsolved(cells={"bytes-per-param": PAR_ANSWER}),
         **({"points": "0"} if SANDBOX else {"reason": "unsandboxed"}))
     put("keep_the_token_09_expert_dispatch.ipynb",
@@ -379,6 +450,14 @@ def feedback_line(graded, name: str, check: str) -> str:
     return next(line for line in feedback.splitlines() if check in line)
 
 
+def reason_of(graded, name: str, check: str) -> str:
+    """The gradebook's reason of a submission whose first failing check is `check` (the instructor's view: its
+    message in full, even after a check with hidden cases)."""
+    row = graded["rows"][name]
+    assert row["reason"].startswith(f"{check}: "), row
+    return row["reason"]
+
+
 @slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("technique, check", [("forge_result_00_ring_chunks", "check-ring-ranks"),
@@ -386,16 +465,24 @@ def feedback_line(graded, name: str, check: str) -> str:
 def test_a_result_forged_on_a_rank_earns_nothing(graded, technique, check):
     """The ranks write the job's result file and exit 0 before any work: the grader judges raw outputs only."""
     row = graded["rows"][f"{technique}.ipynb"]
-    assert row["points"] == "0" and check in row["failed_checks"], row
-    assert "inf" in feedback_line(graded, f"{technique}.ipynb", check), "no output counts as wrong, never as right"
+    assert row["points"] == graded["expect"][f"{technique}.ipynb"]["points"] and check in row["failed_checks"], row
+    assert "inf" in reason_of(graded, f"{technique}.ipynb", check), "no output counts as wrong, never as right"
+
+
+@slow
+@pytest.mark.timeout(600)
+def test_a_rank_output_that_would_inflate_is_refused_in_one_line(graded):
+    """Its rank re-saves its outputs with compressed records at exit: the grader does not read them, and says so."""
+    line = reason_of(graded, "deflated_output_00_ring_chunks.ipynb", "check-ring-ranks")
+    assert "output file holds compressed records" in line and "the grader does not read it" in line, line
 
 
 @slow
 @pytest.mark.timeout(600)
 def test_a_collective_called_on_the_process_group_object_is_caught(graded):
     row = graded["rows"]["group_method_00_ring_chunks.ipynb"]
-    assert row["points"] == "0" and "check-ring-ranks" in row["failed_checks"], row
-    assert "ProcessGroup.allreduce" in feedback_line(graded, "group_method_00_ring_chunks.ipynb", "check-ring-ranks")
+    assert "check-ring-ranks" in row["failed_checks"], row
+    assert "ProcessGroup.allreduce" in reason_of(graded, "group_method_00_ring_chunks.ipynb", "check-ring-ranks")
 
 
 @slow
@@ -406,8 +493,8 @@ def test_a_collective_called_on_the_process_group_object_is_caught(graded):
 def test_par_s_own_answers_are_not_available_to_a_submission(graded, technique, check):
     """01's formula from par.memory in the kernel; 00's ring from par.comm's private helpers on the ranks."""
     row = graded["rows"][f"{technique}.ipynb"]
-    assert row["points"] == "0" and check in row["failed_checks"], row
-    assert "not available during grading" in feedback_line(graded, f"{technique}.ipynb", check)
+    assert check in row["failed_checks"], row
+    assert "not available during grading" in reason_of(graded, f"{technique}.ipynb", check)
 
 
 @slow
@@ -461,6 +548,30 @@ def test_the_sandbox_keeps_the_submission_inside_and_ends_it(graded):
     _, killer = row_of(graded, "kill_grader")
     assert killer["points"] == "0" and killer["status"] in ("failed", "error"), killer
     assert len(graded["rows"]) == len(graded["expect"]), "the batch went on after it"
+
+
+@slow
+@needs_sandbox
+@pytest.mark.timeout(600)
+def test_root_in_the_sandbox_has_no_powers(graded):
+    """Graded as root (as CI grades), a kernel tries to remount its read-only binds read-write and to write the
+    batch's copy of par (the next classmate's kernel imports it), /opt and the grader's venv (a .pth that Python
+    outside the sandbox would run), to read /etc/shadow, and to leave a 256 MB SysV segment and a /dev/shm file:
+    nothing of it reaches the host or the next submission, and the batch leaves no folder of its own behind."""
+    import site
+    _, row = row_of(graded, "aa_root_escape")
+    said = row["reason"].split("escaped:", 1)[1].split(";", 1)[0]
+    reached = {part.strip() for part in said.split(",") if part.strip()}
+    assert reached <= {"sysv", "devshm"}, f"the sandbox let it: {reached} ({row['reason']})"  # its own IPC, /dev
+    assert not Path(f"/opt/par-escape-{MARK}").exists(), "it wrote under the host's /opt"
+    assert not any(Path(p, f"zz_par_escape_{MARK}.pth").exists() for p in site.getsitepackages()), \
+        "it planted a .pth in the grader's venv"
+    assert SHM_KEY not in sysv_keys(), "its SysV segment outlived it"
+    assert not Path(f"/dev/shm/par-escape-{MARK}").exists(), "its /dev/shm file reached the host's"
+    victim = graded["rows"][f"zz_victim_{EX}.ipynb"]
+    assert (victim["status"], victim["points"]) == ("ok", FULL), f"the next classmate was hurt: {victim}"
+    left = list(Path(tempfile.gettempdir()).glob(f"{sandbox.PREFIX}{graded['grader']}-*"))
+    assert not left, f"the batch left its folders: {left}"
 
 
 def _cmdline(p: Path) -> bytes:
@@ -564,8 +675,7 @@ def test_a_checkout_and_venv_under_tmp_stay_visible_in_the_sandbox(monkeypatch, 
     venv = "/tmp/some-checkout/.venv"
     monkeypatch.setattr(sys, "prefix", venv)
     args = sandbox.Sandbox.create(tmp_path, package=Path("/tmp/some-checkout"), sandboxed=True).wrap(["true"])
-    private_tmp = args.index("--tmpfs")
-    assert args[private_tmp + 1] == "/tmp"
+    private_tmp = next(i for i, a in enumerate(args) if a == "--tmpfs" and args[i + 1] == "/tmp")
     binds = [i for i, a in enumerate(args) if a in ("--ro-bind", "--bind") and args[i + 1].startswith("/tmp/")]
     assert {args[i + 1] for i in binds} >= {venv, "/tmp/some-checkout", str(tmp_path)}
     assert all(i > private_tmp for i in binds), "a bind under /tmp placed before the private /tmp is hidden by it"
@@ -611,3 +721,160 @@ def test_the_sandbox_caps_processes_and_has_no_network(tmp_path):
     finally:
         server.server_close()
     assert out.startswith("refused"), out
+
+
+# ---- bounds and records, without a kernel ----------------------------------------------------------------------
+
+def inflating_output(path: Path, nbytes: int) -> None:
+    """A torch.save file of {"out": a float32 tensor}, whose storage of `nbytes` is deflated: a few MB on disk."""
+    import io
+    import struct
+    import zipfile
+
+    import torch
+    small = io.BytesIO()
+    torch.save({"out": torch.zeros(5)}, small)
+    with zipfile.ZipFile(io.BytesIO(small.getvalue())) as src, \
+            zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as out:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("data.pkl"):     # the storage's element count, 5 -> nbytes / 4
+                data = data.replace(b"cpuq\x06K\x05t", b"cpuq\x06J" + struct.pack("<i", nbytes // 4) + b"t")
+            if not info.filename.endswith("data/0"):
+                out.writestr(info.filename, data)
+                continue
+            zeros = bytes(16 << 20)
+            with out.open(info.filename, "w", force_zip64=True) as f:
+                for _ in range(nbytes // len(zeros)):
+                    f.write(zeros)
+
+
+READ_AND_MEASURE = """import resource, sys
+from par.course.grading import rank_io
+try:
+    rank_io.read_outputs(sys.argv[1], 1, [None])
+    print("read")
+except rank_io.OutputRefused as e:
+    print("refused:", e)
+print("peak MB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)
+"""
+
+
+def test_an_output_that_inflates_is_refused_and_the_grader_stays_small(tmp_path):
+    """2 MB on disk that torch.load would inflate to 1.25 GiB (a deflated record): refused in one line before it
+    is loaded; the reading process stays under 1 GB (it peaks at 1.5 GB when the file is loaded)."""
+    inflating_output(tmp_path / "out-0.pt", 5 << 28)
+    assert (tmp_path / "out-0.pt").stat().st_size < 8 << 20
+    run = subprocess.run([sys.executable, "-c", READ_AND_MEASURE, str(tmp_path)], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    said, peak = run.stdout.splitlines()[0], int(run.stdout.split("peak MB")[1])
+    assert said.startswith("refused: rank 0's output file holds compressed records"), run.stdout + run.stderr
+    assert "the grader does not read it" in said and peak < 1024, (said, peak)
+
+
+def test_what_torch_save_writes_is_read_and_what_exceeds_the_caps_is_not(tmp_path):
+    import torch
+
+    from par.course.grading import rank_io
+    torch.save({"out": torch.arange(10.0), "n": [1, 2]}, tmp_path / "out-0.pt")
+    assert rank_io.bounded(tmp_path / "out-0.pt") == ""
+    got = rank_io.read_outputs(tmp_path, 1, [torch.zeros(0, 3, dtype=torch.int64)])[0]
+    assert torch.equal(got["out"], torch.arange(10.0)) and got["ledger"].shape == (0, 3)
+    torch.save({"many": list(range(400_000))}, tmp_path / "out-0.pt")         # a pickle of ~2 MB
+    assert "pickle" in rank_io.bounded(tmp_path / "out-0.pt")
+    with pytest.raises(rank_io.OutputRefused, match="rank 0's output file holds a pickle"):
+        rank_io.read_outputs(tmp_path, 1)
+    torch.save({"ledger": torch.ones(2, 3, dtype=torch.int64)}, tmp_path / "out-0.pt")     # a forged ledger
+    assert rank_io.read_outputs(tmp_path, 1, [None])[0]["ledger"] is None, "the grader's records win"
+
+
+def test_the_launchers_output_costs_the_grader_two_lines(tmp_path):
+    """A rank that floods the launcher's output (a 64 MB line without an end, then lines) is kept to the last
+    marked line and the last other line, each bounded."""
+    from par.course.grading import standins
+    flood = (f"import sys\nw = sys.stdout.buffer.write\nw(b'x' * (64 << 20))\nw(b'\\n')\n"
+             f"w(b'{standins.LAUNCH_MARK}' + b'{{\"result\": 1}}\\n')\nw(b'the end\\n' * 1000)\n")
+    proc = subprocess.Popen([sys.executable, "-c", flood], stdout=subprocess.PIPE)
+    reader = standins._BoundedOutput(proc.stdout)
+    proc.wait(timeout=60)
+    reader.join()
+    assert reader.marked == '{"result": 1}' and reader.last == "the end"
+
+
+def test_the_ledger_keeps_every_record_sent_and_no_more_connections(tmp_path):
+    import socket
+
+    from par.course.grading import ledger
+    book = ledger.Ledger(tmp_path, 3)
+
+    def rank(r, records, hello=True):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(str(ledger.path(tmp_path)))
+        if hello:
+            s.sendall(ledger.HELLO.pack(r))
+        for rec in records:
+            s.sendall(ledger.RECORD.pack(*rec))
+        return s
+    a = rank(0, [(1, 2, 3), (4, 5, 6)])
+    b = rank(1, [(7, 8, 9)])
+    a.sendall(ledger.RECORD.pack(10, 11, 12))          # later: kept; what was sent cannot be taken back
+    c = rank(1, [(0, 0, 0)])                            # a second connection naming rank 1: spoils rank 1
+    time.sleep(0.3)
+    with pytest.raises(OSError):                       # three connections made: the ledger takes no more
+        rank(2, [(1, 1, 1)])
+    for s in (a, b, c):
+        s.close()
+    got = book.close()
+    assert got[0].tolist() == [[1, 2, 3], [4, 5, 6], [10, 11, 12]]
+    assert got[1] is None and got[2] is None
+
+
+def test_the_ledger_refuses_a_partial_or_endless_record(tmp_path, monkeypatch):
+    import socket
+
+    from par.course.grading import ledger
+    monkeypatch.setattr(ledger, "MAX_RECORDS", 10)
+    book = ledger.Ledger(tmp_path, 2)
+    partial, endless = (socket.socket(socket.AF_UNIX) for _ in range(2))
+    for r, s in enumerate((partial, endless)):
+        s.connect(str(ledger.path(tmp_path)))
+        s.sendall(ledger.HELLO.pack(r))
+    partial.sendall(ledger.RECORD.pack(1, 2, 3)[:10])
+    try:
+        endless.sendall(ledger.RECORD.pack(1, 1, 1) * 11)
+    except OSError:
+        pass
+    time.sleep(0.3)
+    partial.close()
+    endless.close()
+    assert book.close() == [None, None]
+
+
+def test_the_graders_modules_cannot_be_imported_inside_the_guard():
+    import importlib
+
+    import par.course.grading.exercise_memory as before
+    from par.course.grading import answers
+    with answers.grader_hidden():
+        for name in ("par.course.grading.exercise_memory", "par.course.grading", "par.course.grading.rank_io"):
+            with pytest.raises(ImportError, match="the grader's own code"):
+                importlib.import_module(name)
+        import par.course
+        assert not hasattr(par.course, "grading")
+        assert "par.course.grading.exercise_memory" not in sys.modules
+    assert importlib.import_module("par.course.grading.exercise_memory") is before
+
+
+def test_the_ranks_lose_the_graders_expected_values_and_keep_the_runner():
+    from par.course.grading import references
+    job = "par.course.grading.exercise_memory"
+    names = {f"{m}.{n}" for m, n in references.on_the_ranks(job)}
+    for gone in ("make_inputs", "verify", "expected", "formula", "draw_config"):
+        assert f"{job}.{gone}" in names
+    assert {"par.course.grading.rank_io.read_outputs", "par.course.grading.grade.grade_one",
+            "par.course.grading.ledger.Ledger", "par.course.grading.exercise_ddp.make_inputs"} <= names
+    for kept in (f"{job}.run_rank", f"{job}.held", f"{job}.Args", "par.course.grading.rank_io.main",
+                 "par.course.grading.rank_io.guarded", "par.course.grading.answers.grader_hidden",
+                 "par.course.grading.ledger.record", "par.course.grading.sandbox.limit",
+                 "par.course.grading.standins._launch_main"):
+        assert kept not in names, kept

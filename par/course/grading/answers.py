@@ -80,6 +80,48 @@ def load(path: str, name: str = "student_answer"):
     return module
 
 
+GRADER = "par.course.grading"
+
+
+class _GraderFinder:
+    """A meta path finder that refuses every module of the grader (GRADER) with an ImportError saying why."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == GRADER or name.startswith(GRADER + "."):
+            raise ImportError(f"{name} is the grader's own code: it is not available to your module during grading")
+        return None
+
+
+@contextmanager
+def grader_hidden():
+    """Within the block, the grader's modules cannot be imported, by any name (`import par.course.grading.X`,
+    `importlib`, the runner's `__main__`): they are out of `sys.modules` and `par.course`'s attributes, and a
+    finder refuses them. The runner's code keeps the module objects it already holds, so it runs on; the student's
+    module, loaded inside the block, finds none of the grader's counts or expected values to call."""
+    import types
+    hidden = {name: sys.modules.pop(name) for name in list(sys.modules)
+              if name == GRADER or name.startswith(GRADER + ".")}
+    main = sys.modules.get("__main__")
+    runner = main is not None and getattr(main, "__spec__", None) is not None and \
+        str(getattr(main.__spec__, "name", "")).startswith(GRADER + ".")
+    if runner:
+        sys.modules["__main__"] = types.ModuleType("__main__")
+    course = sys.modules.get("par.course")
+    attribute = course.__dict__.pop("grading", None) if course is not None else None
+    finder = _GraderFinder()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        if attribute is not None:
+            course.grading = attribute
+        if runner:
+            sys.modules["__main__"] = main
+        for name, module in hidden.items():
+            sys.modules.setdefault(name, module)
+
+
 @contextmanager
 def _replaced(targets, make):
     saved = []

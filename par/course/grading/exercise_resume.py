@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from par.course.grading import rank_io
+from par.course.grading import answers, rank_io
 from par.runtime.job_args import JobArgs, arg
 
 WHY = "save and restore the training state yourself: the engine's partitions and Adam's state, the data " \
@@ -160,7 +160,6 @@ def _train(engine, inputs, steps, rank, n, device) -> list:
 def run_rank(module, inputs: dict, rank: int, device, wire: dict) -> dict:
     import torch.distributed as dist
 
-    from par.course.grading import answers
     from par.zero.engine import Zero
     n = dist.get_world_size()
     box = [tempfile.mkdtemp(prefix="resume-") if rank == 0 else None]

@@ -31,12 +31,16 @@ from __future__ import annotations
 
 import os
 import warnings
+import zipfile
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
 
-MAX_OUTPUT_BYTES = 64 << 20    # a rank's output file larger than this is not read (counts as missing)
+from par.course.grading import ledger
+
+MAX_OUTPUT_BYTES = 64 << 20    # a rank's output file, and what its records hold once read, at most
+MAX_PICKLE_BYTES = 1 << 20     # its pickle (the dicts and lists around the tensors), at most
 
 
 def _in(folder, rank: int) -> Path:
@@ -54,12 +58,14 @@ def write_inputs(folder, inputs: list[dict]) -> None:
 
 
 def take_inputs(folder, rank: int) -> dict:
-    """A rank, before it imports the student's module: its inputs, then the file is deleted, and every rank
-    waits for the others to have done the same (no rank's inputs are on disk once student code runs)."""
+    """A rank, before it imports the student's module: its inputs, then the file is deleted, its connection to
+    the grader's ledger made, and every rank waits for the others to have done the same (no rank's inputs are on
+    disk, and no connection is left to make, once student code runs)."""
     import torch.distributed as dist
     path = _in(folder, rank)
     data = torch.load(path, weights_only=True)
     os.unlink(path)
+    ledger.connect(folder, rank)
     if dist.is_initialized():
         dist.barrier()
     return data
@@ -69,23 +75,67 @@ def put_outputs(folder, rank: int, data: dict) -> None:
     torch.save(data, _out(folder, rank))
 
 
-def read_outputs(folder, nproc: int) -> list[dict | None]:
-    """The grader: each rank's outputs, or None where the file is missing, too large or not plain data."""
+class OutputRefused(Exception):
+    """A rank's output file that the grader does not read: what it would become in memory is over the caps."""
+
+
+def read_outputs(folder, nproc: int, records: list | None = None) -> list[dict | None]:
+    """The grader: each rank's outputs, or None where the file is missing, not a file or not plain data; with
+    `records` (the grader's ledger, one entry per rank), each dict's "ledger" is the grader's entry. Raises
+    OutputRefused for a file that would take more memory to read than the caps allow (`bounded`)."""
     out = []
     for rank in range(nproc):
         path = _out(folder, rank)
         try:
-            if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_OUTPUT_BYTES:
+            if path.is_symlink() or not path.is_file():
                 out.append(None)
                 continue
+            refused = bounded(path)
+        except OSError:
+            out.append(None)
+            continue
+        if refused:
+            raise OutputRefused(f"rank {rank}'s output file {refused}: the grader does not read it")
+        try:
             with warnings.catch_warnings():        # a forged file's pickle protocol: no warning in the grader
                 warnings.simplefilter("ignore")
                 data = torch.load(path, weights_only=True)
         except Exception:  # a truncated or forged file: this rank produced nothing the grader can read
             out.append(None)
             continue
-        out.append(data if type(data) is dict else None)
+        data = data if type(data) is dict else None
+        if data is not None and records is not None:
+            data["ledger"] = records[rank]
+        out.append(data)
     return out
+
+
+def bounded(path: Path) -> str:
+    """Why the torch.save file at `path` is not read ("" when it may be): its records must be stored, not
+    compressed (what torch.save writes), so that they take no more memory than their bytes on disk, at most
+    MAX_OUTPUT_BYTES in all, and its pickle at most MAX_PICKLE_BYTES (its structure: a list or dict per byte or
+    two at worst, ~64x once read)."""
+    size = path.stat().st_size
+    if size > MAX_OUTPUT_BYTES:
+        return f"holds {size / 2**20:.1f} MiB, over {MAX_OUTPUT_BYTES >> 20} MiB"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return ""                                  # not a zip: torch.load refuses it, the rank counts as missing
+    packed = [e.filename for e in entries if e.compress_type != zipfile.ZIP_STORED]
+    if packed:
+        inflated = sum(e.file_size for e in entries)
+        return (f"holds compressed records ({packed[0]}, ...) that inflate to {inflated / 2**20:.1f} MiB "
+                f"(torch.save stores them uncompressed)")
+    stored = sum(e.file_size for e in entries)
+    if stored > size:
+        return f"claims {stored / 2**20:.1f} MiB of records in a file of {size / 2**20:.1f} MiB"
+    pickles = [e for e in entries if e.filename.endswith(".pkl")]
+    if sum(e.file_size for e in pickles) > MAX_PICKLE_BYTES:
+        return (f"holds a pickle of {sum(e.file_size for e in pickles) / 2**20:.1f} MiB, over "
+                f"{MAX_PICKLE_BYTES >> 20} MiB (its tensors aside)")
+    return ""
 
 
 # ---------------------------------------------------------------- reading one value out of a rank's outputs
@@ -143,6 +193,7 @@ def main(exercise, argv=None) -> int:
     else:
         inputs, context = exercise.make_inputs(args, n, 0)
         mine = inputs[r]
+        ledger.local()
     with guarded(exercise) as wire:
         module = answers.load(args.answer)
         outputs = exercise.run_rank(module, mine, r, env.device, wire)
@@ -150,6 +201,7 @@ def main(exercise, argv=None) -> int:
     if args.io:
         put_outputs(args.io, r, outputs)
     else:
+        outputs["ledger"] = ledger.kept()
         everyone = par.runtime.dist.gather_object(outputs)
         if r == 0:
             result = exercise.verify(args, context, everyone)
@@ -160,12 +212,14 @@ def main(exercise, argv=None) -> int:
 
 @contextmanager
 def guarded(exercise):
-    """The rules the student's code runs under: `exercise.FORBIDDEN` (par's and torch's functions, by name)
-    refused; with `exercise.P2P_ONLY`, every collective refused on the process-group classes and in torch's
-    dispatcher too (only sends and receives), else counted there. Yields the wire's call counts."""
+    """The rules the student's code runs under: the grader's own modules out of reach (`answers.grader_hidden`);
+    `exercise.FORBIDDEN` (par's and torch's functions, by name) refused; with `exercise.P2P_ONLY`, every
+    collective refused on the process-group classes and in torch's dispatcher too (only sends and receives),
+    else counted there. Yields the wire's call counts."""
     from par.course.grading import answers
     with ExitStack() as stack:
         stack.enter_context(answers.forbidden(exercise.FORBIDDEN, exercise.WHY))
+        stack.enter_context(answers.grader_hidden())
         wire = stack.enter_context(answers.on_the_wire(forbid=exercise.WHY if exercise.P2P_ONLY else None))
         if exercise.P2P_ONLY:
             stack.enter_context(answers.refused_in_dispatcher(exercise.WHY))

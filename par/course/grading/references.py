@@ -15,7 +15,12 @@ Which functions, per exercise (computed from the instructor's notebook, so a new
                       twins (`twins`: every other function of their modules, and what they call,
                       transitively, except what the given tools need), plus RANKS below
     on the ranks      RANKS[job]: par's implementations of the collective the exercise has the student build
-                      (the job's own code keeps every helper the student's module may import)
+                      (the job's own code keeps every helper the student's module may import), and the
+                      grader's own code (`grader_names`): every function and class of par.course.grading but
+                      what the rank runner runs (`rank_io.main`, the job's `run_rank` and `Args`, the guards of
+                      `answers`, the ledger's rank end) — the job's expected values (`make_inputs`, `verify`)
+                      among them; the runner also hides the grader's modules from the student's imports
+                      (`answers.grader_hidden`)
 
 The grader's checks run in the grader's process, on the real par: only the submission loses the answers.
 What it does not cover: code that is not par's (a student who copies par's source from the course's web
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import atexit
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -201,6 +207,38 @@ def twins(answers: set[tuple[str, str]], given: set[tuple[str, str]]) -> set[tup
                        if inspect.isfunction(obj) and obj.__module__ == module.__name__}
     return {(obj.__module__, obj.__qualname__) for obj in candidates - keep
             if inspect.isfunction(obj) and "<locals>" not in obj.__qualname__}
+
+
+def on_the_ranks(job: str) -> list[tuple[str, str]]:
+    """Everything a rank of the real-rank job `job` must not call: RANKS[job] and `grader_names(job)`."""
+    return sorted({*RANKS[job], *grader_names(job)})
+
+
+@functools.lru_cache(maxsize=None)
+def grader_names(job: str) -> tuple[tuple[str, str], ...]:
+    """(module, name) of every function and class of the grader's own modules (par.course.grading) that a rank
+    of `job` does not run: all of them but the closure of the rank runner (`rank_io.main` and what it runs
+    before the student's code, the job's `run_rank` and `Args`, the guards, the ledger's rank end, the job's
+    launcher in its sandbox) and what the grader's modules call when imported."""
+    import pkgutil
+
+    import par.course.grading as grading
+    from par.course.grading import answers, ledger, rank_io
+    exercise = importlib.import_module(job)
+    modules = [importlib.import_module(f"{grading.__name__}.{m.name}") for m in pkgutil.iter_modules(grading.__path__)]
+    from par.course.grading import sandbox, standins
+    runner = [sandbox.limit, standins._launch_main,           # the job's launcher, in the job's sandbox
+              rank_io.main, rank_io.take_inputs, rank_io.put_outputs, rank_io.guarded, rank_io._to_cpu,
+              exercise.run_rank, exercise.Args, ledger._Writer, ledger.connect, ledger.local, ledger.record,
+              ledger.kept, *(o for o in vars(answers).values() if inspect.isfunction(o) or inspect.isclass(o))]
+    keep = _closure([*(inspect.unwrap(o) for o in runner), *modules])
+    found = set()
+    for module in modules:
+        for obj in vars(module).values():
+            if (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == module.__name__ \
+                    and inspect.unwrap(obj) not in keep:
+                found.add((module.__name__, obj.__qualname__))
+    return tuple(sorted(found))
 
 
 def _imported(modules) -> list:

@@ -21,9 +21,10 @@ import json
 import secrets
 import subprocess
 import sys
+import threading
 import time
 
-from par.course.grading import nbval_run, references, sandbox
+from par.course.grading import ledger, nbval_run, references, sandbox
 from par.course.grading.codec import decode, encode
 from par.course.grading.kernel import CellTimeout, Kernel, NotebookTimeout
 from par.runtime.lifeline import dies_with_parent
@@ -217,20 +218,29 @@ def sandboxed_launch(box: sandbox.Sandbox, env: dict | None, session: "Session")
             rank_io.write_inputs(io, inputs)
             args = [*args, "--io", str(io)]
             job_box = dataclasses.replace(box, binds=(*box.binds, io), overlays=references.overlays(
-                references.RANKS[module], box.pythonpath) if box.sandboxed else ())
+                references.on_the_ranks(module), box.pythonpath) if box.sandboxed else ())
         else:                       # par's own job (07's training run): the real par, no student module on it
             job_box = dataclasses.replace(box, overlays=())
+        book = ledger.Ledger(io, int(nproc)) if io is not None else None
         try:
             spec = {"module": module, "nproc": int(nproc), "args": args, "timeout": float(timeout),
                     "backend": backend, "env": {str(k): str(v) for k, v in (kw.get("env") or env_ or {}).items()},
                     "quiet": True, "threads_per_rank": int(threads_per_rank)}
             answer = _launch(job_box, env, session, spec)
+            records = book.close() if book is not None else None
+            book = None
             if "error" in answer:
                 raise LaunchError(str(answer["error"]))
             if exercise is None:
                 return answer.get("result")
-            return exercise.verify(job_args, context, rank_io.read_outputs(io, int(nproc)))
+            try:
+                outputs = rank_io.read_outputs(io, int(nproc), records)
+            except rank_io.OutputRefused as e:
+                raise LaunchError(str(e)) from None
+            return exercise.verify(job_args, context, outputs)
         finally:
+            if book is not None:
+                book.close()
             if io is not None:
                 sandbox.remove(io)
     return run
@@ -244,13 +254,14 @@ def _launch(box: sandbox.Sandbox, env: dict | None, session: "Session", spec: di
     # would stand in for the package (Python >= 3.11; the ranks inherit it)
     proc = subprocess.Popen(cmd, cwd=box.workdir, env={**box.env(env), "PYTHONSAFEPATH": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, text=True, preexec_fn=dies_with_parent())
+                            start_new_session=True, preexec_fn=dies_with_parent())
     cap = sandbox.ProcessCap(proc, box.sandboxed)
     with nbval_run._LOCK:
         nbval_run._RUNNING.add(proc)
+    reader = _BoundedOutput(proc.stdout)
     try:
         limit = min(session.cell_deadline, session.kernel.deadline, time.monotonic() + spec["timeout"] + 60)
-        out, _ = proc.communicate(timeout=max(1.0, limit - time.monotonic()))
+        proc.wait(timeout=max(1.0, limit - time.monotonic()))
     except subprocess.TimeoutExpired:
         _kill_tree(proc)
         proc.wait()
@@ -261,17 +272,57 @@ def _launch(box: sandbox.Sandbox, env: dict | None, session: "Session", spec: di
             nbval_run._RUNNING.discard(proc)
         if proc.poll() is None:
             _kill_tree(proc)
+        reader.join()
     if cap.tripped:
         raise LaunchError(f"the job was stopped: more than {cap.limit} processes at once (a fork bomb?)")
-    marked = [line[len(LAUNCH_MARK):] for line in out.splitlines() if line.startswith(LAUNCH_MARK)]
-    if not marked:
+    if reader.marked is None:
         raise LaunchError(f"the job launcher ended without a result (exit code {proc.returncode}): "
-                          f"{out.strip().splitlines()[-1:] or ['no output']}")
+                          f"{reader.last or 'no output'}")
     try:
-        answer = json.loads(marked[-1])
+        answer = json.loads(reader.marked)
     except ValueError:
         raise LaunchError("the job launcher's result cannot be read") from None
     return answer if isinstance(answer, dict) else {"error": "the job launcher's result cannot be read"}
+
+
+class _BoundedOutput:
+    """Reads the launcher's output in a thread, keeping at most MAX_LINE bytes of a line and only what the grader
+    uses: the last line marked LAUNCH_MARK (the result) and the last other line. A rank can write to the
+    launcher's output too (/proc/PID/fd/1): whatever it writes costs the grader at most two lines."""
+
+    MAX_LINE = 4 << 20          # bytes of one line kept (the result of par's own job is a few KB)
+
+    def __init__(self, pipe):
+        self.pipe, self.marked, self.last = pipe, None, ""
+        self.thread = threading.Thread(target=self._read, daemon=True, name="launcher-output")
+        self.thread.start()
+
+    def _read(self) -> None:
+        line, overflow = bytearray(), False
+        while chunk := self.pipe.read1(1 << 16):
+            while chunk:
+                cut = chunk.find(b"\n")
+                part, chunk = (chunk, b"") if cut < 0 else (chunk[:cut], chunk[cut + 1:])
+                if len(line) + len(part) > self.MAX_LINE:
+                    overflow = True
+                else:
+                    line += part
+                if cut >= 0:
+                    if not overflow:
+                        self._keep(line.decode("utf-8", "replace"))
+                    line, overflow = bytearray(), False
+        if line and not overflow:
+            self._keep(line.decode("utf-8", "replace"))
+
+    def _keep(self, line: str) -> None:
+        if line.startswith(LAUNCH_MARK):
+            self.marked = line[len(LAUNCH_MARK):]
+        elif line.strip():
+            self.last = line.strip()[:500]
+
+    def join(self) -> None:
+        self.thread.join(10)
+        self.pipe.close()
 
 
 def launching_import(run):
