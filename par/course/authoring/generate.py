@@ -77,9 +77,13 @@ def points(cell) -> float:
 
 
 def exercise_name(nb) -> str | None:
-    """The exercise a generated notebook says it belongs to (its metadata), if any."""
-    meta = nb.metadata.get("par")
-    return meta.get("exercise") if isinstance(meta, dict) else None
+    """The exercise a generated notebook says it belongs to (metadata `par.exercise`, a notebook's file stem such as
+    `01_model_state_bytes`); None when there is none, or when what is there is not such a name (a list, a number,
+    a path): a student's notebook may carry anything there."""
+    metadata = nb.get("metadata") if isinstance(nb, dict) else None
+    meta = metadata.get("par") if isinstance(metadata, dict) else None
+    name = meta.get("exercise") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) and re.fullmatch(r"\w[\w.-]*", name) else None
 
 
 # ---------------------------------------------------------------- regions

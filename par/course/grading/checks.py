@@ -34,19 +34,31 @@ A check that judges what the function does to its arguments (an in-place step, "
 argument") asks for the kernel's copies with `par.course.grading.compare.arguments_after`. Patching torch,
 builtins, par, IPython or the setup helpers in the kernel changes what the student's functions return, never
 what the checks compare them with, nor whether an assert ran.
+
+Hidden cases stay hidden (`withheld`): an error raised on a line of a check where its hidden cases may run is
+reported by its exception type only, with the reason. The error of every cell after a check with hidden cases
+started (the student's code may have kept the hidden inputs in the kernel, and an answer cell, an added cell, a
+rank or a later check's assert on a returned value can carry them in a message) reaches the student the same
+way: the gradebook keeps its message for the instructor, the feedback tells its type (`report.Flag`: the text and
+what the student is told); a check's traceback keeps its line numbers, a kernel cell's is not told. The
+handed-out stub's own error is the one message always kept.
 """
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import io
+import re
 import time
 import traceback as tb_module
 from pathlib import Path
 
+from par.course.authoring.markers import STUB
 from par.course.grading import nbval_run, references, sandbox
 from par.course.grading.codec import KERNEL_HELPER
 from par.course.grading.kernel import MAX_OUTPUT, CellTimeout, Kernel, KernelDied, NotebookTimeout, Reply, Unstoppable
 from par.course.grading.nbval_run import CellResult, NotebookRun
+from par.course.grading.report import Flag, told
 from par.course.grading.standins import (Proxy, Session, StudentError, launching_import,
                                  sandboxed_launch)
 
@@ -65,18 +77,39 @@ def hidden_from(source: str) -> int | None:
     return next((i + 1 for i, line in enumerate(lines) if line.strip() == HIDDEN_BEGIN), None)
 
 
-def _error_of(e: BaseException, source_name: str, hidden: int | None = None) -> tuple[str, str]:
+ON_HIDDEN = "on a case this check may keep hidden"
+AFTER_HIDDEN = "after a check with hidden cases ran"
+_STUB_KIND, _STUB_MESSAGE = re.fullmatch(r'raise (\w+)\("(.*)"\)', STUB).groups()    # the handed-out stub's error
+_STUB_ERROR = re.compile(re.escape(f"{_STUB_KIND}: {_STUB_MESSAGE}") + r"( \(rank \d\))?")   # on a rank or not
+_TYPES = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)} | {
+    "LaunchError", "AnswerError"}      # exception types whose name is no text of the student's
+
+
+def withheld(line: str, why: str) -> str:
+    """An error's one line (`Type: message`) as its type only, saying `why` (ON_HIDDEN, AFTER_HIDDEN): its message
+    may carry a hidden case's inputs. A type of the student's own naming is "an error"; the handed-out stub's
+    error (`_STUB_ERROR`), which carries nothing of the student's, is kept as it is."""
+    if _STUB_ERROR.fullmatch(line.strip()):
+        return line
+    name = re.match(r"\s*([\w.]+)", line)
+    kind = name.group(1) if name and name.group(1) in _TYPES else "an error"
+    return f"{kind} {why} (its message is not shown: it could carry the hidden inputs)"
+
+
+def _error_of(e: BaseException, source_name: str, hidden: int | None = None,
+              after_hidden: bool = False) -> tuple[str, str]:
     """(one line, traceback lines in the check only: no source text, which may be hidden) of a check's error.
-    An error raised at or after the line `hidden` (where hidden cases may be running) keeps only its type: its
-    message may carry the hidden inputs (an assert's message, or the student's exception naming its arguments)."""
+    An error raised at or after the line `hidden` (where hidden cases may be running), or in a cell after a check
+    with hidden cases started (`after_hidden`), keeps only its type (`withheld`)."""
     line = f"{type(e).__name__}: {e}" if not isinstance(e, StudentError) else str(e)
     if type(e).__name__ == "LaunchError":      # a rank's root cause, as nbval_run reports it
         line = nbval_run.summary(str(e))[0] or line
     frames = [f for f in tb_module.extract_tb(e.__traceback__) if f.filename == source_name]
     where = "".join(f"  check line {f.lineno}\n" for f in frames[-3:])
     if hidden is not None and (not frames or frames[-1].lineno >= hidden):
-        line = f"{type(e).__name__} on a case this check may keep hidden (its details are not shown)"
-    return " ".join(line.split())[:300], where.rstrip()
+        line = withheld(line, ON_HIDDEN)
+    line = " ".join(line.split())[:300]
+    return (Flag(line, withheld(line, AFTER_HIDDEN)) if after_hidden else line), where.rstrip()
 
 
 def run(assembled, reference, *, timeout: float, cell_timeout: float, env: dict | None = None,
@@ -104,15 +137,17 @@ def run(assembled, reference, *, timeout: float, cell_timeout: float, env: dict 
             return result, notes
         session = Session(kernel)
         outputs: list[str] = []
-        import builtins
         namespace = {"__name__": "__main__", "print": lambda *a, **k: print(*a, **{**k, "file": _Sink(outputs)}),
                      "__builtins__": {**builtins.__dict__,
                                       "__import__": launching_import(sandboxed_launch(box, env, session))}}
         for name in student_names(reference):
             namespace[name] = Proxy(session, name)
+        hidden_ran = False      # a check with hidden cases has started: every later cell's error is withheld
         for i, (role, cid) in enumerate(assembled.roles):
             cell = assembled.notebook.cells[i]
             res = result.cells[i] = CellResult(ran=True)
+            after_hidden = hidden_ran
+            hidden_ran = hidden_ran or (role == "check" and hidden_from(cell.source) is not None)
             result.running = i
             t0 = time.monotonic()
             session.cell_deadline = min(deadline, t0 + cell_timeout)
@@ -125,11 +160,11 @@ def run(assembled, reference, *, timeout: float, cell_timeout: float, env: dict 
                     except (KernelDied, NotebookTimeout, CellTimeout):
                         raise
                     except Exception as e:  # the check failed: an assert, or the student's function raised
-                        res.error, res.traceback = _error_of(e, name, hidden_from(cell.source))
+                        res.error, res.traceback = _error_of(e, name, hidden_from(cell.source), after_hidden)
                 else:
                     reply = kernel.execute(cell.source, session.cell_deadline)
                     if reply.status != "ok":
-                        res.error, res.traceback = _kernel_error(reply)
+                        res.error, res.traceback = _kernel_error(reply, after_hidden)
                     res.passed = reply.status == "ok"
                     if role == "setup" and not str(cid).startswith("demo"):   # demos: nothing a check uses
                         try:
@@ -137,7 +172,9 @@ def run(assembled, reference, *, timeout: float, cell_timeout: float, env: dict 
                         except (KernelDied, NotebookTimeout, CellTimeout):
                             raise
                         except Exception as e:
-                            notes.append(f"setup cell {cid} failed in the grader: {type(e).__name__}: {e}")
+                            error = _error_of(e, f"<setup {cid}>", after_hidden=after_hidden)[0]
+                            notes.append(Flag(f"setup cell {cid} failed in the grader: {error}",
+                                              f"setup cell {cid} failed in the grader: {told(error)}"))
             except CellTimeout:
                 res.passed, res.timed_out = False, True
                 res.error = f"Timeout of {cell_timeout:g} seconds exceeded while executing cell"
@@ -167,11 +204,12 @@ def run(assembled, reference, *, timeout: float, cell_timeout: float, env: dict 
         sandbox.remove(workdir)
 
 
-def _kernel_error(reply: Reply) -> tuple[str, str]:
+def _kernel_error(reply: Reply, after_hidden: bool = False) -> tuple[str, str]:
     """(one line, the traceback's last lines) of a cell that failed in the kernel (a launched rank's root cause
-    first, as nbval_run reports it)."""
+    first, as nbval_run reports it); after a check with hidden cases started, its type only and no traceback."""
     line, lines = nbval_run.summary(reply.traceback) if reply.traceback else ("", "")
-    return line or reply.error_line() or "error", lines
+    line = line or reply.error_line() or "error"
+    return (Flag(line, withheld(line, AFTER_HIDDEN)), Flag(lines, "")) if after_hidden else (line, lines)
 
 
 class _Sink(io.TextIOBase):

@@ -34,14 +34,20 @@ Status of a submission:
     timeout   the notebook ran past --timeout (then killed, with any ranks it launched) or a cell past
               --cell-timeout (interrupted; later cells still ran). Checks that passed still count.
     error     not valid JSON, not a notebook, belongs to no exercise, the kernel died, or the grader could
-              not run it; the reason says which. Checks that passed before the kernel died still count.
+              not read or run it (any exception of the grader's on one submission: its type and first line);
+              the reason says which. Checks that passed before the kernel died still count.
 
-Every file found gets a row (a `.py` file, an unreadable one, a notebook of no exercise: `error`); nbformat 3
-is converted; two submissions of one student's exercise are both flagged DUPLICATE, and submissions of
-different students whose answer cells are the same (blank lines and comments aside) are flagged SAME
-ANSWERS (a note for the instructor: the grade is unchanged). Rows are appended and
+Every file found gets a row (a `.py` file, an unreadable one, a notebook of no exercise: `error`) and no
+submission stops the batch; nbformat 3 is converted; two submissions of one student's exercise are both
+flagged DUPLICATE, and submissions of different students whose answer cells are the same (blank lines and
+comments aside) are flagged SAME ANSWERS (a note for the instructor: the grade is unchanged; the gradebook
+names the other submissions, the student's feedback does not). Rows are appended and
 flushed as each submission finishes (a killed batch keeps them; `--resume` grades the rest), and the report
-and feedback paths are checked before grading starts. Feedback never shows a hidden check's source.
+and feedback paths are checked before grading starts. Feedback never shows a hidden check's source, nor the
+message of an error that could carry a hidden case's inputs (`par.course.grading.checks.withheld`).
+
+Before any submission runs, what an exercise of the batch needs once is done (`BEFORE_GRADING`: 07's measured
+layouts, taken while no student code runs).
 
 Exit code: with --report, 0 once every submission has its row, whatever its status (2 when nothing could
 be graded at all: no notebook found, the report cannot be written); without --report, 0 when every
@@ -60,8 +66,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from par.course.grading import checks, nbval_run
-from par.course.grading.report import (RowWriter, _num, class_summary, describe, format_grade, write_feedback,
-                                       write_report)
+from par.course.grading.report import (Flag, RowWriter, _num, class_summary, describe, format_grade, told,
+                                       write_feedback, write_report)
 from par.course.authoring import generate as exercises
 from par.course.authoring.generate import ROOT, is_answer, is_check
 
@@ -170,11 +176,36 @@ def read_submission(path: Path):
             nb = nbformat.reads(text, as_version=4)       # nbformat 3 (and 2) converted to 4
             if old:
                 nb = nbformat.convert(nb, 4)
-        for cell in nb.cells:
-            cell.cell_type, cell.source  # noqa: B018  (a cell without them is not a cell)
     except Exception as e:  # nbformat raises many kinds for a broken notebook
-        raise SubmissionError(f"not a readable notebook: {type(e).__name__}: {e}") from None
+        raise SubmissionError(f"not a readable notebook: {one_line(e)}") from None
+    for i, cell in enumerate(nb.cells):
+        odd = _odd_cell(cell)
+        if odd:
+            raise SubmissionError(f"not a readable notebook: its cell {i} {odd}")
     return nb
+
+
+def _odd_cell(cell) -> str:
+    """Why `cell` is no cell the grader reads ("" when it is one): a cell is a dict whose cell_type and source are
+    text, and whose id, if it has one, is text."""
+    if not isinstance(cell, dict):
+        return f"is not a cell ({_kind(cell)})"
+    for key in ("cell_type", "source"):
+        if not isinstance(cell.get(key), str):
+            return f"has no text {key} ({_kind(cell.get(key))})"
+    if cell.get("id") is not None and not isinstance(cell.get("id"), str):
+        return f"has an id that is not text ({_kind(cell.get('id'))})"
+    return ""
+
+
+def _kind(x) -> str:
+    return "missing" if x is None else "dict" if isinstance(x, dict) else type(x).__name__
+
+
+def one_line(e: BaseException) -> str:
+    """`Type: message` of an exception, the message's first line only, at most 200 characters."""
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {first}"[:200] if first else type(e).__name__
 
 
 def _code_ids(nb) -> set[str]:
@@ -277,7 +308,8 @@ def score(assembled: Assembled, run: nbval_run.NotebookRun, reference, timeout: 
     for i, (role, cid) in enumerate(assembled.roles):
         res = run.cells.get(i)
         if role == "answer" and res is not None and res.ran and not res.passed and not res.timed_out:
-            grade.notes.append(f"answer cell {cid} itself failed: {res.error}")
+            grade.notes.append(Flag(f"answer cell {cid} itself failed: {res.error}",
+                                    f"answer cell {cid} itself failed: {told(res.error)}"))
         if role != "check":
             continue
         grade.checks.append(Check(cid, points[cid], passed=bool(res and res.passed),
@@ -297,36 +329,47 @@ def score(assembled: Assembled, run: nbval_run.NotebookRun, reference, timeout: 
     elif not any(c.ran for c in run.cells.values()) or run.exit_code in (2, 3, 4):
         first = next((c.error for c in run.cells.values() if c.error), "")
         grade.status = "error"
-        grade.reason = "the notebook could not be run: " + (first or (run.output.strip().splitlines()
-                                                                       or ["no output"])[-1])
+        said = run.output.strip().splitlines() or ["no output"]
+        grade.reason = Flag(f"the notebook could not be run: {first or said[-1]}",
+                            f"the notebook could not be run: {told(first) if first else said[-1]}")
     elif all(c.passed for c in grade.checks):
         grade.status = "ok"
     else:
         grade.status = "failed"
         first = next(c for c in grade.checks if not c.passed)
-        grade.reason = f"{first.id}: {first.error}"
+        grade.reason = Flag(f"{first.id}: {first.error}", f"{first.id}: {told(first.error)}")
     return grade
 
 
 def grade_one(path: Path, course: Course, timeout: float = TIMEOUT, cell_timeout: float = CELL_TIMEOUT,
               env: dict | None = None, label: str | None = None, package: Path | None = None) -> Grade:
-    """Grade one submission; every failure of the submission becomes its Grade's status, never an exception."""
+    """Grade one submission; every failure of the submission, and any exception of the grader's on it, becomes
+    its Grade's status and reason, never an exception (the batch goes on)."""
     grade = Grade(submission=label or str(path), official=course.official)
     start = time.monotonic()
     try:
         nb = read_submission(path)
         grade.exercise = identify(nb, path, course)
+        reference = course.notebooks[grade.exercise]
+        assembled = assemble(reference, nb, official=course.official)
     except SubmissionError as e:
-        grade.status, grade.reason, grade.seconds = "error", str(e), time.monotonic() - start
-        return grade
-    reference = course.notebooks[grade.exercise]
-    assembled = assemble(reference, nb, official=course.official)
+        return _refused(grade, str(e), start)
+    except Exception as e:  # an odd notebook the grader trips on while reading it: its row says so
+        return _refused(grade, f"the grader could not read this notebook: {one_line(e)}", start)
     grade.notes = assembled.notes
-    run, notes = checks.run(assembled, reference, timeout=timeout, cell_timeout=min(cell_timeout, timeout), env=env,
-                            package=package)
-    grade.notes += notes
-    grade.sandboxed = not any(n.startswith("unsandboxed") for n in notes)
-    return score(assembled, run, reference, timeout, cell_timeout, grade)
+    try:
+        run, notes = checks.run(assembled, reference, timeout=timeout, cell_timeout=min(cell_timeout, timeout),
+                                env=env, package=package)
+        grade.notes += notes
+        grade.sandboxed = not any(n.startswith("unsandboxed") for n in notes)
+        return score(assembled, run, reference, timeout, cell_timeout, grade)
+    except Exception as e:  # the kernel and its processes are gone (checks.run's own cleanup): its row says so
+        return _refused(grade, f"the grader failed while running this notebook: {one_line(e)}", start)
+
+
+def _refused(grade: Grade, reason: str, start: float) -> Grade:
+    grade.status, grade.reason, grade.seconds = "error", reason, time.monotonic() - start
+    return grade
 
 
 def find_submissions(targets: list[str]) -> tuple[list[Path], list[Path]]:
@@ -376,18 +419,30 @@ def _normalized(source: str) -> str:
     return "\n".join(line for line in lines if line.strip())
 
 
-def duplicates(paths: list[Path], course: Course) -> dict[Path, str]:
-    """{path: flag} for submissions of one student's exercise handed in more than once (DUPLICATE), and for
-    submissions of different students whose answer cells are the same (SAME ANSWERS: a flag for the
-    instructor to look at, which changes no grade)."""
-    groups: dict = {}
-    same: dict = {}
+def identified(paths: list[Path], course: Course) -> dict[Path, tuple]:
+    """{path: (notebook, exercise)} of the paths that read as a notebook of an exercise; the others are left out
+    (grading them says why, in their row)."""
+    found = {}
     for path in paths:
         try:
             nb = read_submission(path)
-            exercise = identify(nb, path, course)
-        except SubmissionError:
+            found[path] = nb, identify(nb, path, course)
+        except Exception:  # SubmissionError, or an odd notebook the grader trips on: grade_one's row says which
             continue
+    return found
+
+
+SAME_ANSWERS_TOLD = "SAME ANSWERS: another submission's answer cells are the same (your instructor has the list)"
+
+
+def duplicates(paths: list[Path], course: Course, found: dict | None = None) -> dict[Path, Flag]:
+    """{path: flag} for submissions of one student's exercise handed in more than once (DUPLICATE), and for
+    submissions of different students whose answer cells are the same (SAME ANSWERS: a flag for the
+    instructor to look at, which changes no grade). The flag's text names the other submissions (the gradebook);
+    what the student is told of SAME ANSWERS names none (`Flag.told`). `found`: `identified(paths, course)`."""
+    groups: dict = {}
+    same: dict = {}
+    for path, (nb, exercise) in (identified(paths, course) if found is None else found).items():
         key = student_key(path, exercise)
         groups.setdefault((exercise, *key), []).append(path)
         try:
@@ -401,19 +456,44 @@ def duplicates(paths: list[Path], course: Course) -> dict[Path, str]:
         if len(group) > 1:
             for path in group:
                 others = ", ".join(str(p) for p in group if p != path)
-                flags[path] = [f"DUPLICATE: the same student's {exercise} is also in {others}"]
+                flags[path] = [Flag(f"DUPLICATE: the same student's {exercise} is also in {others}")]
     for (exercise, _), group in same.items():
         if len({key for key, _ in group}) > 1:
             for key, path in group:
                 others = ", ".join(str(p) for k, p in group if k != key)
-                flags.setdefault(path, []).append(f"SAME ANSWERS: the answer cells of {others} are the same")
-    return {path: "; ".join(f) for path, f in flags.items()}
+                flags.setdefault(path, []).append(Flag(f"SAME ANSWERS: the answer cells of {others} are the same",
+                                                       SAME_ANSWERS_TOLD))
+    return {path: Flag("; ".join(f), "; ".join(map(told, f))) for path, f in flags.items()}
+
+
+# ---------------------------------------------------------------- what an exercise needs before any submission runs
+def _measure_layouts() -> None:
+    from par.course.grading import exercise_layout
+    exercise_layout.measured()
+
+
+BEFORE_GRADING = {"07_layout": _measure_layouts}    # exercise -> done once per grading process, before any kernel
+
+
+def prepare(names: set[str], progress=print) -> None:
+    """BEFORE_GRADING of each exercise in `names`, before any submission's kernel starts (07's part 4 ranks every
+    student on layouts measured while nothing of a student's runs). One that fails is printed; the exercise's
+    checks then ask again, and fail with its error."""
+    for name in sorted(set(names) & set(BEFORE_GRADING)):
+        if progress:
+            progress(f"preparing {name} before any submission runs ...", flush=True)
+        try:
+            BEFORE_GRADING[name]()
+        except Exception as e:
+            if progress:
+                progress(f"note: preparing {name} failed ({one_line(e)}); its checks will try again", flush=True)
 
 
 def grade_many(paths: list[Path], course: Course, timeout: float = TIMEOUT, cell_timeout: float = CELL_TIMEOUT,
                jobs: int = 1, progress=print, on_done=None) -> list[Grade]:
-    """Grade every path (`jobs` at a time); the result is in the order of `paths`. `on_done(grade)` is called
-    (under a lock) as each submission finishes: the report writes its row there, so a killed batch keeps it."""
+    """Grade every path (`jobs` at a time); the result is in the order of `paths`. Before the first submission
+    runs, `prepare` does what the exercises found need. `on_done(grade)` is called (under a lock) as each
+    submission finishes: the report writes its row there, so a killed batch keeps it."""
     import shutil
     import tempfile
     from par.course.grading import sandbox
@@ -422,8 +502,10 @@ def grade_many(paths: list[Path], course: Course, timeout: float = TIMEOUT, cell
         from par.runtime.dist import physical_cores
         env["OMP_NUM_THREADS"] = str(max(1, physical_cores() // jobs))
     lock, done = threading.Lock(), [0]
-    flags = duplicates(paths, course)
+    found = identified(paths, course)
+    flags = duplicates(paths, course, found)
     sandbox.sweep()     # the work folders of a grader killed earlier, and any process it left in them
+    prepare({exercise for _, exercise in found.values()}, progress)
     package = sandbox.package_copy(Path(tempfile.mkdtemp(prefix=f"{sandbox.PREFIX}{os.getpid()}-pkg-"))) if sandbox.available() else None
 
     def one(path):

@@ -6,7 +6,12 @@
     class_summary(grades)                 statuses counted, mean per exercise
 
 A `grade` here is a `par.course.grading.grade.Grade`, a `course` its `Course` (only their fields are read).
-Feedback never shows a hidden check's lines (`scrub`).
+
+The gradebook is the instructor's, the feedback the student's. No cell of the gradebook reads as a formula in a
+spreadsheet: a cell whose text starts with = + - @, a tab or a carriage return (OWASP's list for CSV injection),
+or with the quote itself, gets a leading `'` (`escaped`), which `unescaped` removes when `--resume` reads the rows
+back. Feedback never shows a hidden check's lines (`scrub`) nor the name of another student's submission: of a
+flag it shows `Flag.told`.
 """
 from __future__ import annotations
 
@@ -18,10 +23,42 @@ from pathlib import Path
 COLUMNS = ["submission", "exercise", "points", "max_points", "percent", "status", "failed_checks", "reason",
            "seconds"]
 STATUSES = ("ok", "failed", "timeout", "error")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "'")   # what a spreadsheet may read as a formula, and the escape
 
 
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def escaped(text) -> str:
+    """The gradebook cell of `text`: with a leading `'` when it starts with one of FORMULA_START."""
+    text = str(text)
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
+def unescaped(cell: str) -> str:
+    """The text of a gradebook cell written by `escaped`."""
+    return cell[1:] if cell.startswith("'") and cell[1:].startswith(FORMULA_START) else cell
+
+
+def _write_row(writer: csv.DictWriter, row: dict) -> None:
+    writer.writerow({k: escaped(row.get(k, "")) for k in COLUMNS})
+
+
+class Flag(str):
+    """A flag on a submission (a duplicate, the same answers as another student's): the text is what the gradebook
+    says; `told` is what the student's feedback says, which names no other student's submission."""
+    told: str
+
+    def __new__(cls, text: str, told: str | None = None):
+        flag = super().__new__(cls, text)
+        flag.told = text if told is None else told
+        return flag
+
+
+def told(flag: str) -> str:
+    """What the student reads of `flag` (a plain string, such as `unsandboxed`, as it is)."""
+    return flag.told if isinstance(flag, Flag) else flag
 
 
 def write_report(grades: list, path: Path, earlier: list[dict] = ()) -> None:
@@ -36,22 +73,24 @@ def write_report(grades: list, path: Path, earlier: list[dict] = ()) -> None:
     writer = csv.DictWriter(f, fieldnames=COLUMNS)
     writer.writeheader()
     for row in earlier:
-        writer.writerow({k: row.get(k, "") for k in COLUMNS})
+        _write_row(writer, row)
     for g in grades:
-        writer.writerow(g.row())
+        _write_row(writer, g.row())
     write_atomic(path, f.getvalue())
 
 
 class RowWriter:
     """Appends one row per finished submission to the report, flushed to disk at once (a killed batch keeps
-    every row written); with `resume`, the rows already in the file stay and their submissions are skipped."""
+    every row written); with `resume`, the rows already in the file stay (read back `unescaped`) and `done`
+    holds their submissions, to be skipped."""
 
     def __init__(self, path: Path, resume: bool = False):
         self.path = Path(path)
         self.earlier: list[dict] = []
         if resume and self.path.exists():
             with open(self.path, newline="", encoding="utf-8") as f:
-                self.earlier = [r for r in csv.DictReader(f) if r.get("submission")]
+                self.earlier = [{k: unescaped(v or "") for k, v in r.items() if k in COLUMNS}
+                                for r in csv.DictReader(f) if r.get("submission")]
         self.done = {r["submission"] for r in self.earlier}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_report([], self.path, self.earlier)
@@ -59,7 +98,7 @@ class RowWriter:
         self.writer = csv.DictWriter(self.file, fieldnames=COLUMNS)
 
     def __call__(self, g) -> None:
-        self.writer.writerow(g.row())
+        _write_row(self.writer, g.row())
         self.file.flush()
         os.fsync(self.file.fileno())
 
@@ -73,7 +112,7 @@ def write_feedback(grades: list, course, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for g in grades:
         name = re.sub(r"[^\w.-]+", "__", str(Path(g.submission)).lstrip("./")) + ".txt"
-        (folder / name).write_text(format_grade(g, course) + "\n", encoding="utf-8")
+        (folder / name).write_text(format_grade(g, course, student=True) + "\n", encoding="utf-8")
 
 
 def hidden_lines(course) -> list[str]:
@@ -102,23 +141,26 @@ def describe(course) -> str:
             f"grade: your instructor grades with their own copy of the checks, hidden checks included.")
 
 
-def format_grade(g, course, tracebacks: bool = True) -> str:
-    """The report a student reads for one notebook."""
+def format_grade(g, course, tracebacks: bool = True, student: bool = False) -> str:
+    """The report of one notebook: the instructor's, or (`student`) what the student reads, in which every error,
+    note and flag is what the student is told (`told`): no other student's submission, no message of an error
+    after a check with hidden cases. Neither shows a hidden check's lines."""
+    say = told if student else str
     lines = [f"{g.submission}: exercise {g.exercise or '?'} ({describe(course)})"]
     width = max([len(c.id) for c in g.checks] + [10])
     for c in g.checks:
         mark = "PASS" if c.passed else "FAIL"
         lines.append(f"  {mark}  {c.id:<{width}}  {_num(c.points if c.passed else 0)}/{_num(c.points)}"
-                     + ("" if c.passed else f"   {c.error}"))
-        if not c.passed and tracebacks and c.traceback:
-            lines += ["        " + t for t in c.traceback.splitlines()[-8:]]
+                     + ("" if c.passed else f"   {say(c.error)}"))
+        if not c.passed and tracebacks and say(c.traceback):
+            lines += ["        " + t for t in say(c.traceback).splitlines()[-8:]]
     for note in g.notes:
-        lines.append(f"  note: {note}")
+        lines.append(f"  note: {say(note)}")
     pct = 100 * g.points / g.max_points if g.max_points else 0.0
     for flag in g.flags:
-        lines.append(f"  flag: {flag}")
+        lines.append(f"  flag: {say(flag)}")
     lines.append(f"{Path(g.submission).name}: {_num(g.points)}/{_num(g.max_points)} points ({pct:.0f}%), "
-                 f"status {g.status}{': ' + g.reason if g.status in ('timeout', 'error') else ''} "
+                 f"status {g.status}{': ' + say(g.reason) if g.status in ('timeout', 'error') else ''} "
                  f"[{g.seconds:.0f} s]")
     return scrub("\n".join(lines), course)
 
