@@ -1,12 +1,14 @@
 """The parallelism planner: pure predictions checked against par.memory.accounting, par.pp.partition and measurements."""
 from dataclasses import replace
 
+import math
+
 import pytest
 from tiers import slow
 import torch
 
 from par.memory import accounting as memory
-from par.pp import partition
+from par.pp import partition, schedules, sim
 from par.model import GPTConfig, build, lm_loss, preset
 from par.train.planner import HARDWARE, Hardware, Workload, enumerate_plans, format_plans, group_bandwidth, \
     largest_model, layouts, predict, rank_plans, stage_params
@@ -58,8 +60,8 @@ def test_activation_prediction_vs_measured_autograd(name, batch):
 
 
 def test_time_parts_follow_their_formulas():
-    base = predict(GPT3S, 2, 4, 2, 1, 8)
-    assert base.time["bubble"] == pytest.approx(base.time["compute"] * 3 / 8)
+    base = predict(GPT3S, 2, 4, 2, 1, 8)      # the bubble idles the whole critical path of a micro-batch
+    assert base.time["bubble"] == pytest.approx((base.time["compute"] + base.time["tp"] + base.time["pp"]) * 3 / 8)
     more = predict(GPT3S, 2, 4, 2, 1, 16)
     assert more.time["bubble"] < base.time["bubble"] and more.micro_batch == base.micro_batch // 2
     z1, z3 = predict(GPT3S, 16, 1, 1, 1, 1), predict(GPT3S, 16, 1, 1, 3, 1)
@@ -80,7 +82,7 @@ def test_bandwidth_depends_on_whether_the_group_stays_on_a_node():
 
 @pytest.mark.parametrize("args,reason", [
     ((1, 1, 5, 0, 1), "tp 5 does not divide"),
-    ((2, 2, 2, 3, 4), "ZeRO-3 with pp/tp > 1"),
+    ((2, 2, 2, 3, 4), "ZeRO-3 with pp/tp > 1: par.train.job runs ZeRO-2/3 with pp = tp = 1 only"),
     ((8, 1, 1, 0, 128), "not divisible by dp 8 × m 128"),
     ((8, 1, 1, 0, 1), None),
 ])
@@ -268,7 +270,8 @@ def test_the_planner_knows_the_zero_bubble_schedules():
     from par.train import planner
     from par.model import preset
     w = planner.Workload(preset("gpt3-small"), 64)
-    plans = {s: planner.predict(w, 1, 4, 2, 1, 8, schedule=s) for s in planner.PIPELINE_SCHEDULES}
+    free = replace(planner.HARDWARE["cpu"], bw_node=1e30, bw_network=1e30)     # F = I = W: nothing but compute
+    plans = {s: planner.predict(w, 1, 4, 2, 1, 8, free, schedule=s) for s in ("1f1b", "zb_h1", "zb_v")}
     ratio = {s: p.time["bubble"] / p.time["compute"] for s, p in plans.items()}
     assert ratio["1f1b"] == pytest.approx(3 / 8) and ratio["zb_h1"] == pytest.approx(3 / 24)
     assert ratio["zb_v"] == pytest.approx(3 / 48)
@@ -279,3 +282,189 @@ def test_the_planner_knows_the_zero_bubble_schedules():
     assert not planner.predict(w, 1, 4, 2, 1, 8, schedule="zb_x").valid
     # where no closed form holds (ZB-V below m = 2p - 1) the simulator answers
     assert planner.pipeline_bubble("zb_v", 4, 4) > planner.pipeline_bubble("zb_v", 4, 8) > 0
+
+
+# ---------------------------------------------------------------- the cost model (par.train.cost)
+from par.train import cost  # noqa: E402
+
+
+@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3), ("zb_h1", 1),
+                                    ("zb_v", 1)])
+@pytest.mark.parametrize("p,m", [(2, 4), (3, 6), (4, 8), (4, 12)])
+def test_pipeline_closed_forms_are_the_simulator_with_these_costs(name, v, p, m):
+    """m·(f + b)·(1 + r) is the makespan `par.pp.sim` replays: GPipe, 1F1B and interleaved for any f, b (a chunk
+    costs 1/v of a stage); ZB-H1 when w = f; ZB-V when F = I = W."""
+    f, i, w = {"zb_h1": (1.3, 1.6, 1.3), "zb_v": (1.0, 1.0, 1.0)}.get(name, (1.3, 1.45, 1.45))
+    sched = schedules.make(name, p, m, v)
+    k = sched.virtual
+    timeline = sim.simulate(sched, forward=f / k, backward=(i + w) / k, backward_input=i / k, backward_weight=w / k)
+    assert timeline.makespan == pytest.approx(m * (f + i + w) * (1 + cost.pipeline_bubble(name, p, m, v, f, i, w)))
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb_h1"])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 16)])
+def test_with_a_heavier_last_stage_the_busiest_stage_form_is_an_upper_bound(name, p, m):
+    """The planner feeds the busiest stage's costs to the closed form: the simulator with the real per-stage costs
+    (the last stage also computes the logits) is at most that, and within 15 %."""
+    F, B = [1.0] * (p - 1) + [1.4], [2.0] * (p - 1) + [2.6]
+    got = sim.simulate(schedules.make(name, p, m), forward=F, backward=B).makespan
+    bound = m * (1.4 + 2.6) * (1 + cost.pipeline_bubble(name, p, m, 1, 1.4, 1.3, 1.3))
+    assert 0.85 * bound <= got <= bound
+
+
+def test_interleaving_divides_the_bubble_by_v_and_holds_chunks_of_a_stage():
+    w = Workload(preset("gpt3-small"), 64)
+    free = replace(HARDWARE["cpu"], bw_node=1e30, bw_network=1e30)
+    one = predict(w, 1, 4, 1, 0, 8, free)
+    two = predict(w, 1, 4, 1, 0, 8, free, schedule="interleaved", virtual=2)
+    assert two.valid and two.label.endswith("interleaved v=2")
+    assert two.time["bubble"] / two.time["compute"] == pytest.approx(3 / 16, rel=0.05)      # (p-1)/(v·m), ± the head
+    assert one.time["bubble"] / one.time["compute"] == pytest.approx(3 / 8, rel=0.05)
+    assert two.memory["activations"] > one.memory["activations"]          # more micro-batch chunks in flight
+    assert two.bytes["pp"] == pytest.approx(2 * one.bytes["pp"])          # a send per chunk boundary
+    assert not predict(w, 1, 4, 1, 0, 8, free, virtual=2).valid           # v > 1 needs the interleaved schedule
+
+
+def test_zero3_with_tensor_and_pipeline_parallelism_is_stated_by_the_any_engine():
+    w = Workload(preset("gpt3-small"), 64, engine="any")
+    plan = predict(w, 4, 2, 2, 3, 4)
+    assert plan.valid and plan.memory["params"] == pytest.approx(2 * plan.params_per_device / 4)
+    assert plan.bytes["dp"] == pytest.approx(3 * 4 * 3 / 4 * 2 * plan.params_per_device)  # 3m passes over dp = 4
+    full = predict(replace(w, recompute="full"), 4, 2, 2, 3, 4)            # ZeRO-3 gathers again to recompute
+    assert full.bytes["dp"] == pytest.approx(4 * 4 * 3 / 4 * 2 * plan.params_per_device)
+    assert not predict(replace(w, engine="par"), 4, 2, 2, 3, 4).valid
+
+
+def test_overlap_hides_data_parallel_traffic_up_to_what_backward_leaves():
+    """exposed = max(0, comm - overlappable): DDP's all-reduce behind the last backward, ZeRO-3 behind everything."""
+    hw = HARDWARE["a100-80gb"]
+    w = Workload(preset("gpt3-small"), 64)
+    plain, hidden = predict(w, 16, 1, 1, 0, 1, hw), predict(replace(w, overlap=True), 16, 1, 1, 0, 1, hw)
+    comm = cost.collective_seconds("all_reduce", 16, 2 * plain.params_per_device, hw.link(False))
+    assert plain.time["dp"] == pytest.approx(comm)
+    backward = plain.time["compute"] * 2 / 3                           # backward GEMMs are twice the forward's
+    assert hidden.time["dp"] == pytest.approx(max(0.0, comm - backward), rel=0.05, abs=1e-6)
+    assert hidden.time["total"] < plain.time["total"]
+    slow = replace(hw, bw_network=1e8)                                 # comm far above backward: mostly exposed
+    assert predict(replace(w, overlap=True), 16, 1, 1, 0, 1, slow).time["dp"] > 0.9 * predict(w, 16, 1, 1, 0, 1,
+                                                                                                slow).time["dp"]
+
+
+def test_links_are_alpha_plus_beta_bytes_per_collective():
+    link = cost.Link(bandwidth=1e9, alpha=1e-5)
+    assert cost.collective_seconds("all_reduce", 4, 8e6, link) == pytest.approx(6 * 1e-5 + 2 * 3 / 4 * 8e6 / 1e9)
+    for kind in ("reduce_scatter", "all_gather", "all_to_all"):
+        assert cost.collective_seconds(kind, 4, 8e6, link) == pytest.approx(3 * 1e-5 + 3 / 4 * 8e6 / 1e9)
+    assert cost.collective_seconds("p2p", 2, 8e6, link) == pytest.approx(1e-5 + 8e6 / 1e9)
+    assert cost.collective_seconds("all_reduce", 1, 8e6, link) == 0
+    with pytest.raises(ValueError, match="unknown collective"):
+        cost.collective_seconds("broadcast", 4, 1, link)
+    hw = replace(HARDWARE["cpu"], alpha_node=1e-3)
+    one, slow = predict(GPT3S, 4, 1, 1, 0, 1, HARDWARE["cpu"]), predict(GPT3S, 4, 1, 1, 0, 1, hw)
+    assert slow.time["dp"] - one.time["dp"] == pytest.approx(6 * 1e-3)    # one all-reduce over 4 ranks: 2(n-1) steps
+
+
+def test_the_roofline_rates_gemms_by_shape_and_a_measured_table_replaces_it():
+    c = cost.Compute(peak=100e12, bandwidth=1e12, efficiency=0.5)
+    big, thin = c.gemm_seconds(8192, 8192, 8192), c.gemm_seconds(8192, 8192, 16)
+    assert 2 * 8192 ** 3 / big == pytest.approx(50e12)                    # compute-bound: η·P
+    intensity = 2 * 8192 * 8192 * 16 / (2 * (8192 * 16 * 2 + 8192 * 8192))
+    assert 2 * 8192 * 8192 * 16 / thin == pytest.approx(0.5 * intensity * 1e12)   # memory-bound: η·I·B
+    table = cost.Compute(peak=100e12, table=((10.0, 1e12), (1000.0, 10e12)))
+    assert table.rate(100.0) == pytest.approx(math.sqrt(1e12 * 10e12))     # log-log between the points
+    assert table.rate(1e6) == 10e12 and table.rate(5.0) == pytest.approx(0.5e12)
+    flat = HARDWARE["cpu"].compute
+    assert flat.is_flat and flat.gemm_seconds(100, 100, 100) == pytest.approx(2e6 / HARDWARE["cpu"].flops)
+    with pytest.raises(ValueError, match="efficiency"):
+        cost.Compute(peak=1e12, efficiency=1.5)
+
+
+def test_on_a_flat_rate_single_is_the_step_flops_over_the_rate():
+    """The CPU preset (flat): one process's compute is `step_flops / flops`, what `par.train.suite.calibrated` sets
+    the FLOP/s from; with the roofline the memory-bound work costs time on top."""
+    w = Workload(preset("tiny"), 8, "fp32")
+    plan = predict(w, 1, 1, 1, 0, 1, HARDWARE["cpu"])
+    assert plan.time["compute"] == pytest.approx(planner_step_flops(w) / HARDWARE["cpu"].flops)
+    assert plan.time["total"] == pytest.approx(plan.time["compute"])
+    roof = predict(w, 1, 1, 1, 0, 1, HARDWARE["a100-80gb"])
+    assert roof.time["compute"] > planner_step_flops(w) / HARDWARE["a100-80gb"].compute.rate(math.inf)
+
+
+def planner_step_flops(w):
+    from par.train.planner import step_flops
+    return step_flops(w)
+
+
+def test_recomputation_none_selective_full_in_memory_and_time():
+    hw = HARDWARE["a100-80gb"]
+    w = Workload(preset("gpt3-small"), 32, dropout=True)
+    plans = {r: predict(replace(w, recompute=r), 4, 1, 2, 1, 2, hw) for r in ("none", "selective", "full")}
+    mem = {r: p.memory["activations"] for r, p in plans.items()}
+    comp = {r: p.time["compute"] for r, p in plans.items()}
+    assert mem["none"] > mem["selective"] > mem["full"] and comp["none"] < comp["selective"] < comp["full"]
+    assert plans["full"].time["tp"] == pytest.approx(1.5 * plans["none"].time["tp"])    # 6 all-reduces, not 4
+
+
+def test_activation_formulas_are_korthikanti_et_al():
+    """Table 2 of Korthikanti et al. 2022 (16-bit, dropout): no parallelism sbh(34 + 5as/h); tensor parallel
+    sbh(10 + 24/t + 5as/(ht)); + sequence parallel sbh(34 + 5as/h)/t; + selective recomputation sbh(10 + 24/t)
+    and 34·sbh/t; full recomputation 2·sbh."""
+    s, b, h, a, t = 2048, 4, 12288, 96, 8
+    f = lambda **kw: memory.activation_bytes_per_layer(s, b, h, a, **kw)  # noqa: E731
+    sbh = s * b * h
+    assert f() == sbh * (34 + 5 * a * s / h)
+    assert f(tp=t) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert f(tp=t, sequence_parallel=True) == pytest.approx(sbh * (34 + 5 * a * s / h) / t)
+    assert f(tp=t, recompute="selective") == pytest.approx(sbh * (10 + 24 / t))
+    assert f(tp=t, recompute="selective", sequence_parallel=True) == pytest.approx(34 * sbh / t)
+    assert f(recompute="full") == 2 * sbh
+    flash = f(flash=True, dropout=False)
+    assert flash == 2 * (17 * sbh + a * s * b) and f(flash=True) == flash + 2 * sbh     # + the 2 dropout masks
+    peak = memory.activation_peak_bytes(s, b, h, a, 10, "selective", tp=t)
+    assert peak == pytest.approx(10 * f(tp=t, recompute="selective") + f(tp=t) - f(tp=t, recompute="selective"))
+
+
+def test_deepspeed_states_keep_fp32_gradients_and_the_gathered_layer():
+    psi, n, big = 7.5e9, 64, 1e8
+    ds = lambda stage, **kw: memory.deepspeed_state_bytes(psi, n, stage, big, **kw)  # noqa: E731
+    assert ds(0)["total"] == 20 * psi and ds(1)["total"] == pytest.approx(4 * psi + 16 * psi / n)
+    assert ds(2)["total"] == pytest.approx(2 * psi + 18 * psi / n)
+    assert ds(3)["total"] == pytest.approx(18 * psi / n + 4 * big) and ds(3)["gathered"] == 4 * big
+    off = ds(3, offload_optimizer=True)
+    assert off["total"] == pytest.approx(2 * psi / n + 4 * big) and off["host"] == pytest.approx(16 * psi / n)
+    assert ds(3, offload_optimizer=True, offload_params=True)["total"] == 4 * big
+    assert ds(2, offload_optimizer=True)["total"] == 2 * psi
+    with pytest.raises(ValueError, match="offload"):
+        ds(0, offload_optimizer=True)
+    paper = memory.model_state_bytes(psi, n, 3).total
+    assert ds(3)["total"] - 4 * big == pytest.approx(paper * 18 / 16)     # + the fp32 gradients, - the 16-bit ones
+
+
+@pytest.mark.parametrize("kind", ["ring", "ulysses", "all_gather"])
+def test_context_parallel_kinds_cost_their_own_collectives(kind):
+    w = Workload(preset("gpt3-small"), 8, cp_kind=kind, flash=True)
+    plan = predict(w, 2, 1, 2, 1, 1, HARDWARE["a100-80gb"], cp=2)
+    assert plan.valid and plan.time["cp"] > 0 and plan.bytes["cp"] > 0
+    one = predict(w, 2, 1, 2, 1, 1, HARDWARE["a100-80gb"])
+    assert plan.memory["activations"] == pytest.approx(one.memory["activations"] / 2)
+
+
+def test_bad_settings_are_refused_in_one_line():
+    for kw, text in (({"recompute": "some"}, "recompute 'some'"), ({"states": "mine"}, "states 'mine'"),
+                     ({"cp_kind": "tree"}, "cp_kind 'tree'"), ({"engine": "x"}, "engine 'x'"),
+                     ({"states": "deepspeed", "precision": "fp32"}, "mixed-precision Adam only")):
+        plan = predict(replace(GPT3S, **kw), 8, 1, 1, 0, 1)
+        assert not plan.valid and text in plan.reason and "\n" not in plan.reason
+
+
+def test_a_calibration_on_this_machine_is_data():
+    """Measured GEMMs become a Compute table, measured all-reduces a Link; a Hardware carries both."""
+    samples = [(64, 64, 64, 2 * 64 ** 3 / 1e9), (512, 512, 512, 2 * 512 ** 3 / 4e9), (512, 512, 512, 1.0)]
+    table = cost.gemm_table(samples, e=4)
+    assert [r for _, r in table] == [pytest.approx(1e9), pytest.approx(4e9)]
+    link = cost.fitted_link([(2, 1e6, 2 * 1e-4 + 1e6 / 1e9), (4, 1e6, 6 * 1e-4 + 1.5e6 / 1e9),
+                             (4, 1e7, 6 * 1e-4 + 1.5e7 / 1e9)])
+    assert link.alpha == pytest.approx(1e-4, rel=1e-6) and link.bandwidth == pytest.approx(1e9, rel=1e-6)
+    hw = replace(HARDWARE["cpu"], gemm_table=table, bw_node=link.bandwidth, alpha_node=link.alpha)
+    plan = predict(Workload(preset("tiny"), 8, "fp32"), 2, 1, 1, 0, 1, hw)
+    assert plan.valid and plan.time["compute"] > 0 and plan.time["dp"] > 2 * link.alpha

@@ -22,9 +22,14 @@ mixed precision shown (fp32: 4Ψ weights and 4Ψ grads instead of 2Ψ):
     stage 2 (P_os+g)        2Ψ + (2+K)Ψ/N_d
     stage 3 (P_os+g+p)      (2+2+K)Ψ/N_d
 
+As DeepSpeed keeps them (`deepspeed_state_bytes`, its estimators' formulas): + fp32 gradients 4Ψ (/N_d with
+ZeRO), ZeRO-3's gathered largest layer 4·L and no 16-bit gradient partition: 2Ψ + 18Ψ/N_d for stage 2,
+18Ψ/N_d + 4L for stage 3; offload moves the fp32 and optimizer part (and, for stage 3, the weights) to the host.
+
 Activations of one transformer layer (`activation_bytes_per_layer`, Korthikanti
-et al. 2022): s·b·h·(34 + 5·a·s/h) bytes with 16-bit activations, or 2·s·b·h bytes
-(the layer input) with full recomputation; with tensor + sequence parallelism all of it
+et al. 2022): s·b·h·(34 + 5·a·s/h) bytes with 16-bit activations and dropout, s·b·h·34 with
+selective recomputation (the attention core rebuilt), or 2·s·b·h bytes (the layer input) with
+full recomputation; with flash attention e·(17·sbh + a·s·b); with tensor + sequence parallelism all of it
 divided by t, with ring attention over c ranks e·(17·sbh + a·s·b)/c. At the peak (`activation_peak_bytes`) full
 recomputation holds every layer's input *plus* one layer rebuilt in full during backward:
 L·2·s·b·h + s·b·h·(34 + 5·a·s/h), not L·2·s·b·h alone.
@@ -265,6 +270,49 @@ def zero_table(numel: float, dp: int, precision: str = "mixed", optimizer: str =
              **model_state_bytes(numel, dp, s, precision, optimizer, padded).to_dict()} for s in STAGES]
 
 
+def deepspeed_state_bytes(numel: float, dp: int = 1, stage: int = 0, largest_layer: float = 0.0,
+                          offload_optimizer: bool = False, offload_params: bool = False) -> dict:
+    """Per-GPU and per-GPU-host bytes of model states under ZeRO `stage` as DeepSpeed keeps them, mixed-precision
+    Adam, Ψ = `numel`, N_d = `dp`, L = `largest_layer` (the parameters of the largest module):
+
+        stage 0     2Ψ + 2Ψ + 4Ψ + 12Ψ            16-bit weights and gradients, fp32 gradients, fp32 master + Adam
+        stage 1     2Ψ + 2Ψ + (4 + 12)Ψ/N_d        the fp32 gradients with the optimizer partition
+        stage 2     2Ψ + (2 + 4 + 12)Ψ/N_d         = DeepSpeed's estimate_zero2_model_states_mem_needs, 2Ψ + 18Ψ/N_d
+        stage 3     (2 + 4 + 12)Ψ/N_d + 4L         = estimate_zero3_model_states_mem_needs, 18Ψ/N_d + 4L: the 16-bit
+                                                   gradients live only in the gathered layer's buffer, 16-bit weights
+                                                   and gradients of the largest layer (2L + 2L)
+        offload_optimizer (stages 1-3): the fp32 gradients, master and Adam states (16Ψ/N_d) and the 16-bit
+                    gradient partition of stages 2-3 go to the host; stage 2 keeps 2Ψ on the GPU, stage 3 2Ψ/N_d + 4L
+        offload_params (stage 3, with the optimizer): the 16-bit weight partition too; the GPU keeps 4L
+
+    Returns {"params", "grads", "fp32_grads", "optimizer", "gathered", "total", "host"} (host: what one GPU's
+    states take in CPU memory; DeepSpeed's estimator multiplies it by gpus_per_node and a buffer factor 1.5).
+    The ZeRO paper's count (`model_state_bytes`) has no fp32 gradients and no gathered buffer."""
+    if stage not in STAGES:
+        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}")
+    if dp < 1 or int(dp) != dp or numel < 0 or largest_layer < 0:
+        raise ValueError(f"need dp >= 1 (an integer), numel >= 0, largest_layer >= 0: "
+                         f"got {dp}, {numel}, {largest_layer}")
+    if (offload_optimizer and stage == 0) or (offload_params and (stage != 3 or not offload_optimizer)):
+        raise ValueError("offload needs ZeRO >= 1, and parameter offload ZeRO-3 with the optimizer offloaded")
+    shard = numel / dp
+    params = 2 * (shard if stage == 3 else numel)
+    grads = 2 * (numel if stage <= 1 else shard) if stage < 3 else 0.0
+    fp32_grads = 4 * (numel if stage == 0 else shard)
+    optimizer = 12 * (numel if stage == 0 else shard)
+    gathered = 4 * largest_layer if stage == 3 else 0.0
+    host = 0.0
+    if offload_optimizer:
+        host, fp32_grads, optimizer = fp32_grads + optimizer, 0.0, 0.0
+        if stage >= 2:
+            host, grads = host + grads, 0.0
+    if offload_params:
+        host, params = host + params, 0.0
+    total = params + grads + fp32_grads + optimizer + gathered
+    return {"params": params, "grads": grads, "fp32_grads": fp32_grads, "optimizer": optimizer, "gathered": gathered,
+            "total": total, "host": host}
+
+
 def format_bytes(n: float | None) -> str:
     """Human units with 1e9 = GB (as the ZeRO paper counts): '31.41 GB', '12.50 MB', '512 B'."""
     if n is None:
@@ -303,9 +351,9 @@ def activation_bytes_per_layer(seq: int, batch: int, d_model: int, n_heads: int,
                                bytes_per_value: int = 2, dropout: bool = True, tp: int = 1,
                                partitioned: bool = False, sequence_parallel: bool = False, cp: int = 1,
                                flash: bool = False) -> float:
-    """Bytes of activations one transformer layer keeps for backward (Korthikanti et al. 2022,
-    no sequence parallelism). s = seq, b = batch, h = d_model, a = n_heads, e = bytes_per_value,
-    t = tp (the tensor-parallel degree).
+    """Bytes of activations one transformer layer keeps for backward (Korthikanti et al. 2022, "Reducing
+    Activation Recomputation in Large Transformer Models"). s = seq, b = batch, h = d_model, a = n_heads,
+    e = bytes_per_value, t = tp (the tensor-parallel degree).
 
     recompute="none", dropout=True (the paper's layer):
         e·(16·sbh + 2·as²b) + dropout masks of 1 byte (sbh + sbh + as²b);
@@ -316,68 +364,80 @@ def activation_bytes_per_layer(seq: int, batch: int, d_model: int, n_heads: int,
     tp = t > 1: the LayerNorm inputs and outputs (4·sbh values) and the two dropout masks after the
         row-parallel layers (2·sbh bytes) are replicated on every rank, the rest is split by heads or
         columns:  e·(4 + 12/t)·sbh + 2·sbh + (2e + 1)·as²b/t  (paper: sbh·(10 + 24/t + 5as/(ht))).
+    recompute="selective" (the paper's selective recomputation: the attention core, softmax and its dropout,
+        is recomputed in backward): the same without the as²b terms, e·(4 + 12/t)·sbh + 2·sbh with dropout
+        (paper: sbh·(10 + 24/t); 34·sbh on one device).
     recompute="full": only the layer input is kept, e·sbh (= 2·sbh for 16-bit), replicated on the t
         ranks, or e·sbh/t when `partitioned` (ZeRO-R: each rank keeps a 1/t slice and they all-gather
         it before recomputing). The rest is rebuilt during backward at the cost of one more forward.
     sequence_parallel=True (Megatron SP on TP, `par.tp.sequence`): the LayerNorm/dropout regions
-        are split along the sequence too, so everything is divided by t: s·b·h·(34 + 5as/h) / t.
-    flash=True (scores never kept, `par.cp.ring_attention.flash_attention`, no dropout): the as²b score
-        matrix is replaced by one log-sum-exp per row, and the attention keeps its own output beside the
-        projection's input: e·(17·sbh + a·s·b) on one device; with tp = t, e·(4 + 13/t)·sbh + e·a·s·b/t;
-        with sequence parallelism, all of it / t. The s² term is the attention kernel's, not a parallelism's.
-    cp = c > 1 (ring attention `par.cp.ring_attention` or Ulysses `par.cp.ulysses`, no dropout, t = 1):
-        every per-token tensor is divided by c and the scores are never kept: the flash form / c,
-        e·(17·sbh + a·s·b) / c.
+        are split along the sequence too, so everything is divided by t: s·b·h·(34 + 5as/h) / t
+        (selective: 34·sbh/t).
+    flash=True (scores never kept, `par.cp.ring_attention.flash_attention`): the as²b score matrix is replaced
+        by one log-sum-exp per row, and the attention keeps its own output beside the projection's input:
+        e·(17·sbh + a·s·b) on one device; with tp = t, e·(4 + 13/t)·sbh + e·a·s·b/t; with sequence parallelism,
+        all of it / t; dropout adds its two 1-byte masks after the row-parallel layers, 2·sbh (/t with sequence
+        parallelism; the attention's own dropout is regenerated from its seed). Selective recomputation keeps
+        the same (flash already recomputes the core). The s² term is the attention kernel's, not a parallelism's.
+    cp = c > 1 (ring attention `par.cp.ring_attention` or Ulysses `par.cp.ulysses`, no dropout): every per-token
+        tensor is divided by c and the scores are never kept: the flash form of the same layer / c
+        (e·(17·sbh + a·s·b)/c on one device); full recomputation e·sbh/c.
     """
     s, b, h, a, e, t = seq, batch, d_model, n_heads, bytes_per_value, tp
     if t < 1 or int(t) != t:
         raise ValueError(f"the tensor-parallel degree must be a positive integer, got {tp}")
     if cp < 1 or int(cp) != cp:
         raise ValueError(f"the context-parallel degree must be a positive integer, got {cp}")
+    if recompute not in ("none", "selective", "full"):
+        raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
     if cp > 1:
-        if t > 1 or dropout or recompute != "none":
-            raise ValueError("the context-parallel formula covers tp=1, dropout=False, recompute='none' only")
-        return activation_bytes_per_layer(s, b, h, a, "none", e, False, flash=True) / cp
+        if dropout:
+            raise ValueError("the context-parallel formula covers dropout=False only (par's ring attention and "
+                             "Ulysses have none)")
+        return activation_bytes_per_layer(s, b, h, a, recompute, e, False, t, partitioned, sequence_parallel,
+                                          flash=True) / cp
+    if recompute == "full":
+        return e * s * b * h / (t if partitioned or sequence_parallel else 1)
     if flash:
-        if dropout or recompute != "none":
-            raise ValueError("the flash-attention formula covers dropout=False, recompute='none' only")
-        return e * (17 * s * b * h + a * s * b) / t if sequence_parallel or t == 1 else \
-            e * (4 + 13 / t) * s * b * h + e * a * s * b / t
+        masks = 2 * s * b * h if dropout else 0
+        if sequence_parallel or t == 1:
+            return (e * (17 * s * b * h + a * s * b) + masks) / t
+        return e * (4 + 13 / t) * s * b * h + e * a * s * b / t + masks
     if sequence_parallel:
         return activation_bytes_per_layer(s, b, h, a, recompute, e, dropout) / t
-    if recompute == "full":
-        return e * s * b * h / (t if partitioned else 1)
-    if recompute != "none":
-        raise ValueError(f"recompute must be 'none' or 'full', got {recompute!r}")
+    scores = 0 if recompute == "selective" else 1
     if t == 1:   # the single-device form, exactly as the paper writes it
         if not dropout:
-            return e * (16 * s * b * h + a * s * s * b)
-        return e * (16 * s * b * h + 2 * a * s * s * b) + (2 * s * b * h + a * s * s * b)
+            return e * (16 * s * b * h + scores * a * s * s * b)
+        return e * (16 * s * b * h + scores * 2 * a * s * s * b) + (2 * s * b * h + scores * a * s * s * b)
     if not dropout:
-        return e * (4 + 12 / t) * s * b * h + e * a * s * s * b / t
-    return e * (4 + 12 / t) * s * b * h + 2 * s * b * h + (2 * e + 1) * a * s * s * b / t
+        return e * (4 + 12 / t) * s * b * h + scores * e * a * s * s * b / t
+    return e * (4 + 12 / t) * s * b * h + 2 * s * b * h + scores * (2 * e + 1) * a * s * s * b / t
 
 
 def activation_peak_bytes(seq: int, batch: int, d_model: int, n_heads: int, layers: int, recompute: str = "none",
                           bytes_per_value: int = 2, dropout: bool = True, tp: int = 1, partitioned: bool = False,
-                          in_flight: int = 1) -> float:
+                          in_flight: float = 1, flash: bool = False, sequence_parallel: bool = False,
+                          cp: int = 1) -> float:
     """Activation bytes of `layers` transformer layers at their peak, the start of the backward pass, with
     `in_flight` micro-batches whose backward has not run yet (1 without pipelining); A = one layer's
-    `activation_bytes_per_layer` without recomputation:
+    `activation_bytes_per_layer` without recomputation, K = with it:
 
-        recompute="none":  in_flight · L · A
-        recompute="full":  in_flight · L · e·sbh  (/t when partitioned)  +  A
+        recompute="none":       in_flight · L · A
+        recompute="selective":  in_flight · L · K  +  (A - K)     (one layer's attention core rebuilt)
+        recompute="full":       in_flight · L · K  +  A           (K = e·sbh, /t when partitioned)
 
-    Full recomputation does not bring the peak down to the layer inputs alone: during backward each
-    layer is run forward again and its activations, A, live until that layer's backward is done, one
-    layer at a time. (Embedding, final norm and logits are not included.)
+    Recomputation does not bring the peak down to what is kept alone: during backward each layer is run
+    forward again and its activations, A, live until that layer's backward is done, one layer at a time.
+    (Embedding, final norm and logits are not included.)
     """
-    full = activation_bytes_per_layer(seq, batch, d_model, n_heads, "none", bytes_per_value, dropout, tp)
+    kw = dict(bytes_per_value=bytes_per_value, dropout=dropout, tp=tp, sequence_parallel=sequence_parallel, cp=cp,
+              flash=flash)
+    full = activation_bytes_per_layer(seq, batch, d_model, n_heads, "none", **kw)
     if recompute == "none":
         return in_flight * layers * full
-    kept = activation_bytes_per_layer(seq, batch, d_model, n_heads, recompute, bytes_per_value, dropout, tp,
-                                      partitioned)
-    return in_flight * layers * kept + (full if layers else 0)
+    kept = activation_bytes_per_layer(seq, batch, d_model, n_heads, recompute, partitioned=partitioned, **kw)
+    return in_flight * layers * kept + ((full if recompute == "full" else full - kept) if layers else 0)
 
 
 def activation_bytes(cfg, batch: int, seq: int | None = None, recompute: str = "none",

@@ -1,99 +1,221 @@
-"""The parallelism planner: which (dp, pp, tp, ZeRO stage, micro-batches) layout for this model and cluster?
+"""The parallelism planner: which (dp, pp, tp, cp, ZeRO stage, micro-batches, schedule) layout for this model and
+cluster?
 
-3D parallelism is a resource-allocation problem. For every layout of a world of N devices
-(dp · pp · tp = N) the planner predicts, with pure formulas:
+3D parallelism is a resource-allocation problem. For every layout of a world of N devices (dp · pp · tp · cp = N)
+the planner predicts, with pure formulas, the memory per device and the step time. Its seconds all come from one
+cost model, `par.train.cost` (a roofline per device, α + β·bytes per link and collective, overlap, the pipelines'
+bubbles); its bytes from `par.memory.accounting`.
 
 memory per device (bytes)
-    Ψ_dev      parameters on the busiest device: the layer list [embedding, L blocks, head] with each
-               block's matrices split over tp (`par.memory.accounting.gpt_block_params`, its LayerNorms and
-               row-parallel biases replicated, as `par.tp.layers` holds them), cut into pp stages
-               with the balanced partition of `par.pp.partition` (the largest stage)
-    states     `par.memory.accounting.model_state_bytes(Ψ_dev, dp, stage, precision, optimizer)`; with offload the
-               optimizer part (fp32 masters + moments) lives on the host instead
-    activations  per micro-batch and layer `par.memory.accounting.activation_bytes_per_layer` (no dropout) / tp,
-               times the layers of a stage, times the micro-batches in flight on the busiest rank, read off
-               the schedule itself (`pipeline_in_flight`: 1F1B and ZB-H1 min(pp, m), ZB-V 2·min(pp, m) chunks of
-               half a stage; no pipeline: 1), plus the logits of one micro-batch (2·b·s·V values): on every
-               schedule the last stage runs a micro-batch's backward right after its forward, so one
-               micro-batch's logits are alive at a time (added to the busiest stage: with a pipeline an
-               over-count by those logits, since the first stage holds none). What ZB keeps from I to W
-               (the dL/dy of each layer) is not counted.
-               Dividing by tp is an approximation: layer norms and the block input stay replicated.
-               Full recomputation keeps each layer's input (2·s·b·h in 16 bits) per micro-batch in flight,
-               plus one layer rebuilt in full during backward: the peak is not L·2·s·b·h alone.
+    Ψ_dev      parameters on the busiest device: the layer list [embedding, L blocks, head] with each block's matrices
+               split over tp (`par.memory.accounting.gpt_block_params`, its LayerNorms and row-parallel biases
+               replicated, as `par.tp.layers` holds them; embedding and head split too with `vocab_parallel`), cut into
+               pp stages (×v chunks interleaved) with the balanced partition of `par.pp.partition` or, with
+               partition="uniform", equal blocks per stage (Megatron-LM); the busiest rank's sum
+    states     states="paper": `par.memory.accounting.model_state_bytes(Ψ_dev, dp·cp, stage, precision, optimizer)`
+               (the ZeRO paper's count); states="deepspeed": `deepspeed_state_bytes` (DeepSpeed's, and Megatron-LM's
+               fp16 optimizer's: + the fp32 gradients 4Ψ (/N_d with ZeRO), ZeRO-3's gathered largest layer
+               4·L_max, the 16-bit gradients of ZeRO-3 only in that buffer). With offload the optimizer part (fp32 masters, moments,
+               fp32 gradients) lives on the host; with offload_params (ZeRO-3) the 16-bit weights too
+    activations  `par.memory.accounting.activation_peak_bytes` (Korthikanti et al. 2022: 34·sbh + 5·as²b per layer
+               with dropout, its flash, selective, full and sequence-parallel forms) for the busiest rank's blocks and
+               the micro-batches in flight on it, read off the schedule itself (`par.train.cost.in_flight`: 1F1B and
+               ZB-H1 min(pp, m), ZB-V 2·min(pp, m) chunks of half a stage, interleaved v chunks of 1/v), divided by
+               cp (exact with flash attention; without it an upper bound, ring attention never keeps the scores),
+               plus the logits of one micro-batch (2·b·s·V values, V/tp when vocab-parallel): the last stage runs a
+               micro-batch's backward right after its forward (added to the busiest stage: with a pipeline an
+               over-count by those logits, since the first stage holds none). What ZB keeps from I to W is not counted.
+               Recomputation keeps each layer's input (full) or all but the attention core (selective), plus one
+               layer rebuilt during backward.
 
-step time (seconds), with nothing overlapped (an upper bound):
-    compute    (6·N_mm + 12·L·s·d)·B·s FLOPs / (N · achieved FLOP/s)    (forward 1/3, backward 2/3; N_mm the
-               weights that multiply activations, `par.mfu.flops_per_token`)
-    bubble     compute · φ/(1-φ), φ the schedule's idle fraction with equal costs (`pipeline_bubble`):
-               1F1B (p-1)/m of compute, ZB-H1 (p-1)/(3m), ZB-V (p-1)/(6m) (lecture 03b)
-    dp         gradients (`zero_bytes_per_step`): c·(dp-1)/dp · g·Ψ_dev bytes / bandwidth of the dp group, c = 2 for
-               ZeRO-0/1 (all-reduce, or reduce-scatter + all-gather, once per step), m + 1 for ZeRO-2
-               (a reduce-scatter per micro-batch, one all-gather) and 3m for ZeRO-3 (gather twice and
-               reduce-scatter once per micro-batch): sharded gradients cost bytes under accumulation
-    tp         4 all-reduces per layer and micro-batch: 4·L_stage·m · 2(tp-1)/tp · b·s·d·e / bandwidth
-    pp         one activation forward, one gradient back per micro-batch: 2·m·b·s·d·e / bandwidth
-               (a middle stage; per device on average 2·m·b·s·d·e·(pp-1)/pp bytes are sent)
-    The bytes of dp, tp and pp per device and step are returned in `Plan.bytes`.
+step time (seconds), `par.train.cost`:
+    compute    per micro-batch and block on one rank, `cost.layer_seconds`: every GEMM (QKV, scores, values,
+               projection, MLP in and out; the logits on the last stage) at its roofline rate, plus the memory-bound
+               ops' bytes at the memory bandwidth; backward twice the forward; recomputation adds a forward (full) or
+               the attention core (selective). On the busiest rank, × m micro-batches.
+    tp         per block and micro-batch 2 all-reduces of e·b·s·d/cp bytes forward, 2 backward, 2 more with full
+               recomputation (reduce-scatter + all-gather with sequence parallelism: the same bytes), on the
+               critical path
+    cp         per block and micro-batch: ring attention's K, V around the cp ring (`ring_attention_bytes_even`,
+               cp-1 steps), Ulysses' 4 all-to-alls each way, or (cp_kind="all_gather", Llama 3) an all-gather of K, V
+               forward and a reduce-scatter of their gradients backward; on the critical path
+    pp         one activation forward, one gradient back per micro-batch and chunk: e·b·s·d/cp bytes (/tp with
+               Megatron's scatter/gather or sequence parallelism), v of them with v chunks interleaved
+    bubble     m·(f + b)·r, r the schedule's bubble over compute for the busiest rank's per-micro-batch costs
+               (`cost.pipeline_bubble`: 1F1B (p-1)/m, interleaved (p-1)/(v·m), ZB-H1 and ZB-V theirs)
+    dp         the gradients over the dp·cp ranks (`zero_bytes_per_step`, + one more gather per micro-batch for
+               ZeRO-3 with full recomputation): ZeRO-0/1 one all-reduce, ZeRO-2 a reduce-scatter per micro-batch and
+               one all-gather, ZeRO-3 two all-gathers and a reduce-scatter per micro-batch; with overlap (bucketed
+               DDP, ZeRO-3 prefetch) hidden behind backward up to what it leaves, `cost.exposed`: ZeRO-0/1 behind the
+               last micro-batch's backward, ZeRO-2's reduce-scatters behind every backward, ZeRO-3 behind every
+               forward and backward
+    optimizer  the step's bytes (`cost.optimizer_bytes_per_param` × the partition) at the memory bandwidth
     offload    gradient partition down, parameters up, over the host link (`par.zero.offload`)
+    A group's link is the node's (NVLink) when its ranks fit in one node under the grid's layout
+    rank = t + tp·(d + dp·s) (`par.runtime.grid`; cp beside tp), the network's otherwise; every link α + β·bytes.
+    The bytes of dp, tp, pp and cp per device and step are returned in `Plan.bytes`.
 
-A group's bandwidth is the node's (NVLink) when its ranks fit in one node under the grid's
-layout rank = t + tp·(d + dp·s) (`par.runtime.grid`), the network's otherwise.
+A `Hardware` is a device and its links: its compute is a roofline (peak, hbm, efficiency η, launch, a measured
+gemm_table) or, with peak = 0, one flat FLOP/s for every GEMM (`flops`). HARDWARE["a100-80gb"], ["h100-80gb"] and
+["h200-141gb"] are the datasheet rooflines of `par.train.cost.GPUS` with η calibrated on one published run each
+(`calibrate`); "cpu" and "v100-32gb" stay flat (`par.train.suite.calibrated` sets the CPU's from a measured step).
 
-`enumerate_plans` lists every layout, valid or not (with the reason), `rank_plans` puts the
-ones that fit first, fastest first; `largest_model` grows a model's width until it no longer fits.
+Measured against published runs (`published_error()`, par/train/published_runs.json, tests/test_published_runs.py;
+TFLOP/s per GPU as each paper counts them, predicted / published − 1), η calibrated on one run per GPU type only:
+    Megatron-LM SC21 Table 1, A100 (η = 0.717 from the 1.7B row, 137.0 / 137):
+        3.6B +1.6%   7.5B +4.0%   18.4B +6.9%   39.1B +1.9%   76.1B +10.4%
+        145.6B +5.8%   310.1B +8.4%   529.6B +6.9%   1008.0B +2.0%
+        predicted 137 → 166 as the model grows, published 137 → 163 (rank correlation held >= 0.8)
+    Megatron-LM SC21 Table 2: PTD-P rows +2.8% to +7.8%; ZeRO-3 rows +6.2% to +51.0% (the planner hides ZeRO-3's
+        gathers behind compute up to what compute leaves; at 384 and 640 GPUs, micro-batch 4, the paper measured
+        far less hidden: +41.1%, +51.0%)
+    Megatron-LM SC21 Figure 13 (162B on 64 A100s, (p, t) from (2, 32) to (32, 2)): (8, 8) ranked first at
+        both batch sizes, as published
+    Llama 3 405B Table 4, H100 (η = 0.638 from row 1, 430 / 430): 16K GPUs DP128 -10.3%, CP16 at 131k tokens -0.4%
+    memory: the ZeRO paper's Tables 1-2 to their printed digits, its bold cells where the states first fit 32 GB;
+        DeepSpeed's estimate_zero2/3_model_states_mem_needs exactly (states="deepspeed"); every Megatron-LM and
+        OPT-175B layout that ran fits its 80 GB; not resolved: Llama 3 405B without checkpointing (115 GB and
+        80.3 GB predicted: its deallocations are not modelled) and Megatron-LM's 530B ZeRO-3 on 560 GPUs, which
+        did not fit (predicted 77.1 GB of 80, 2.1 GB above the 640-GPU layout that ran)
+
+A layout is invalid (`Plan.reason`, one line) when its degrees do not divide the model or the batch, and, with
+Workload(engine="par") (the default), when par.train.job could not run it: ZeRO-2/3 with pp or tp > 1;
+engine="any" states the FSDP / DeepSpeed layouts (ZeRO-3 with TP and PP) too.
+
+`enumerate_plans` lists every layout, valid or not (with the reason), `rank_plans` puts the ones that fit first,
+fastest first; `largest_model` grows a model's width until it no longer fits. `predict_run`, `predicted_tflops`,
+`calibrate` and `published_error` hold the planner to par/train/published_runs.json.
 """
 from __future__ import annotations
 
 import functools
+import json
 import math
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from par import mfu
 from par.memory import accounting as memory
 from par.pp import partition
 from par.cp.ring_attention import ring_attention_bytes_even
+from par.cp.ulysses import ulysses_bytes_even
+from par.train import cost
 from par.zero.engine import zero_bytes_per_step
 from par.runtime.grid import Layout, groups_in_node, layout_label
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """One device of a cluster and its links (bytes/s per device, achieved FLOP/s, not peak)."""
+    """One device of a cluster and its links (bytes/s per device and direction). Compute: the roofline of `peak`
+    matmul FLOP/s and `hbm` bytes/s reached at `efficiency`, `launch` seconds per kernel, an optional measured
+    `gemm_table` of (intensity, FLOP/s) (`par.train.cost.Compute`); with peak = 0, `flops` achieved FLOP/s for
+    every GEMM and memory-bound work free. Links: α `alpha_node` / `alpha_network` seconds per message step."""
     name: str = "A100-80GB"
     memory: float = 80e9
-    flops: float = 150e12          # about half of the 312 TFLOP/s bf16 peak
+    flops: float = 150e12          # the flat rate (peak = 0): about half of the 312 TFLOP/s bf16 peak
     gpus_per_node: int = 8
     bw_node: float = 250e9         # NVLink, per direction
     bw_network: float = 25e9       # 200 Gb/s InfiniBand per GPU
     bw_host: float = 20e9          # PCIe to the CPU (offload)
+    peak: float = 0.0              # roofline: peak matmul FLOP/s (0: the flat rate `flops`)
+    hbm: float = math.inf          # roofline: memory bandwidth, bytes/s
+    efficiency: float = 1.0        # roofline: the fraction η of both roofs reached
+    launch: float = 0.0            # seconds per kernel
+    gemm_table: tuple = ()         # measured ((intensity FLOP/byte, FLOP/s), ...), replaces the GEMM roofline
+    alpha_node: float = 0.0        # seconds per message step inside a node
+    alpha_network: float = 0.0     # and across nodes
+
+    @property
+    def compute(self) -> cost.Compute:
+        """The device's `par.train.cost.Compute`."""
+        if self.peak <= 0:
+            return replace(cost.Compute.flat(self.flops), launch=self.launch, table=self.gemm_table)
+        return cost.Compute(self.peak, self.hbm, self.efficiency, self.launch, self.gemm_table)
+
+    def link(self, inside_node: bool) -> cost.Link:
+        return cost.Link(self.bw_node, self.alpha_node) if inside_node else cost.Link(self.bw_network,
+                                                                                        self.alpha_network)
+
+
+def gpu_hardware(gpu: str, network: float, gpus_per_node: int = 8, bw_host: float = 20e9, name: str = "") -> Hardware:
+    """A Hardware of `par.train.cost.GPUS[gpu]` (its roofline, memory and NVLink) with `network` bytes/s per GPU."""
+    g = cost.GPUS[gpu]
+    c = g.compute
+    return Hardware(name or g.name, g.memory, c.efficiency * c.peak, gpus_per_node, g.nvlink, network, bw_host,
+                    c.peak, c.bandwidth, c.efficiency)
 
 
 HARDWARE = {
-    "a100-80gb": Hardware(),
+    # (`Hardware()` itself is the flat-rate A100 of before: course.batch's dry run caps its FLOP/s for fp32 runs)
+    # the datasheet rooflines, η calibrated on a published run (par.train.cost.GPUS); networks: 200 Gb/s HDR
+    # InfiniBand per A100 (Megatron-LM SC21 §5, Selene), 400 Gb/s per H100/H200 (Llama 3 §3.3.1)
+    "a100-80gb": gpu_hardware("A100", 25e9, name="A100-80GB"),
+    "h100-80gb": gpu_hardware("H100", 50e9, bw_host=50e9, name="H100-80GB"),
+    "h200-141gb": gpu_hardware("H200", 50e9, bw_host=50e9, name="H200-141GB"),
     "v100-32gb": Hardware("V100-32GB", 32e9, 60e12, 8, 120e9, 12.5e9, 12e9),
-    "h100-80gb": Hardware("H100-80GB", 80e9, 400e12, 8, 450e9, 50e9, 50e9),
     # a laptop-class CPU, each rank a process: GB/s-ish shared memory, a few GFLOP/s per core
     "cpu": Hardware("CPU", 8e9, 5e9, 64, 2e9, 2e9, 10e9),
 }
 
+STATES = ("paper", "deepspeed")
+RECOMPUTE = ("none", "selective", "full")
+CP_KINDS = ("ring", "ulysses", "all_gather")
+PARTITIONS = ("parameters", "uniform")
+ENGINES = ("par", "any")
+
 
 @dataclass(frozen=True)
 class Workload:
-    """What to train: a GPT config (par.model.GPTConfig), the global batch, precision and optimizer."""
+    """What to train and how: a GPT config (par.model.GPTConfig) or a par.memory.accounting.LlamaConfig, the global
+    batch (sequences), precision and optimizer, and the implementation's choices:
+
+    recompute          "none", "selective" (the attention core) or "full" (keep only each block's input)
+    seq_len            tokens per sequence (default: the GPTConfig's block_size; a LlamaConfig needs it)
+    dropout, flash     the activations' dropout masks; flash attention (no s² scores kept or moved)
+    sequence_parallel  Megatron's SP: LayerNorm/dropout regions split over tp too
+    vocab_parallel     embedding and LM head split over tp (Megatron-LM); par's TP replicates them
+    overlap            DP / ZeRO communication overlapped with backward (bucketed DDP, ZeRO-3 prefetch)
+    scatter_gather     Megatron's pipeline send of 1/t of a stage's output per tp rank
+    states             "paper" (the ZeRO paper's count) or "deepspeed" (DeepSpeed's, fp32 gradients and buffers)
+    offload_params     ZeRO-3: the 16-bit weights on the host too (with offload)
+    partition          "parameters" (balanced over parameters) or "uniform" (equal blocks per stage)
+    cp_kind            "ring", "ulysses" or "all_gather" (Llama 3)
+    engine             "par": the layouts par.train.job runs (ZeRO-2/3 only with pp = tp = 1, as DeepSpeed's pipeline
+                       engine); "any": every layout the formulas cover (FSDP or ZeRO-3 with TP and PP: OPT-175B,
+                       Llama 3)"""
     model: object
     global_batch: int
     precision: str = "mixed"       # par.memory.accounting names: fp32, mixed (fp16/bf16), pure16
     optimizer: str = "adam"
-    recompute: str = "none"        # "full": keep only each layer's input, recompute in backward (+1 forward)
+    recompute: str = "none"
+    seq_len: int | None = None
+    dropout: bool = False
+    flash: bool = False
+    sequence_parallel: bool = False
+    vocab_parallel: bool = False
+    overlap: bool = False
+    scatter_gather: bool = False
+    states: str = "paper"
+    offload_params: bool = False
+    partition: str = "parameters"
+    cp_kind: str = "ring"
+    engine: str = "par"
 
     @property
     def seq(self) -> int:
+        if self.seq_len is not None:
+            return self.seq_len
+        if not hasattr(self.model, "block_size"):
+            raise ValueError(f"a {type(self.model).__name__} has no context length: give the Workload seq_len")
         return self.model.block_size
 
     @property
     def bytes_per_value(self) -> int:
         return 4 if memory.canonical_precision(self.precision) == "fp32" else 2
+
+    @property
+    def dims(self) -> cost.ModelDims:
+        return cost.dims_of(self.model)
 
 
 @dataclass
@@ -108,14 +230,15 @@ class Plan:
     reason: str = ""
     micro_batch: int = 0
     params_per_device: float = 0.0
-    memory: dict = field(default_factory=dict)       # params, grads, optimizer, activations, total, host
-    time: dict = field(default_factory=dict)         # compute, bubble, dp, tp, pp, offload, total
-    bytes: dict = field(default_factory=dict)        # sent per device per step: dp, tp, pp, total
+    memory: dict = field(default_factory=dict)       # params, grads, optimizer, buffers, activations, total, host
+    time: dict = field(default_factory=dict)         # compute, bubble, dp, tp, pp, (cp), optimizer, offload, total
+    bytes: dict = field(default_factory=dict)        # sent per device per step: dp, tp, pp, (cp), total
     fits: bool = False
     samples_per_s: float = 0.0
     cp: int = 1                                      # context-parallel degree (ring attention); devices = dp·pp·tp·cp
-    schedule: str = "1f1b"                           # the pipeline schedule (1f1b, zb_h1, zb_v) when pp > 1
+    schedule: str = "1f1b"                           # the pipeline schedule (`PIPELINE_SCHEDULES`) when pp > 1
     ep: int = 1                                      # expert-parallel degree (MoE: `predict_moe`)
+    virtual: int = 1                                 # chunks per rank (interleaved 1F1B)
 
     @property
     def layout(self) -> str:
@@ -124,7 +247,9 @@ class Plan:
     @property
     def label(self) -> str:
         cp = f"×cp{self.cp}" if self.cp > 1 else ""
-        zb = f" {self.schedule}" if self.pp > 1 and self.schedule != "1f1b" else ""
+        zb = ""
+        if self.pp > 1 and self.schedule != "1f1b":
+            zb = f" {self.schedule}" + (f" v={self.virtual}" if self.schedule == "interleaved" else "")
         return f"{self.layout}{cp} ZeRO-{self.zero_stage}{' +off' if self.offload else ''} m={self.microbatches}{zb}"
 
     def to_dict(self) -> dict:
@@ -153,16 +278,60 @@ MAX_BATCH = 1 << 30          # sequences per step
 
 def block_params(cfg, tp: int = 1) -> float:
     """One block's parameters on one tp rank: `par.memory.accounting.gpt_block_params` with everything but the
-    replicated pieces split over tp. Replicated: the 2 LayerNorms (4d) and the biases of the two
-    row-parallel projections (2d), added after the all-reduce (`par.tp.layers`)."""
+    replicated pieces split over tp (replicated: the 2 LayerNorms (4d) and the biases of the two row-parallel
+    projections (2d), added after the all-reduce, `par.tp.layers`); a LlamaConfig's `llama_block_params` with its
+    matrices split and its 2 RMSNorms (2d) replicated."""
+    if isinstance(cfg, memory.LlamaConfig):
+        return (memory.llama_block_params(cfg) - 2 * cfg.d_model) / tp + 2 * cfg.d_model
     return memory.gpt_block_params(cfg.d_model, cfg.ffn, tp)
 
 
-def layer_params(cfg, tp: int = 1) -> list[float]:
-    """Parameters one tp rank holds per entry of [embedding, block × L, head] (blocks split over tp)."""
-    d, v, t = cfg.d_model, cfg.vocab_size, cfg.block_size
-    head = 2 * d + (0 if cfg.tie_embeddings else v * d)
-    return [v * d + t * d, *([block_params(cfg, tp)] * cfg.n_layer), head]
+def layer_params(cfg, tp: int = 1, vocab_parallel: bool = False) -> list[float]:
+    """Parameters one tp rank holds per entry of [embedding, block × L, head] (blocks split over tp; the token
+    embedding and an untied head too when `vocab_parallel`)."""
+    dims = cost.dims_of(cfg)
+    d, v = dims.d, dims.vocab / (tp if vocab_parallel else 1)
+    head = dims.norm_params * d + (0 if dims.tied else v * d)
+    return [v * d + dims.positions * d, *([block_params(cfg, tp)] * dims.layers), head]
+
+
+def largest_layer(cfg, tp: int = 1, vocab_parallel: bool = False) -> float:
+    """The parameters of the largest module one tp rank holds (DeepSpeed's largest_layer_params: the token embedding,
+    an untied head, or a block's largest matrix split over tp)."""
+    dims = cost.dims_of(cfg)
+    table = dims.vocab * dims.d / (tp if vocab_parallel else 1)
+    mats = [(dims.d + 2 * dims.kv_width) * dims.d, (dims.mlp_mats - 1) * dims.ffn * dims.d, dims.ffn * dims.d]
+    return max(table, max(mats) / tp)
+
+
+@functools.lru_cache(maxsize=4096)
+def rank_layers(cfg, pp: int, tp: int = 1, virtual: int = 1, how: str = "parameters",
+                vocab_parallel: bool = False) -> tuple:
+    """Per pipeline rank: (parameters, blocks, holds the embedding, holds the head), for pp·virtual stages cut from
+    [embedding, block × L, head] (rank r holds stages r, r + pp, ...): how="parameters" the balanced cut of
+    `par.pp.partition` (the largest stage as light as possible), how="uniform" L/(pp·v) blocks per stage with the
+    embedding on the first stage and the head on the last (Megatron-LM)."""
+    weights = layer_params(cfg, tp, vocab_parallel)
+    n_blocks, stages = len(weights) - 2, pp * virtual
+    if how == "uniform":
+        if n_blocks % stages:
+            raise ValueError(f"{n_blocks} blocks do not cut into {stages} equal stages")
+        per = n_blocks // stages
+        bounds = [(1 + k * per, 1 + (k + 1) * per) for k in range(stages)]
+        bounds[0], bounds[-1] = (0, bounds[0][1]), (bounds[-1][0], len(weights))
+    elif stages == 1:
+        bounds = [(0, len(weights))]
+    else:
+        if stages > len(weights):
+            raise ValueError(f"{stages} stages for {len(weights)} layers")
+        bounds = partition.balanced([int(round(x)) for x in weights], stages)
+    out = []
+    for r in range(pp):
+        mine = bounds[r::pp]
+        out.append((sum(sum(weights[a:b]) for a, b in mine),
+                    sum(sum(1 for i in range(a, b) if 1 <= i <= n_blocks) for a, b in mine),
+                    any(a == 0 for a, _ in mine), any(b == len(weights) for _, b in mine)))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -184,15 +353,24 @@ def group_bandwidth(axis: str, layout: Layout, hw: Hardware) -> float:
     return hw.bw_node if inside else hw.bw_network
 
 
-def activation_bytes(w: Workload, micro_batch: int, layers: int, in_flight: int, tp: int,
+@functools.lru_cache(maxsize=4096)
+def group_link(axis: str, layout: Layout, hw: Hardware) -> cost.Link:
+    """The `par.train.cost.Link` of the groups along `axis` (`group_bandwidth`'s choice, with its α)."""
+    return hw.link(groups_in_node(axis, layout, hw.gpus_per_node))
+
+
+def activation_bytes(w: Workload, micro_batch: int, layers: int, in_flight: float, tp: int,
                      last_stage: bool) -> float:
     """Activations one device keeps at the peak: `par.memory.accounting.activation_peak_bytes` for the stage's layers
-    and the micro-batches in flight (with full recomputation: the layer inputs plus one layer rebuilt),
-    plus the logits of one micro-batch (2·b·s·V values) on the last stage: its backward follows its forward."""
-    cfg, e = w.model, w.bytes_per_value
-    acts = memory.activation_peak_bytes(w.seq, micro_batch, cfg.d_model, cfg.n_head, layers, w.recompute, e,
-                                        dropout=False, tp=tp, in_flight=in_flight)
-    logits = 2 * micro_batch * w.seq * cfg.vocab_size * e if last_stage else 0
+    and the micro-batches in flight (with recomputation: what is kept plus one layer rebuilt), with the workload's
+    dropout, flash attention and sequence parallelism, plus the logits of one micro-batch (2·b·s·V values, V/tp
+    when vocab-parallel) on the last stage: its backward follows its forward."""
+    dims, e = w.dims, w.bytes_per_value
+    acts = memory.activation_peak_bytes(w.seq, micro_batch, dims.d, dims.heads, layers, w.recompute, e,
+                                        dropout=w.dropout, tp=tp, in_flight=in_flight, flash=w.flash,
+                                        sequence_parallel=w.sequence_parallel)
+    vocab = dims.vocab / (tp if w.vocab_parallel else 1)
+    logits = 2 * micro_batch * w.seq * vocab * e if last_stage else 0
     return acts + logits
 
 
@@ -204,115 +382,197 @@ def step_flops(w: Workload) -> float:
     return flops * (4 / 3 if w.recompute == "full" else 1)
 
 
-PIPELINE_SCHEDULES = ("1f1b", "zb_h1", "zb_v")
+def gemm_flops(w: Workload) -> float:
+    """Forward and backward FLOPs of a step, 3 × Σ of `par.train.cost.layer_gemms` and `head_gemm` over the
+    batch: for a GPT exactly `par.mfu.flops_per_token` × B·s (tests/test_published_runs.py holds them equal)."""
+    dims = w.dims
+    per_seq = (dims.layers * sum(g.flops for g in cost.layer_gemms(dims, 1, w.seq))
+               + cost.head_gemm(dims, 1, w.seq).flops)
+    return 3 * per_seq * w.global_batch
 
 
-@functools.lru_cache(maxsize=4096)
+PIPELINE_SCHEDULES = ("1f1b", "zb_h1", "zb_v", "interleaved", "gpipe")
+
+
 def pipeline_bubble(schedule: str, pp: int, m: int) -> float:
-    """Bubble time over compute time, φ/(1-φ), of `schedule` on pp stages and m micro-batches with equal costs
-    (F = 1, I = W = 1, B = 2): the formula where it holds (`par.pp.sim.bubble_formula_of`), else the simulator."""
-    from par.pp import schedules, sim
-    if pp == 1:
-        return 0.0
-    phi = sim.bubble_formula_of(schedule, pp, m)
-    if phi is None:
-        phi = sim.simulate(schedules.make(schedule, pp, m), forward=1.0, backward=2.0).bubble_fraction
-    return phi / (1 - phi)
+    """Bubble time over compute time of `schedule` with F = I = W: `par.train.cost.pipeline_bubble`."""
+    return cost.pipeline_bubble(schedule, pp, m)
 
 
-@functools.lru_cache(maxsize=4096)
-def pipeline_in_flight(schedule: str, pp: int, m: int) -> float:
-    """Stage-sized micro-batch activations held at the peak on the busiest rank, counted on the schedule's own
-    actions (`par.pp.sim.peak_in_flight_per_rank`; a V schedule's chunk holds half a stage)."""
-    from par.pp import schedules, sim
-    if pp == 1:
-        return 1
-    sched = schedules.make(schedule, pp, m)
-    return max(sim.peak_in_flight_per_rank(sched)) / sched.virtual
+def pipeline_in_flight(schedule: str, pp: int, m: int, v: int = 1) -> float:
+    """Stage-sized micro-batch activations on the busiest rank at its peak: `par.train.cost.in_flight`."""
+    return cost.in_flight(schedule, pp, m, v)
 
 
-def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microbatches: int = 1,
-            hw: Hardware = Hardware(), offload: bool = False, cp: int = 1, schedule: str = "1f1b") -> Plan:
-    """Memory per device and step time of one layout (see the module docstring); `valid` False with the reason
-    when the layout cannot run.
-
-    cp > 1 (context parallelism, `par.cp.ring_attention`): cp ranks split every sequence, so activations and
-    compute per device are divided by cp (the TP activation formula / cp: an upper bound, ring attention also
-    drops the as²b scores); each layer and micro-batch sends its K, V blocks around the cp ring,
-    `ring_attention_bytes_even` forward + backward with width d/tp; the gradients are summed over dp·cp ranks."""
-    plan = Plan(dp, pp, tp, zero_stage, microbatches, offload, cp=cp, schedule=schedule)
-    cfg = w.model
-    problems = []
-    if cfg.n_head % tp or cfg.d_model % tp or cfg.ffn % tp:
-        problems.append(f"tp {tp} does not divide n_head {cfg.n_head} / d_model {cfg.d_model}")
-    if pp > cfg.n_layer + 2:
-        problems.append(f"pp {pp} > {cfg.n_layer + 2} layers")
-    if w.global_batch % (dp * microbatches):
-        problems.append(f"batch {w.global_batch} not divisible by dp {dp} × m {microbatches}")
-    if zero_stage > 1 and (pp > 1 or tp > 1):
-        problems.append(f"ZeRO-{zero_stage} with pp/tp > 1")
+def _problems(w: Workload, dp, pp, tp, zero_stage, m, offload, cp, schedule, virtual) -> list[str]:
+    """Why a layout cannot run ([] when it can)."""
+    dims, problems = w.dims, []
+    if dims.heads % tp or dims.d % tp or dims.ffn % tp or dims.kv_heads % tp and tp % dims.kv_heads:
+        problems.append(f"tp {tp} does not divide n_head {dims.heads} / d_model {dims.d}")
+    if pp * virtual > dims.layers + 2:
+        problems.append(f"pp {pp} × v {virtual} > {dims.layers + 2} layers")
+    if w.partition == "uniform" and dims.layers % (pp * virtual):
+        problems.append(f"{dims.layers} blocks do not cut into pp {pp} × v {virtual} equal stages")
+    if w.global_batch % (dp * m):
+        problems.append(f"batch {w.global_batch} not divisible by dp {dp} × m {m}")
+    if zero_stage > 1 and (pp > 1 or tp > 1) and w.engine == "par":
+        problems.append(f"ZeRO-{zero_stage} with pp/tp > 1: par.train.job runs ZeRO-2/3 with pp = tp = 1 only "
+                        f"(Workload(engine='any') for FSDP / DeepSpeed layouts)")
     if offload and zero_stage == 0:
         problems.append("offload needs ZeRO >= 1")
+    if w.offload_params and (zero_stage != 3 or not offload):
+        problems.append("offload_params needs ZeRO-3 with offload")
     if cp < 1 or w.seq < 2 * cp:
         problems.append(f"cp {cp} needs at least 2·cp = {2 * cp} tokens per sequence (seq {w.seq})")
     if schedule not in PIPELINE_SCHEDULES:
         problems.append(f"unknown schedule {schedule!r}: one of {', '.join(PIPELINE_SCHEDULES)}")
-    elif schedule == "zb_v" and pp > 1 and microbatches < pp:
-        problems.append(f"zb_v needs m >= pp ({microbatches} < {pp})")
-    elif schedule != "1f1b" and pp > 1 and zero_stage > 1:
+    elif schedule == "zb_v" and pp > 1 and m < pp:
+        problems.append(f"zb_v needs m >= pp ({m} < {pp})")
+    elif schedule in ("zb_h1", "zb_v") and pp > 1 and zero_stage > 1:
         problems.append(f"{schedule} with ZeRO-{zero_stage}")
+    if virtual < 1 or (virtual > 1 and schedule != "interleaved"):
+        problems.append(f"v = {virtual} chunks per rank needs schedule 'interleaved'")
+    for name, value, allowed in (("recompute", w.recompute, RECOMPUTE), ("states", w.states, STATES),
+                                 ("cp_kind", w.cp_kind, CP_KINDS), ("partition", w.partition, PARTITIONS),
+                                 ("engine", w.engine, ENGINES)):
+        if value not in allowed:
+            problems.append(f"{name} {value!r}: one of {', '.join(allowed)}")
+    if w.states == "deepspeed" and (memory.canonical_precision(w.precision), memory.canonical_optimizer(w.optimizer)) \
+            != ("mixed", "adam"):
+        problems.append("states='deepspeed' counts mixed-precision Adam only")
+    return problems
+
+
+def _states(w: Workload, psi: float, group: int, zero_stage: int, offload: bool, cfg, tp: int) -> dict:
+    """{params, grads, optimizer, buffers, host} of one device: the paper's or DeepSpeed's count (module docstring)."""
+    if w.states == "deepspeed":
+        s = memory.deepspeed_state_bytes(psi, group, zero_stage, largest_layer(cfg, tp, w.vocab_parallel),
+                                         offload, w.offload_params)
+        return {"params": s["params"], "grads": s["grads"] + s["fp32_grads"], "optimizer": s["optimizer"],
+                "buffers": s["gathered"], "host": s["host"]}
+    s = memory.model_state_bytes(psi, group, zero_stage, w.precision, w.optimizer)
+    return {"params": s.params, "grads": s.grads, "optimizer": 0.0 if offload else s.optimizer, "buffers": 0.0,
+            "host": s.optimizer if offload else 0.0}
+
+
+def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microbatches: int = 1,
+            hw: Hardware = Hardware(), offload: bool = False, cp: int = 1, schedule: str = "1f1b",
+            virtual: int = 1) -> Plan:
+    """Memory per device and step time of one layout (see the module docstring); `valid` False with the reason
+    when the layout cannot run. cp > 1: cp ranks split every sequence (`par.cp`), the gradients are summed over
+    dp·cp ranks; virtual = v chunks per rank with schedule="interleaved"."""
+    plan = Plan(dp, pp, tp, zero_stage, microbatches, offload, cp=cp, schedule=schedule, virtual=virtual)
+    problems = _problems(w, dp, pp, tp, zero_stage, microbatches, offload, cp, schedule, virtual)
     if problems:
         plan.valid, plan.reason = False, "; ".join(problems)
         return plan
-    b = w.global_batch // (dp * microbatches)
+    cfg, dims, m, s, e = w.model, w.dims, microbatches, w.seq, w.bytes_per_value
+    b = w.global_batch // (dp * m)
     plan.micro_batch = b
-    psi, bounds = stage_params(cfg, pp, tp)
+    ranks = rank_layers(cfg, pp, tp, virtual, w.partition, w.vocab_parallel)
+    psi = max(r[0] for r in ranks)
     plan.params_per_device = psi
-    states = memory.model_state_bytes(psi, dp * cp, zero_stage, w.precision, w.optimizer)
-    opt_device = 0.0 if offload else states.optimizer
-    blocks_per_stage = max(sum(1 for i in range(a, c) if 1 <= i <= cfg.n_layer) for a, c in bounds)
-    in_flight = pipeline_in_flight(schedule, pp, microbatches)
-    act = activation_bytes(w, b, blocks_per_stage, in_flight, tp, last_stage=True) / cp
-    plan.memory = {"params": states.params, "grads": states.grads, "optimizer": opt_device, "activations": act,
-                   "host": states.optimizer if offload else 0.0}
-    plan.memory["total"] = states.params + states.grads + opt_device + act
+    # ---- memory
+    states = _states(w, psi, dp * cp, zero_stage, offload, cfg, tp)
+    busiest_blocks = max(r[1] for r in ranks)
+    in_flight = pipeline_in_flight(schedule, pp, m, virtual)
+    act = activation_bytes(w, b, busiest_blocks, in_flight, tp, last_stage=True) / cp
+    plan.memory = {**states, "activations": act}
+    plan.memory["total"] = sum(v for k, v in plan.memory.items() if k != "host")
     plan.fits = plan.memory["total"] <= hw.memory
-    # time
-    lay = Layout(dp, pp, tp)
-    e, bp = w.bytes_per_value, memory.bytes_per_param(w.precision, w.optimizer)
-    compute = step_flops(w) / (dp * pp * tp * cp * hw.flops)
-    bubble = compute * pipeline_bubble(schedule, pp, microbatches)
-    act_msg = b * w.seq * cfg.d_model * e / cp
-    ring = ring_attention_bytes_even(b, w.seq, cfg.d_model // tp, cp, e)
-    plan.bytes = {"dp": zero_bytes_per_step(psi, dp * cp, zero_stage, microbatches, bp.grads),
-                  "tp": 4 * blocks_per_stage * microbatches * 2 * (tp - 1) / tp * act_msg,
-                  "pp": 2 * microbatches * act_msg * (pp - 1) / pp}
+    # ---- time: per micro-batch on every pipeline rank, then the busiest
+    compute, bp = hw.compute, memory.bytes_per_param(w.precision, w.optimizer)
+    lay, lay_cp = Layout(dp, pp, tp), Layout(dp, pp, tp * cp)
+    layer = cost.layer_seconds(compute, dims, b, s, tp, cp, e, w.recompute, w.dropout, w.flash, w.sequence_parallel)
+    head = cost.head_gemm(dims, b, s, tp, cp, w.vocab_parallel)
+    head_f = compute.gemm_seconds(head.m, head.n, head.k, head.batch, e)
+    msg = e * b * s * dims.d / cp                                  # one activation of a micro-batch on one rank
+    tp_link = group_link("tp", lay, hw)
+    ar = cost.collective_seconds("all_reduce", tp, msg, tp_link)
+    tp_f, tp_b = 2 * ar, (4 if w.recompute == "full" else 2) * ar
+    cp_f, cp_b, cp_bytes = _cp_seconds(w, b, s, tp, cp, hw)
+    if w.recompute == "full":
+        cp_b += cp_f
+    p2p_msg = msg / (tp if (w.scatter_gather or w.sequence_parallel) else 1)
+    p2p = virtual * cost.collective_seconds("p2p", 2, p2p_msg, group_link("pp", lay_cp, hw)) if pp > 1 else 0.0
+    costs = []
+    for _, blocks, _, has_head in ranks:
+        f_c = blocks * layer.forward + (head_f if has_head else 0.0)
+        i_c = blocks * (layer.backward_input + layer.recompute) + (head_f if has_head else 0.0)
+        w_c = blocks * layer.backward_weight + (head_f if has_head else 0.0)
+        comm_f, comm_b = blocks * (tp_f + cp_f) + p2p, blocks * (tp_b + cp_b) + p2p
+        costs.append((f_c + i_c + w_c + comm_f + comm_b, f_c, i_c, w_c, comm_f, comm_b, blocks))
+    _, f_c, i_c, w_c, comm_f, comm_b, blocks = max(costs)
+    f, bwd = f_c + comm_f, i_c + w_c + comm_b
+    ratio = cost.pipeline_bubble(schedule, pp, m, virtual, f, i_c + comm_b, w_c)
+    t = {"compute": m * (f_c + i_c + w_c), "bubble": m * (f + bwd) * ratio,
+         "tp": m * blocks * (tp_f + tp_b), "pp": 2 * m * p2p}
     if cp > 1:
-        plan.bytes["cp"] = blocks_per_stage * microbatches * (ring["forward"] + ring["backward"])
+        t["cp"] = m * blocks * (cp_f + cp_b)
+    # ---- data parallelism over dp·cp ranks
+    group, dp_link = dp * cp, group_link("dp", lay_cp, hw)
+    grads = psi * bp.grads
+    extra = m if zero_stage == 3 and w.recompute == "full" else 0    # ZeRO-3 gathers again for the recomputation
+    n_ar = 6 if w.recompute == "full" else 4                        # all-reduces per block and micro-batch
+    plan.bytes = {"dp": zero_bytes_per_step(psi, group, zero_stage, m, bp.grads) + extra * (group - 1) / group * grads,
+                  "tp": m * blocks * n_ar * 2 * (tp - 1) / tp * msg,
+                  "pp": 2 * m * virtual * p2p_msg * (pp - 1) / pp}
+    if cp > 1:
+        plan.bytes["cp"] = m * blocks * cp_bytes
     plan.bytes["total"] = sum(plan.bytes.values())
-    t_dp = plan.bytes["dp"] / group_bandwidth("dp", lay, hw)
-    t_tp = plan.bytes["tp"] / group_bandwidth("tp", lay, hw)
-    t_pp = 2 * microbatches * act_msg / group_bandwidth("pp", lay, hw) if pp > 1 else 0.0   # a middle stage: both ways
-    t_off = (bp.grads + bp.weights) * math.ceil(psi / dp) / hw.bw_host if offload else 0.0
-    plan.time = {"compute": compute, "bubble": bubble, "dp": t_dp, "tp": t_tp, "pp": t_pp, "offload": t_off}
-    if cp > 1:   # the cp ring inside a node when tp·cp GPUs fit in one, else across the network
-        plan.time["cp"] = plan.bytes["cp"] / (hw.bw_node if tp * cp <= hw.gpus_per_node else hw.bw_network)
-    plan.time["total"] = sum(plan.time.values())
-    plan.samples_per_s = w.global_batch / plan.time["total"]
+    rs = functools.partial(cost.collective_seconds, n=group, nbytes=grads, link=dp_link)
+    if zero_stage <= 1:
+        hidden, shown = rs("all_reduce"), 0.0
+        behind = bwd
+    elif zero_stage == 2:
+        hidden, shown = m * rs("reduce_scatter"), rs("all_gather")
+        behind = m * bwd
+    else:
+        hidden, shown = m * ((3 if extra else 2) * rs("all_gather") + rs("reduce_scatter")), 0.0
+        behind = m * (f + bwd)
+    t["dp"] = (cost.exposed(hidden, behind) if w.overlap else hidden) + shown
+    t["optimizer"] = 0.0 if offload else compute.memory_seconds(
+        cost.optimizer_bytes_per_param(w.precision, w.optimizer) * (psi / group if zero_stage >= 1 else psi))
+    t["offload"] = (bp.grads + bp.weights) * math.ceil(psi / dp) / hw.bw_host if offload else 0.0
+    t["total"] = sum(t.values())
+    plan.time = t
+    plan.samples_per_s = w.global_batch / t["total"]
     return plan
 
 
+def _cp_seconds(w: Workload, b: int, s: int, tp: int, cp: int, hw: Hardware) -> tuple[float, float, float]:
+    """(forward seconds, backward seconds, bytes) of one block's context-parallel communication per micro-batch
+    (module docstring), over the node's link when tp·cp GPUs fit in one, else the network's."""
+    if cp == 1:
+        return 0.0, 0.0, 0.0
+    dims, e = w.dims, w.bytes_per_value
+    link = hw.link(tp * cp <= hw.gpus_per_node)
+    if w.cp_kind == "ulysses":
+        u = ulysses_bytes_even(b, s, dims.d // tp, cp, e)
+        one = cost.collective_seconds("all_to_all", cp, b * s * dims.d / tp * e / cp, link)
+        return 4 * one, 4 * one, u["forward"] + u["backward"]
+    ring = ring_attention_bytes_even(b, s, dims.kv_width // tp, cp, e)   # K and V, d_kv wide (d without GQA)
+    if w.cp_kind == "all_gather":
+        kv = 2 * b * s * dims.kv_width / tp * e
+        return (cost.collective_seconds("all_gather", cp, kv, link),
+                cost.collective_seconds("reduce_scatter", cp, kv, link), 2 * ring["forward"])
+    return (link.seconds(ring["forward"], steps=cp - 1), link.seconds(ring["backward"], steps=2 * (cp - 1)),
+            ring["forward"] + ring["backward"])
+
+
 def enumerate_plans(w: Workload, world: int, hw: Hardware = Hardware(), stages=(0, 1, 2, 3),
-                    microbatches=(1, 2, 4, 8, 16, 32), offload=(False, True), schedules=("1f1b",)) -> list[Plan]:
+                    microbatches=(1, 2, 4, 8, 16, 32), offload=(False, True), schedules=("1f1b",),
+                    virtuals=(2,)) -> list[Plan]:
     """`predict` for every layout of `world` × ZeRO stage × micro-batch count × offload × pipeline schedule (the
-    schedules only where pp > 1; invalid ones included)."""
+    schedules only where pp > 1; "interleaved" with each of `virtuals` chunks per rank; invalid ones included)."""
     out = []
     for dp, pp, tp in layouts(world):
         for z in stages:
             for m in microbatches:
                 for off in offload:
                     for schedule in (schedules if pp > 1 else schedules[:1]):
-                        out.append(predict(w, dp, pp, tp, z, m, hw, off, schedule=schedule))
+                        for v in (virtuals if schedule == "interleaved" and pp > 1 else (1,)):
+                            out.append(predict(w, dp, pp, tp, z, m, hw, off, schedule=schedule, virtual=v))
     return out
 
 
@@ -409,6 +669,9 @@ def main(argv=None) -> int:
                     help="global batch (sequences)")
     ap.add_argument("--precision", default="mixed", choices=("fp32", "mixed", "pure16"))
     ap.add_argument("--recompute", action="store_true", help="full activation recomputation")
+    ap.add_argument("--engine", default="par", choices=ENGINES,
+                    help="par: what par.train.job runs (ZeRO-2/3 only without pp/tp); "
+                         "any: FSDP / DeepSpeed layouts too")
     ap.add_argument("--top", type=positive_int, default=15)
     ap.add_argument("--schedules", default="1f1b", help="pipeline schedules to consider, comma-separated: "
                                                         f"{', '.join(PIPELINE_SCHEDULES)} (lecture 03)")
@@ -416,7 +679,7 @@ def main(argv=None) -> int:
     cfg = model_of(args.model, args.seq)
     hw = HARDWARE[args.hardware]
     hw = replace(hw, memory=args.memory) if args.memory else hw
-    w = Workload(cfg, args.batch, args.precision, recompute="full" if args.recompute else "none")
+    w = Workload(cfg, args.batch, args.precision, recompute="full" if args.recompute else "none", engine=args.engine)
     chosen = tuple(s.strip() for s in args.schedules.split(",") if s.strip())
     bad = [s for s in chosen if s not in PIPELINE_SCHEDULES]
     if bad or not chosen:
@@ -445,8 +708,8 @@ def predict_moe(w: Workload, moe: MoE, world: int, ep: int, zero_stage: int = 0,
     memory    states of the replicated Ψ_r over `world` ranks + states of the rank's experts Ψ_e over the
               world/ep ranks that hold them (`par.memory.accounting.moe_param_count`, `model_state_bytes`); activations
               as the dense model's (the dispatch buffers, f·k·b·s·d per layer, are left out)
-    compute   the active parameters: the router picks k experts per token, so `step_flops` of a dense model
-              whose FFN is k times wider (its MLP matmuls k·L·2·d·f)
+    compute   the active parameters: the router picks k experts per token, so the compute of a dense model
+              whose FFN is k times wider (its MLP matmuls k·L·2·d·f), `predict`'s (the cost model's)
     dp        gradients: Ψ_r over all ranks, Ψ_e over world/ep (`zero_bytes_per_step`)
     ep        4 all-to-alls per layer (dispatch, combine, and both backward), each
               (ep-1)/ep · E·C·d values, C = ceil(f·k·b·s/E) (`par.moe.experts.alltoall_formula_bytes`);
@@ -479,15 +742,15 @@ def predict_moe(w: Workload, moe: MoE, world: int, ep: int, zero_stage: int = 0,
     plan.fits = plan.memory["total"] <= hw.memory
     e, bp = w.bytes_per_value, memory.bytes_per_param(w.precision, w.optimizer)
     active = replace(w, model=replace(cfg, d_ff=cfg.ffn * moe.k))
-    compute = step_flops(active) / (world * hw.flops)
+    compute = predict(active, world, 1, 1, 0, 1, hw).time["compute"]
     cap = capacity(b * w.seq, moe.n_experts, moe.k, moe.capacity_factor)
     plan.bytes = {"dp": zero_bytes_per_step(replicated, world, zero_stage, 1, bp.grads)
                   + zero_bytes_per_step(experts, world // ep, zero_stage, 1, bp.grads),
                   "ep": 4 * cfg.n_layer * alltoall_formula_bytes(moe.n_experts, cap, cfg.d_model, ep, e)}
     plan.bytes["total"] = plan.bytes["dp"] + plan.bytes["ep"]
-    bw_dp = hw.bw_node if world <= hw.gpus_per_node else hw.bw_network
-    bw_ep = hw.bw_node if ep <= hw.gpus_per_node else hw.bw_network
-    plan.time = {"compute": compute, "dp": plan.bytes["dp"] / bw_dp, "ep": plan.bytes["ep"] / bw_ep}
+    link_dp, link_ep = hw.link(world <= hw.gpus_per_node), hw.link(ep <= hw.gpus_per_node)
+    plan.time = {"compute": compute, "dp": link_dp.seconds(plan.bytes["dp"], steps=2 * (world - 1)),
+                 "ep": link_ep.seconds(plan.bytes["ep"], steps=4 * cfg.n_layer * (ep - 1))}
     plan.time["total"] = sum(plan.time.values())
     plan.samples_per_s = w.global_batch / plan.time["total"]
     return plan
@@ -497,3 +760,144 @@ def moe_plans(w: Workload, moe: MoE, world: int, hw: Hardware = Hardware(), stag
     """`predict_moe` for every ep degree dividing `world` (and at most E) × ZeRO stage, fitting first, fastest first."""
     return rank_plans([predict_moe(w, moe, world, ep, z, hw) for ep in range(1, world + 1)
                        if world % ep == 0 and ep <= moe.n_experts for z in stages])
+
+
+# ---------------------------------------------------------------- published runs: the planner held to them
+PUBLISHED = Path(__file__).with_name("published_runs.json")
+
+
+@functools.lru_cache(maxsize=1)
+def published_runs() -> dict:
+    """par/train/published_runs.json: {"sources", "clusters", "runs", ...}, each run with its source, where in it
+    (table, row, figure), the numbers quoted verbatim, and what the source leaves out and par assumes."""
+    return json.loads(PUBLISHED.read_text())
+
+
+def run_model(spec: dict):
+    """The GPTConfig or LlamaConfig of a run's "model" entry."""
+    from par.model import GPTConfig
+    spec = dict(spec)
+    kind = spec.pop("kind")
+    if kind == "gpt":
+        return GPTConfig(**spec)
+    if kind == "llama":
+        return memory.LlamaConfig(**spec)
+    raise ValueError(f"unknown model kind {kind!r} in {PUBLISHED.name}: gpt or llama")
+
+
+def run_hardware(run: dict, efficiency: float | None = None) -> Hardware:
+    """The Hardware of a run's cluster (published_runs.json "clusters"): its GPU's roofline (`par.train.cost.GPUS`,
+    η = `efficiency` or the GPU's calibrated one), NVLink, and the network bytes/s per GPU the source states."""
+    c = published_runs()["clusters"][run["cluster"]]
+    hw = gpu_hardware(c["gpu"], c["network_bytes_s"], c.get("gpus_per_node", 8))
+    if "memory_bytes" in c:
+        hw = replace(hw, memory=c["memory_bytes"])
+    return hw if efficiency is None else replace(hw, efficiency=efficiency, flops=efficiency * hw.peak)
+
+
+def run_workload(run: dict, layout: dict | None = None) -> tuple[Workload, dict]:
+    """(Workload, predict's keyword arguments) of a run: its model, batch, implementation choices and layout."""
+    w = Workload(run_model(run["model"]), run["batch"], **run.get("workload", {}))
+    lay = dict(run["layout"] if layout is None else layout)
+    return w, lay
+
+
+def predict_run(run: dict, efficiency: float | None = None, layout: dict | None = None) -> Plan:
+    """`predict` for a published run (or one of its `layout`s) on its cluster."""
+    w, lay = run_workload(run, layout)
+    hw = run_hardware(run, efficiency)
+    plan = predict(w, hw=hw, **lay)
+    if not plan.valid:
+        raise ValueError(f"{run['id']}: the planner cannot state {lay}: {plan.reason}")
+    return plan
+
+
+def megatron_flops(batch: int, seq: int, layers: int, d: int, vocab: int) -> float:
+    """Megatron-LM SC21 eq. (3), the FLOPs per iteration the paper's TFLOP/s count (GEMMs only, activation
+    recomputation included): F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))."""
+    return 96 * batch * seq * layers * d * d * (1 + seq / (6 * d) + vocab / (16 * layers * d))
+
+
+def counted_flops(run: dict) -> float:
+    """The FLOPs of one step as the run's source counts them ("flops": "megatron_eq3", or "model": 3 × the GEMMs
+    of forward, full s×s attention, `gemm_flops`)."""
+    w, _ = run_workload(run)
+    if run["flops"] == "megatron_eq3":
+        dims = w.dims
+        return megatron_flops(w.global_batch, w.seq, dims.layers, dims.d, dims.vocab)
+    if run["flops"] == "model":
+        return gemm_flops(w)
+    raise ValueError(f"{run['id']}: unknown FLOP count {run['flops']!r}: megatron_eq3 or model")
+
+
+def predicted_tflops(run: dict, efficiency: float | None = None, layout: dict | None = None) -> float:
+    """TFLOP/s per GPU the planner predicts for a run: its counted FLOPs / (predicted step seconds × GPUs)."""
+    plan = predict_run(run, efficiency, layout)
+    gpus = plan.dp * plan.pp * plan.tp * plan.cp
+    return counted_flops(run) / plan.time["total"] / gpus / 1e12
+
+
+def calibrate(run: dict, lo: float = 0.05, hi: float = 1.0) -> float:
+    """The η (roofline efficiency of the run's GPU) at which the planner predicts the run's published TFLOP/s per
+    GPU: bisection, predicted TFLOP/s rises with η."""
+    target = run["published"]["tflops_per_gpu"]
+    if not predicted_tflops(run, lo) <= target <= predicted_tflops(run, hi):
+        raise ValueError(f"{run['id']}: {target} TFLOP/s is outside what η in [{lo}, {hi}] predicts")
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predicted_tflops(run, mid) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def published_error(kind: str = "tflops_per_gpu") -> list[dict]:
+    """One row per published run with a measured `kind` (TFLOP/s per GPU): {"run", "where", "predicted",
+    "published", "error" (predicted / published - 1), "calibrates"}; the GPU's η is its calibrated one
+    (`par.train.cost.GPUS`), never fitted per row."""
+    rows = []
+    for run in published_runs()["runs"]:
+        if kind not in run.get("published", {}):
+            continue
+        got, want = predicted_tflops(run), run["published"][kind]
+        rows.append({"run": run["id"], "where": f"{run['source']}, {run['where']}", "predicted": round(got, 1),
+                     "published": want, "error": round(got / want - 1, 4), "calibrates": run.get("calibrates", "")})
+    return rows
+
+
+def format_published_error(rows: list[dict] | None = None) -> str:
+    """`published_error()` as a text table."""
+    rows = published_error() if rows is None else rows
+    lines = [f"{'run':<42} {'predicted':>9} {'published':>9} {'error':>7}"]
+    lines += [f"{r['run']:<42} {r['predicted']:>9.1f} {r['published']:>9.1f} {r['error']:>+7.1%}"
+              + (f"  (calibrates the {r['calibrates']})" if r["calibrates"] else "") for r in rows]
+    return "\n".join(lines)
+
+
+def published_memory() -> list[dict]:
+    """One row per published layout with a memory verdict: {"run", "where", "predicted" (bytes per GPU), "capacity",
+    "fits" (the planner's), "ran" (the source's), "held" (whether tests/test_published_runs.py holds fits == ran)}."""
+    rows = []
+    for run in published_runs()["runs"]:
+        if "layout" not in run or "memory" not in run:
+            continue
+        plan, hw = predict_run(run), run_hardware(run)
+        rows.append({"run": run["id"], "where": f"{run['source']}, {run['where']}", "predicted": plan.memory["total"],
+                     "capacity": hw.memory, "fits": plan.fits, "ran": run["ran"], "held": run["memory"] == "held"})
+    return rows
+
+
+def published_layout_ranking(run_id: str = "megatron-sc21-figure13") -> list[dict]:
+    """The (p, t) layouts of a published comparison (Megatron-LM SC21 Figure 13: 162B on 64 A100s) as the planner
+    ranks them, per batch: {"batch", "pp", "tp", "step_s", "tflops_per_gpu", "rank" (1 = fastest), "best" (the
+    source's)}."""
+    fig = next(r for r in published_runs()["runs"] if r["id"] == run_id)
+    hw, rows = run_hardware(fig), []
+    for batch in fig["batches"]:
+        w = Workload(run_model(fig["model"]), batch, **fig["workload"])
+        plans = [predict(w, 1, p, fig["gpus"] // p, 0, batch, hw) for p in fig["pipeline_sizes"]]
+        order = sorted(plans, key=lambda p: p.time["total"])
+        dims = w.dims
+        flops = megatron_flops(batch, w.seq, dims.layers, dims.d, dims.vocab)
+        rows += [{"batch": batch, "pp": p.pp, "tp": p.tp, "step_s": p.time["total"],
+                  "tflops_per_gpu": flops / p.time["total"] / fig["gpus"] / 1e12, "rank": order.index(p) + 1,
+                  "best": (p.pp, p.tp) == (fig["best"]["pp"], fig["best"]["tp"])} for p in plans]
+    return rows
