@@ -31,7 +31,7 @@ a mapping keyed by data (a run's name, a degree) stays a mapping. `to_json()` gi
 typed object (what `par.course.batch.record.record` writes to the batch's summary).
 
 Every job measures with the same few lines: `timed_step` (one step's wall seconds, the device
-synchronized at both ends), then on rank 0 `slowest` (step_s) and `mean_over_ranks` (losses) over
+synchronized at both ends, and its load-proof seconds `steady_s`: less the run-queue wait, `par.clock`), then on rank 0 `slowest` (step_s) and `mean_over_ranks` (losses) over
 what `par.runtime.dist.gather_object` collected, or `merge_ranks` for both.
 """
 from __future__ import annotations
@@ -46,6 +46,8 @@ from dataclasses import MISSING, dataclass, fields
 import torch
 import torch.distributed as dist
 
+from par import clock
+
 
 def sync(device) -> None:
     """Wait until `device` has run every kernel queued on it (CUDA runs them asynchronously; the CPU
@@ -59,6 +61,12 @@ class Step:
     """What `timed_step` measured."""
     seconds: float = 0.0     # wall clock, the device's work included
     cpu_s: float = 0.0       # this process's CPU seconds
+    ready_s: float = 0.0     # the timing thread's run-queue seconds: waiting for a core other work had
+
+    @property
+    def steady_s(self) -> float:
+        """The step on a core of its own: wall − ready (`par.clock`); on a GPU, `seconds` (the device's work)."""
+        return max(0.0, self.seconds - self.ready_s)
 
 
 @contextmanager
@@ -71,10 +79,12 @@ def timed_step(device, barrier: bool = False):
         dist.barrier()
     sync(device)
     step = Step()
-    t0, c0 = time.perf_counter(), time.process_time()
+    c0, start = time.process_time(), clock.read()
     yield step
     sync(device)
-    step.seconds, step.cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    took = clock.since(start)
+    step.seconds, step.cpu_s = took.wall, time.process_time() - c0
+    step.ready_s = took.ready if torch.device(device).type != "cuda" else 0.0
 
 
 def slowest(seconds_per_rank) -> list[float]:

@@ -12,7 +12,9 @@ recorded.
 Two clocks, one API:
 
 * On the CPU (gloo) a span is wall-clock time (`time.perf_counter`): the work happens while the
-  Python code runs.
+  Python code runs. Each span also keeps the recording thread's CPU seconds and run-queue seconds inside
+  it (`par.clock`), so `Span.steady` = duration − ready is what it took on a core of its own, whatever else
+  the machine ran: a verdict about time reads `steady` (`busy_fraction(..., clock="steady")`).
 * On a GPU the Python code only *launches* kernels and returns; the GPU runs them later, and an
   NCCL `wait()` does not block the CPU. So a recorder on a CUDA device times `span()` with CUDA
   events recorded on the current stream at its start and end, resolved to seconds at `gather()`
@@ -41,6 +43,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from par import clock
+
 
 @dataclass(frozen=True)
 class Span:
@@ -49,10 +53,27 @@ class Span:
     lane: str       # "compute", "comm", ... (one row per lane per rank in a Gantt chart)
     start: float    # seconds since the recorder's zero
     end: float
+    cpu: float = 0.0     # the recording thread's CPU seconds inside the span (CPU clock; 0 on a GPU's events)
+    ready: float = 0.0   # its run-queue seconds inside the span: waiting for a core the machine gave elsewhere
 
     @property
     def duration(self) -> float:
         return self.end - self.start
+
+    @property
+    def steady(self) -> float:
+        """The span's seconds on a core of its own: duration − ready (`par.clock`)."""
+        return max(0.0, self.duration - self.ready)
+
+
+class Mark(float):
+    """A point on the CPU clock (seconds since the recorder's zero) that also holds the thread's clocks then."""
+    reading: clock.Reading
+
+    def __new__(cls, seconds: float, reading: clock.Reading):
+        mark = super().__new__(cls, seconds)
+        mark.reading = reading
+        return mark
 
 
 @dataclass(frozen=True)
@@ -103,14 +124,22 @@ class Recorder:
         return time.perf_counter() - self.t0
 
     def mark(self, stream=None):
-        """A point in time to pass to `add()`: a CUDA event recorded on `stream` on a GPU, `now()` on the CPU."""
-        return self._event(stream) if self.clock == "cuda" else self.now()
+        """A point in time to pass to `add()`: a CUDA event recorded on `stream` on a GPU, on the CPU a `Mark` (the
+        seconds since reset, with the thread's CPU and run-queue clocks)."""
+        if self.clock == "cuda":
+            return self._event(stream)
+        reading = clock.read()
+        return Mark(reading.wall - self.t0, reading)
 
     def add(self, name: str, start, end, lane: str = "compute") -> None:
-        """Keep a span between two marks: both floats (CPU seconds since reset) or both CUDA events."""
+        """Keep a span between two marks: both floats (CPU seconds since reset; two `Mark`s also give its CPU and
+        run-queue seconds) or both CUDA events."""
         numbers = [isinstance(t, (int, float)) for t in (start, end)]
         if all(numbers):
-            self._entries.append(Span(self.rank, name, lane, float(start), float(end)))
+            took = clock.between(start.reading, end.reading) if isinstance(start, Mark) and isinstance(end, Mark) \
+                else None
+            self._entries.append(Span(self.rank, name, lane, float(start), float(end),
+                                      took.cpu if took else 0.0, took.ready if took else 0.0))
         elif not any(numbers):
             self._entries.append(_EventSpan(name, lane, start, end))
         else:
@@ -149,8 +178,22 @@ class Recorder:
         return None if parts is None else [s for p in parts for s in p]
 
 
-def busy_fraction(spans: list[dict], rank: int, lane: str = "compute") -> float:
-    """Time a rank spent in `lane` spans divided by the makespan of the whole timeline."""
+def seconds(span: dict, clock_: str = "wall") -> float:
+    """A gathered span's seconds on `clock_`: "wall" (end − start) or "steady" (less its run-queue wait)."""
+    wall = span["end"] - span["start"]
+    if clock_ == "wall":
+        return wall
+    if clock_ == "steady":
+        return max(0.0, wall - span.get("ready", 0.0))
+    raise ValueError(f"clock must be 'wall' or 'steady', got {clock_!r}")
+
+
+def busy_fraction(spans: list[dict], rank: int, lane: str = "compute", clock_: str = "wall") -> float:
+    """Time a rank spent in `lane` spans divided by the makespan of the whole timeline, both on `clock_` ("steady":
+    each span less its run-queue wait, the makespan less the rank's run-queue wait inside its spans)."""
     total = max(s["end"] for s in spans) - min(s["start"] for s in spans)
-    busy = sum(s["end"] - s["start"] for s in spans if s["rank"] == rank and s["lane"] == lane)
+    mine = [s for s in spans if s["rank"] == rank]
+    if clock_ == "steady":
+        total -= sum(s.get("ready", 0.0) for s in mine)
+    busy = sum(seconds(s, clock_) for s in mine if s["lane"] == lane)
     return busy / total if total > 0 else 0.0

@@ -3,6 +3,7 @@ class that runs on its own clock, so the bookkeeping is tested without a GPU; te
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -23,8 +24,11 @@ def test_cpu_spans_are_wall_clock_seconds_since_reset():
     f, ar = rec.spans
     assert (f.rank, f.name, f.lane) == (3, "F0", "compute") and 0.05 <= f.duration < 1.0
     assert (ar.name, ar.lane) == ("AR", "comm") and ar.start >= f.end and ar.duration >= 0.02
-    assert rec.gather() == [{"rank": 3, "name": "F0", "lane": "compute", "start": f.start, "end": f.end},
-                            {"rank": 3, "name": "AR", "lane": "comm", "start": ar.start, "end": ar.end}]
+    assert rec.gather() == [{"rank": 3, "name": "F0", "lane": "compute", "start": f.start, "end": f.end,
+                             "cpu": f.cpu, "ready": f.ready},
+                            {"rank": 3, "name": "AR", "lane": "comm", "start": ar.start, "end": ar.end,
+                             "cpu": 0.0, "ready": 0.0}]
+    assert f.cpu < 0.04, "a sleeping span spends no CPU"
     rec.reset(sync=False)
     assert rec.spans == [] and rec.now() < 0.05
 
@@ -77,7 +81,7 @@ def test_on_a_gpu_spans_are_times_of_cuda_events_relative_to_reset():
     assert time.perf_counter() - cpu_start < 1.0
     assert [e.stream for e in rec.events] == ["current"] * 3
     (f,) = rec.gather()
-    assert f == {"rank": 1, "name": "F0", "lane": "compute", "start": 0.5, "end": 2.0}
+    assert f == {"rank": 1, "name": "F0", "lane": "compute", "start": 0.5, "end": 2.0, "cpu": 0.0, "ready": 0.0}
     assert rec.synchronized == 2, "events are read only after a synchronize"
 
 
@@ -102,3 +106,33 @@ def test_cpu_seconds_and_gpu_events_share_a_timeline_but_not_a_span():
     assert [(s.name, s.start, s.end) for s in rec.spans] == [("host work", 0.0, 0.125), ("B0", 1.0, 2.0)]
     with pytest.raises(TypeError, match="both be CPU seconds or both CUDA events"):
         rec.add("mixed", 0.0, rec.mark())
+
+
+BURN = "import time\nend = time.time() + 3\nwhile time.time() < end:\n    pass\n"
+
+
+def test_a_span_under_load_keeps_its_steady_seconds():
+    """Three processes burn this machine's cores while a span computes: its wall time grows by the run-queue wait,
+    its steady time (wall − ready) stays the CPU time it spent (`par.clock`)."""
+    import os
+    import subprocess
+    import sys
+
+    from par import clock
+    if not clock.available():
+        pytest.skip("this kernel does not tell a thread's run-queue wait (/proc/thread-self/schedstat)")
+    burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range((os.cpu_count() or 1) + 1)]
+    try:
+        time.sleep(0.3)
+        rec = Recorder(rank=0, sync=False)
+        with rec.span("busy"):
+            stop = time.thread_time() + 0.3
+            while time.thread_time() < stop:
+                pass
+        (span,) = rec.spans
+    finally:
+        for b in burners:
+            b.kill()
+    assert span.ready > 0.05 and span.duration > span.cpu + 0.05, f"the machine was not loaded: {span}"
+    assert abs(span.steady - span.cpu) <= 0.2 * span.cpu + 0.02, span
+    assert busy_fraction([{**asdict(span)}], 0, clock_="steady") == pytest.approx(1.0)
