@@ -9,9 +9,10 @@ test file that judges that exercise reads the same grades. The folder holds, by 
     tampered-unsolved__NAME   the exercise as handed out, its checks replaced by `pass` worth 100 points (nothing)
     wrong__NAME__FIXTURE      solved but one answer cell: tests/fixtures/wrong_answers/NAME/FIXTURE.py
     cheat__NAME__FIXTURE      solved but one answer cell: tests/fixtures/cheats/NAME/FIXTURE.py
+    valid__NAME__FIXTURE      solved but one answer cell, another right answer: tests/fixtures/valid_answers/NAME/FIXTURE.py
 
-A fixture file is the cell's body under a header: `# cell: <answer cell id>`, `# must fail: <check ids>`,
-`# why: ...` (and for a cheat `# sandbox: yes` when its defence is the sandbox's view of par).
+A fixture file is the cell's body under a header: `# cell: <answer cell id>`, `# must fail: <check ids>` (none
+for a valid answer), `# why: ...` (and for a cheat `# sandbox: yes` when its defence is the sandbox's view of par).
 """
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ HEADER = re.compile(r"^# (cell|must fail|sandbox|why): (.*)$", re.M)
 
 def fixture_files(kind: str) -> list[tuple]:
     """[(exercise, fixture name, answer cell id, checks that must fail, needs the sandbox, cell source)] of
-    tests/fixtures/<kind> ("wrong_answers" or "cheats"); the source keeps the answer cell's `%%writefile` line."""
+    tests/fixtures/<kind> ("wrong_answers", "cheats" or "valid_answers": no check must fail); the source keeps the
+    answer cell's `%%writefile` line."""
     out = []
     for path in sorted((FIXTURES / kind).glob("*/*.py")):
         text = path.read_text()
@@ -93,8 +95,8 @@ def fixture_files(kind: str) -> list[tuple]:
         cell = next(c for c in solution(path.parent.name).cells if c.id == head["cell"])
         magic = cell.source.split("\n", 1)[0]
         source = (magic + "\n" if magic.startswith("%%writefile") else "") + body.strip("\n")
-        out.append((path.parent.name, path.stem, head["cell"], [s.strip() for s in head["must fail"].split(",")],
-                    head.get("sandbox") == "yes", source))
+        must_fail = [s.strip() for s in head["must fail"].split(",")] if "must fail" in head else []
+        out.append((path.parent.name, path.stem, head["cell"], must_fail, head.get("sandbox") == "yes", source))
     return out
 
 
@@ -102,7 +104,7 @@ def class_folder(name: str, folder: Path) -> list[Path]:
     """Write exercise `name`'s class into `folder` (see the module docstring); the notebooks' paths."""
     nbformat.write(tampered_solved(name), folder / f"tampered-solved__{name}.ipynb")
     nbformat.write(tampered_unsolved(name), folder / f"tampered-unsolved__{name}.ipynb")
-    for kind, prefix in (("wrong_answers", "wrong"), ("cheats", "cheat")):
+    for kind, prefix in (("wrong_answers", "wrong"), ("cheats", "cheat"), ("valid_answers", "valid")):
         for exercise, fixture, cell, _, _, source in fixture_files(kind):
             if exercise == name:
                 nbformat.write(solved(name, {cell: source}), folder / f"{prefix}__{name}__{fixture}.ipynb")

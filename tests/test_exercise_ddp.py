@@ -1,15 +1,20 @@
 """Exercise 02's DDP by hand, graded on real ranks (`par.course.grading.exercise_ddp`).
 
-- The schedule judge, on hand-made logs: the schedule of the solution passes; a bucket launched after backward,
-  a handle waited inside backward, a handle never waited, a bucket never launched are each named.
+- The schedule judge, on hand-made records: the schedule of the solution passes; a bucket launched after
+  backward, a handle waited inside backward, a handle never waited, a bucket never launched are each named;
+  verify reads them from each rank's ledger, cut at its STEP records.
+- The handle's future, as ProcessGroupNCCL's behaves (emulated on a fake Work): NaN until the first wait of its
+  chain, which records WAIT once, writes the reduced values and runs the then() callbacks in order.
 - The expected gradients the grader computes before the run are what torch's `DistributedDataParallel` leaves
   in `.grad` on 2 gloo ranks (two steps of SGD in between).
 - The class run (02's `exercise_class`, tests/classroom.py, graded once and shared with tests/test_grading.py):
   the solution earns every point of 02, the untouched exercise none, every wrong answer of
   tests/fixtures/wrong_answers/02_gradient_buckets fails exactly the checks its file names (and loses exactly
   their points), and the cheats of tests/fixtures/cheats/02_gradient_buckets aimed at it (an all-reduce from
-  behind the grader's recorder, torch's DDP or par's BucketedDP doing the work, the grader's hooks silenced)
-  lose exactly the points of the checks they dodge.
+  behind the grader's recorder, torch's DDP or par's BucketedDP doing the work, the grader's hooks silenced, the
+  runner's schedule rewritten after backward) lose exactly the points of the checks they dodge; a DDP that waits
+  through its all-reduces' futures (tests/fixtures/valid_answers/02_gradient_buckets) earns every point
+  (tests/test_grading_cheats.py).
 """
 import os
 import re
@@ -29,9 +34,15 @@ NAME = "02_gradient_buckets"
 DDP_CHECKS = ("check-ddp-grads", "check-ddp-overlap", "check-ddp-bytes")
 
 
-# ---- the schedule judge, on logs written by hand ----------------------------------------------------------------
+# ---- the schedule judge, on records written by hand -------------------------------------------------------------
 
-def log_of(*rows) -> torch.Tensor:
+def log_of(*rows) -> list:
+    return list(rows)
+
+
+def ledger_of(*steps) -> torch.Tensor:
+    """One rank's ledger: each step's records after its STEP marker."""
+    rows = [row for s, step in enumerate(steps) for row in [(ddp.STEP, s, 0), *step]]
     return torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
 
 
@@ -64,10 +75,15 @@ def test_each_fault_of_the_schedule_is_named(rows, problem):
     assert problem in ddp.schedule_problem(log_of(*rows), BUCKETS, NUMELS)
 
 
-def test_a_missing_or_malformed_log_is_a_fault():
+def test_a_missing_or_malformed_ledger_is_a_fault():
     assert ddp.schedule_problem(None, BUCKETS, NUMELS) == "no schedule was recorded"
-    assert ddp.schedule_problem(torch.zeros(3, 2, dtype=torch.int64), BUCKETS, NUMELS) == "no schedule was recorded"
-    assert ddp.schedule_problem(log_of(*GOOD).float(), BUCKETS, NUMELS) == "no schedule was recorded"
+    _, context = ddp.make_inputs(ddp.Args(), 2, seed=7)
+    repeated = ledger_of(GOOD, GOOD)
+    repeated[len(GOOD) + 1, 1] = 0                          # step 0's marker again: a marker out of order
+    for ledger in (None, torch.zeros(3, 2, dtype=torch.int64), ledger_of(GOOD, GOOD).float(), ledger_of(GOOD),
+                   repeated):
+        result = ddp.verify(ddp.Args(), context, [{"ledger": ledger}] * 2)
+        assert result["overlap"]["problem"] == "rank 0, step 1: no schedule was recorded", ledger
 
 
 def test_verify_judges_gradients_schedule_and_bytes_from_raw_outputs():
@@ -75,9 +91,63 @@ def test_verify_judges_gradients_schedule_and_bytes_from_raw_outputs():
     assert len(context["buckets"]) >= 2 and len(inputs) == 2
     nothing = ddp.verify(ddp.Args(), context, [None, None])
     assert not nothing["grads"]["ok"] and not nothing["overlap"]["ok"] and not nothing["bytes"]["ok"]
-    forged = [{"grads": "all right", "log": [log_of(*GOOD)] * ddp.STEPS}] * 2     # the wrong model's log
+    forged = [{"grads": "all right", "ledger": ledger_of(*[GOOD] * ddp.STEPS)}] * 2     # the wrong model's schedule
     result = ddp.verify(ddp.Args(), context, forged)
     assert result["grads"]["max_error"] == float("inf") and not result["overlap"]["ok"]
+
+
+# ---- the handle's future: ProcessGroupNCCL's, emulated ----------------------------------------------------------
+
+class _Work:
+    """A finished Work stand-in: what the wrapper's private copy was reduced by."""
+
+    def __init__(self):
+        self.waits = 0
+
+    def wait(self, timeout=None):
+        self.waits += 1
+        return True
+
+
+def launched(values):
+    """(the student's tensor, its Handle, the records made) of an all-reduce whose reduced values are `values`."""
+    from par.course.grading import ledger
+    ledger.local()
+    mine = torch.full((len(values),), float("nan"))
+    return mine, ddp.Handle(_Work(), [mine], [torch.tensor(values)], call=4)
+
+
+def test_the_future_is_nan_until_the_first_wait_of_its_chain_which_runs_the_callbacks():
+    from par.course.grading import ledger
+    mine, handle = launched([2.0, 4.0])
+    fut = handle.get_future()
+    assert fut is handle.get_future() and fut.done(), "NCCL's future is completed when the collective is enqueued"
+    seen = []
+    halved = fut.then(lambda f: seen.append(f.value()[0].clone()) or f.value()[0] / 2)
+    quartered = halved.then(lambda f: f.value() / 2)
+    assert not seen and torch.isnan(fut.value()[0]).all(), "unsynchronized before a wait: NaN, no callback yet"
+    with pytest.raises(RuntimeError, match="before its wait"):
+        halved.value()
+    assert torch.equal(quartered.wait(), torch.tensor([0.5, 1.0]))
+    assert torch.equal(seen[0], torch.tensor([2.0, 4.0])), "a callback sees the reduced values"
+    assert torch.equal(mine, torch.tensor([2.0, 4.0])) and torch.equal(halved.value(), torch.tensor([1.0, 2.0]))
+    handle.wait()
+    fut.wait()
+    assert ledger.kept().tolist() == [[ddp.WAIT, 4, 0]], "one WAIT, at the first wait of the chain"
+    late = fut.then(lambda f: f.value()[0] + 1)
+    assert torch.equal(late.value(), torch.tensor([3.0, 5.0])), "a callback added after the wait runs at once"
+
+
+def test_a_callbacks_error_is_its_futures_and_what_the_handle_lacks_is_named():
+    _, handle = launched([1.0])
+    broken = handle.get_future().then(lambda f: 1 / 0)
+    handle.wait()
+    with pytest.raises(ZeroDivisionError):
+        broken.wait()
+    with pytest.raises(AttributeError, match="offers wait"):
+        handle.get_future().set_result(1)
+    with pytest.raises(AttributeError, match="get_future"):
+        handle.result()
 
 
 # ---- the expected gradients are DistributedDataParallel's --------------------------------------------------------

@@ -1,7 +1,9 @@
 """Exercise 08's part 3: the student's ring attention on real ranks (`par.course.grading.exercise_ring_attention`).
 
 - Without ranks: the grader's inputs (drawn per run, SDPA's output computed from them before any rank starts),
-  and `verify` judging outputs and counts that are right, missing, forged or sent off the ring.
+  and `verify` judging outputs and records that are right, missing, forged or sent off the ring; the profiler's
+  FLOP count (`profiled`), which sees the matmuls FlopCounterMode does not (dispatch modes switched off, another
+  thread), counts each op once, and counts nothing once the student's code stopped or replaced its session.
 - The class run (slow; 08's `exercise_class`, tests/classroom.py, shared with tests/test_grading.py): the solution,
   the unsolved exercise, every wrong answer of part 3 (tests/fixtures/wrong_answers/08_online_softmax, cell
   `ring-attention`) and every cheat of it (tests/fixtures/cheats/08_online_softmax). The solution earns 11 of 11;
@@ -27,11 +29,25 @@ WRONG = [w for w in tg.WRONG_ANSWERS if w[0] == NAME and w[2] == CELL]
 CHEATS = [c for c in tc.CHEATS_ALL if c[0] == NAME and c[2] == CELL]
 
 
+def ledger_of(cases: list[list]) -> torch.Tensor:
+    """One rank's ledger: each case's records after its CASE marker."""
+    rows = [row for c, case in enumerate(cases) for row in [(ex.CASE, c, 0), *case]]
+    return torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
+
+
+def records(context: dict, n: int, r: int, name: str, flops: float = 1.0) -> list:
+    """A right ring's records of one case on rank r: the formula's bytes to the right neighbour, in two sends,
+    r + 1 blocks' FLOPs (times `flops`) by both counters."""
+    half = context[name]["bytes"][r] // 2
+    f = int(flops * context[name]["flops"][r])
+    return [(ex.SENT, (r + 1) % n, half), (ex.SENT, (r + 1) % n, context[name]["bytes"][r] - half),
+            (ex.FLOPS, ex.MODES, f), (ex.FLOPS, ex.PROFILER, f)]
+
+
 def perfect_outputs(context: dict, n: int) -> list[dict]:
-    """What n ranks of a right ring report: SDPA's rows, the formula's bytes to the right neighbour, r+1 blocks."""
+    """What n ranks of a right ring leave: SDPA's rows, and their records."""
     return [{"out": {c: context[c]["want"][r].clone() for c in ex.CASES},
-             "sent": {c: {(r + 1) % n: context[c]["bytes"][r]} for c in ex.CASES},
-             "flops": {c: context[c]["flops"][r] for c in ex.CASES}} for r in range(n)]
+             "ledger": ledger_of([records(context, n, r, c) for c in ex.CASES])} for r in range(n)]
 
 
 # ---- without ranks ---------------------------------------------------------------------------------------------
@@ -66,18 +82,72 @@ def test_verify_passes_a_right_ring_and_fails_what_is_missing_forged_or_off_the_
     outputs = perfect_outputs(context, 4)
     outputs[1] = None                                             # a rank that left nothing
     outputs[2]["out"]["small"] = outputs[2]["out"]["small"][..., :1, :]          # a wrong shape
-    outputs[2]["sent"]["small"] = {3: "lots"}                     # a forged count
-    outputs[2]["flops"]["small"] = 1.5
-    outputs[3]["sent"]["wide"] = {1: context["wide"]["bytes"][3]}   # rank 3 of 4 sends to rank 1: not a neighbour
+    outputs[2]["ledger"] = outputs[2]["ledger"][1:]              # its first marker lost: no records are read
+    wide = [records(context, 4, 3, c) for c in ex.CASES]
+    wide[1][0] = (ex.SENT, 1, context["wide"]["bytes"][3])       # rank 3 of 4 sends to rank 1: not a neighbour
+    wide[1][1] = (ex.SENT, 0, 0)
+    wide[2] = [row for row in wide[2] if row[:2] != (ex.FLOPS, ex.PROFILER)]       # one counter missing
+    wide[3] += [(ex.FLOPS, ex.MODES, 0), (ex.FLOPS, ex.PROFILER, 1)]             # added counts: the largest holds
+    outputs[3]["ledger"] = ledger_of(wide)
     outputs[0]["out"]["one_token"] = [outputs[0]["out"]["one_token"]]   # not a tensor
     cases = {c["name"]: c for c in ex.verify(args, context, outputs)["cases"]}
     assert math.isinf(cases["small"]["max_error"]) and cases["small"]["sent_ratio"][1:3] == [None, None]
     assert cases["small"]["flops_ratio"][2] is None and cases["small"]["flops_ratio"][1] is None
     assert cases["wide"]["off_ring"] == [False, False, False, True] and cases["wide"]["sent_ratio"][3] == 1.0
+    assert cases["one_token"]["flops_ratio"][3] is None and cases["large_scores"]["flops_ratio"][3] == 1.0
     assert math.isinf(cases["one_token"]["max_error"])
     nan = perfect_outputs(context, 4)
     nan[0]["out"]["wide"][0, 0, 0, 0] = float("nan")
     assert math.isinf(ex.verify(args, context, nan)["cases"][1]["max_error"]), "a NaN counts as wrong"
+    skips_nothing = perfect_outputs(context, 4)
+    skips_nothing[0]["ledger"] = ledger_of([records(context, 4, 0, c)[:3] + [(ex.FLOPS, ex.PROFILER, 4 * context[c]["flops"][0])]
+                                            for c in ex.CASES])
+    assert ex.verify(args, context, skips_nothing)["cases"][0]["flops_ratio"][0] == 4.0, "the larger counter"
+
+
+def test_the_profiler_counts_the_matmuls_the_dispatch_modes_miss_each_once():
+    import threading
+
+    from torch.utils.flop_counter import FlopCounterMode
+    a, b = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 4, 5)
+    one = 2 * 6 * 5 * 4 * 5
+
+    def counted(work):
+        with ex.profiled() as seen, FlopCounterMode(display=False) as modes:
+            work()
+        return modes.get_total_flops(), seen
+    assert counted(lambda: a @ b) == (one, [one]), "the bmm under FlopCounterMode's own redispatch: once"
+    assert counted(lambda: _hidden(a, b)) == (0, [one]), "dispatch modes switched off"
+
+    def in_a_thread():
+        worker = threading.Thread(target=lambda: a @ b)
+        worker.start()
+        worker.join()
+    assert counted(in_a_thread) == (0, [one]), "a thread of the student's (profile_all_threads)"
+    q = torch.randn(1, 2, 6, 4)
+    sdpa = 2 * 2 * 6 * 6 * (4 + 4)
+    assert counted(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True))[1] == [sdpa]
+
+
+def _hidden(a, b):
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes():
+        return a @ b
+
+
+def test_a_profiler_session_the_student_stopped_or_replaced_counts_nothing():
+    from torch.autograd import ProfilerActivity, ProfilerConfig, ProfilerState, _disable_profiler, _enable_profiler
+    from torch.autograd import _prepare_profiler
+    from torch._C._profiler import _ExperimentalConfig
+    with ex.profiled() as seen:
+        _disable_profiler()
+    assert seen == [], "stopped: the grader's end of it finds no session of its own"
+    with ex.profiled() as seen:
+        _disable_profiler()
+        mine = ProfilerConfig(ProfilerState.KINETO, True, False, False, False, False, _ExperimentalConfig())
+        _prepare_profiler(mine, {ProfilerActivity.CPU})
+        _enable_profiler(mine, {ProfilerActivity.CPU})
+    assert seen == [], "replaced by the student's own session: it started after the grader's"
 
 
 def test_the_grader_knows_the_job_and_par_s_ring_is_stubbed_on_its_ranks():

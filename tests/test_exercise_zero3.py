@@ -1,20 +1,26 @@
 """Exercise 06's ZeRO-3 by hand, graded on real ranks (`par.course.grading.exercise_zero3`).
 
-- The schedule judge, on hand-made logs: the schedule of the solution passes; a unit not gathered before its
-  forward, not gathered again before its backward, its gradient reduce-scattered late or not at all, an
-  all-reduce, an extra all-gather are each named.
-- verify() on raw outputs: nothing (or forged types) earns nothing; the expected values' shards, as a correct
-  rank would report them, pass; a gradient N times too large, a shard of the wrong size, bytes at rest beyond the
-  formula are each failed.
+- The schedule judge, on hand-made records: the schedule of the solution passes, and so does one that prefetches
+  the next unit's all-gather (forward and backward, as DeepSpeed and FSDP do); a unit not gathered before its
+  forward, not gathered again before its backward, gathered more than one unit ahead (everything up front), its
+  gradient reduce-scattered late or not at all, an all-reduce, an extra all-gather are each named.
+- verify() on raw outputs and each rank's ledger: nothing (or forged types) earns nothing; the expected values'
+  shards, as a correct rank would report them, pass; a gradient N times too large, a shard of the wrong size,
+  bytes at rest beyond the formula, a unit not freed are each failed.
+- What the grader measures on the rank: a unit is freed when the storages its parameters pointed to as its
+  forward started hold nothing or are gone (not when the parameters point elsewhere while autograd keeps them);
+  the bytes at rest count every storage the rank built, wherever it is kept, a `gc.freeze()` undone, the growth
+  of one that existed before.
 - The expected parameters the grader computes before the run are what `torch.optim.Adam` leaves after STEPS steps
-  on the gradient averaged over the ranks; the bytes at rest are counted from every tensor the rank built, a copy
-  kept out of sight included.
+  on the gradient averaged over the ranks.
 - The class run (06's `exercise_class`, tests/classroom.py, graded once and shared with tests/test_grading.py):
   the solution earns every point of 06, the untouched exercise none, every wrong answer of
   tests/fixtures/wrong_answers/06_zero fails exactly the checks its file names (and loses exactly their points),
   and the cheats of tests/fixtures/cheats/06_zero aimed at the ZeRO-3 part (par's engine doing the work,
-  collectives from behind the grader's recorder, full parameters kept out of sight) lose exactly the points of
-  the checks they dodge.
+  collectives from behind the grader's recorder, full parameters kept out of sight, kept behind gc.freeze(), or
+  kept by autograd while the parameters point elsewhere) lose exactly the points of the checks they dodge; a
+  ZeRO-3 that prefetches the next unit (tests/fixtures/valid_answers/06_zero) earns every point
+  (tests/test_grading_cheats.py).
 """
 import re
 
@@ -34,7 +40,13 @@ FULL = full_marks(NAME)
 
 # ---- the schedule judge, on logs written by hand ----------------------------------------------------------------
 
-def log_of(*rows) -> torch.Tensor:
+def log_of(*rows) -> list:
+    return list(rows)
+
+
+def ledger_of(steps, held: int) -> torch.Tensor:
+    """One rank's ledger: each step's records after its STEP marker, the bytes at rest after the last."""
+    rows = [row for s, step in enumerate(steps) for row in [(zero3.STEP, s, 0), *step]] + [(zero3.HELD, held, 0)]
     return torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
 
 
@@ -52,29 +64,53 @@ def without(rows, row):
     return out
 
 
+PREFETCHED = [(G, 0, 12), (G, 1, 8), (Fw, 0, 0), (Fr, 0, 1), (Fw, 1, 0), (Fr, 1, 1),
+              (G, 2, 8), (G, 4, 12), (B, 1, 0), (R, 1, 0), (S, 3, 8), (R, 1, 1),
+              (B, 0, 0), (R, 0, 0), (S, 5, 12), (R, 0, 1), (E, 0, 0)]
+SIZES3 = [12, 8, 4]
+UP_FRONT = [(G, 0, 12), (G, 1, 8), (G, 2, 4), (Fw, 0, 0), (Fr, 0, 1), (Fw, 1, 0), (Fr, 1, 1), (Fw, 2, 0), (Fr, 2, 1),
+            (G, 3, 4), (B, 2, 0), (R, 2, 0), (S, 4, 4), (R, 2, 1), (G, 5, 8), (B, 1, 0), (R, 1, 0), (S, 6, 8),
+            (R, 1, 1), (G, 7, 12), (B, 0, 0), (R, 0, 0), (S, 8, 12), (R, 0, 1), (E, 0, 0)]
+
+
 def test_the_schedule_of_a_unit_gathered_freed_regathered_and_reduce_scattered_passes():
     assert zero3.schedule_problem(log_of(*GOOD), SIZES) == ""
 
 
+def test_a_prefetch_one_unit_ahead_passes_and_gathering_everything_up_front_does_not():
+    assert zero3.schedule_problem(log_of(*PREFETCHED), SIZES) == "", "unit 1 gathered as unit 0 starts, unit 0 as 1's backward starts"
+    ahead = zero3.schedule_problem(log_of(*UP_FRONT), SIZES3)
+    assert "unit 2's forward: all-gathered more than one unit ahead" in ahead, ahead
+    late = [(G, 0, 12), (Fw, 0, 0), (Fr, 0, 1), (G, 1, 8), (Fw, 1, 0), (Fr, 1, 1),
+            (G, 2, 8), (G, 4, 12), (B, 1, 0), (R, 1, 0), (S, 3, 8), (R, 1, 1), (B, 0, 0), (R, 0, 0), (S, 5, 12),
+            (R, 0, 1), (E, 0, 0)]
+    assert zero3.schedule_problem(log_of(*late), SIZES) == "", "backward prefetch alone"
+    swapped = [(G, 0, 12), (Fw, 0, 0), (Fr, 0, 1), (G, 1, 8), (Fw, 1, 0), (Fr, 1, 1),
+               (G, 4, 12), (G, 2, 8), (B, 1, 0), (R, 1, 0), (S, 3, 8), (R, 1, 1), (B, 0, 0), (R, 0, 0),
+               (S, 5, 12), (R, 0, 1), (E, 0, 0)]
+    assert "unit 1's backward: its all-gather holds 12 elements" in zero3.schedule_problem(log_of(*swapped), SIZES)
+
+
 @pytest.mark.parametrize("rows, problem", [
-    (without(GOOD, (G, 0, 12)), "unit 0's forward: 0 all-gather(s)"),
-    (without(GOOD, (G, 4, 12)), "unit 0's backward: 0 all-gather(s)"),
-    (without(GOOD, (G, 2, 8)), "unit 1's backward: 0 all-gather(s)"),
-    ([(G, 0, 13) if r == (G, 0, 12) else r for r in GOOD], "of [13] elements"),
+    (without(GOOD, (G, 0, 12)), "unit 0's forward: no all-gather of it before it"),
+    (without(GOOD, (G, 1, 8)), "unit 1's forward: no all-gather of it before it"),
+    (without(GOOD, (G, 4, 12)), "unit 0's backward: no all-gather of it before it"),
+    (without(GOOD, (G, 2, 8)), "unit 1's backward: no all-gather of it before it"),
+    ([(G, 0, 13) if r == (G, 0, 12) else r for r in GOOD], "holds 13 elements"),
     (without(GOOD, (S, 3, 8)) + [(S, 9, 8)], "unit 1's backward: 0 reduce-scatter(s)"),
     (GOOD[:-1] + [(S, 9, 8), (E, 0, 0)], "unit 0's backward: 2 reduce-scatter(s)"),
     ([(A, 3, 8) if r == (S, 3, 8) else r for r in GOOD], "an all-reduce of 8 elements"),
-    (GOOD + [(G, 9, 12)], "all-gather(s) or reduce-scatter(s) more"),
+    (GOOD + [(G, 9, 12)], "the backward: 1 all-gather(s) more than one per unit"),
+    (GOOD[:3] + [(G, 9, 8)] + GOOD[3:], "the forward: 1 all-gather(s) more than one per unit"),
+    (GOOD[:-1] + [(S, 9, 4), (E, 0, 0)], "unit 0's backward: 2 reduce-scatter(s)"),
     (without(GOOD, (B, 0, 0)), "did not run through every unit"),
 ])
 def test_each_fault_of_the_schedule_is_named(rows, problem):
     assert problem in zero3.schedule_problem(log_of(*rows), SIZES)
 
 
-def test_a_missing_or_malformed_log_is_a_fault():
+def test_a_missing_schedule_is_a_fault():
     assert zero3.schedule_problem(None, SIZES) == "no schedule was recorded"
-    assert zero3.schedule_problem(torch.zeros(3, 2, dtype=torch.int64), SIZES) == "no schedule was recorded"
-    assert zero3.schedule_problem(log_of(*GOOD).float(), SIZES) == "no schedule was recorded"
 
 
 # ---- verify, on raw outputs -------------------------------------------------------------------------------------
@@ -86,15 +122,19 @@ def honest(context: dict, n: int) -> list[dict]:
 
     def mine(flat, u, r):
         return flat[r * parts[u]:(r + 1) * parts[u]].clone()
-    log = []
-    for u, s in enumerate(sizes):
-        log += [(G, 0, s), (Fw, u, 0), (Fr, u, 1)]
-    for u in reversed(range(len(sizes))):
-        log += [(G, 0, sizes[u]), (B, u, 0), (R, u, 0), (S, 0, sizes[u]), (R, u, 1)]
-    log.append((E, 0, 0))
     return [{"grads": [[mine(g, u, r) for u, g in enumerate(step)] for step in context["grads"]],
              "shards": [mine(f, u, r) for u, f in enumerate(context["final"])],
-             "log": [log_of(*log)] * zero3.STEPS, "held": 16 * sum(parts)} for r in range(n)]
+             "ledger": ledger_of([step_of(sizes)] * zero3.STEPS, 16 * sum(parts))} for r in range(n)]
+
+
+def step_of(sizes: list[int], freed: int = 1) -> list:
+    """A clean step's records: each unit gathered, computed and freed; gathered again, its gradient scattered."""
+    rows = []
+    for u, s in enumerate(sizes):
+        rows += [(G, 0, s), (Fw, u, 0), (Fr, u, freed)]
+    for u in reversed(range(len(sizes))):
+        rows += [(G, 0, sizes[u]), (B, u, 0), (R, u, 0), (S, 0, sizes[u]), (R, u, 1)]
+    return rows + [(E, 0, 0)]
 
 
 def test_verify_passes_the_expected_values_and_fails_what_is_off():
@@ -109,7 +149,7 @@ def test_verify_passes_the_expected_values_and_fails_what_is_off():
 
     nothing = zero3.verify(zero3.Args(), context, [None] * n)
     assert not nothing["params"]["ok"] and not nothing["memory"]["ok"] and not nothing["gathers"]["ok"]
-    forged = [{"grads": "all right", "shards": "all right", "log": "all right", "held": 1.0}] * n
+    forged = [{"grads": "all right", "shards": "all right", "ledger": "all right"}] * n
     result = zero3.verify(zero3.Args(), context, forged)
     assert not result["params"]["ok"] and not result["memory"]["ok"] and not result["gathers"]["ok"]
 
@@ -121,11 +161,14 @@ def test_verify_passes_the_expected_values_and_fails_what_is_off():
     short[1]["shards"][0] = short[1]["shards"][0][:-1]
     assert zero3.verify(zero3.Args(), context, short)["params"]["max_error"] == float("inf")
     heavy = honest(context, n)
-    heavy[2]["held"] += 4 * sizes[0]
+    heavy[2]["ledger"] = ledger_of([step_of(sizes)] * zero3.STEPS, 16 * sum(s // n for s in sizes) + 4 * sizes[0])
     assert "bytes held at rest" in zero3.verify(zero3.Args(), context, heavy)["memory"]["problem"]
     kept = honest(context, n)
-    kept[0]["log"] = [log_of(*[(Fr, u, 0) if k == Fr else (k, u, x) for k, u, x in kept[0]["log"][0].tolist()])] * 2
+    kept[0]["ledger"] = ledger_of([step_of(sizes, freed=0)] * zero3.STEPS, 16 * sum(s // n for s in sizes))
     assert "still held memory after its forward" in zero3.verify(zero3.Args(), context, kept)["memory"]["problem"]
+    unmeasured = honest(context, n)
+    unmeasured[1]["ledger"] = unmeasured[1]["ledger"][:-1]
+    assert zero3.verify(zero3.Args(), context, unmeasured)["memory"]["problem"] == "rank 1: no memory was measured"
 
 
 # ---- the grader's own numbers ------------------------------------------------------------------------------------
@@ -148,21 +191,45 @@ def test_the_expected_parameters_are_what_torch_adam_leaves():     # torch's fir
         assert want.numel() == zero3.padded(numel, n) and not want[numel:].any(), "padded with zeros"
 
 
-def test_the_bytes_at_rest_count_every_tensor_the_rank_built_wherever_it_is_kept():
+def test_the_bytes_at_rest_count_every_storage_the_rank_built_wherever_it_is_kept():
     import gc
     import types
     module = types.ModuleType("student")
-    units = [zero3.Layer(torch.zeros(3, 2), torch.zeros(3), last=True)]
-    gc.freeze()
+    existing, grown = torch.zeros(7), torch.zeros(5)
     try:
-        hidden = (lambda box={}: box)()          # a default argument: no attribute of anything the grader reads
+        before = zero3.snapshot()            # (and everything alive now frozen, as the agent freezes)
+        units = [zero3.Layer(torch.zeros(3, 2), torch.zeros(3), last=True)]
+        hidden = (lambda box={}: box)()      # a default argument: no attribute of anything the grader reads
         hidden["kept"] = torch.zeros(100)
+        frozen = [torch.zeros(20)]
+        gc.freeze()                          # the student's: moves `frozen` (and everything) out of gc's lists
+        hidden["storage"] = torch.zeros(30).untyped_storage()      # a storage object, no tensor left
+        grown.untyped_storage().resize_(4 * 8)                     # existed before: its growth counts
         module.SHOWN = [torch.zeros(10)]
         records = [torch.zeros(1000)]
-        held = zero3.held_bytes(units, module, [records])
+        held = zero3.held_bytes(units, module, [records], before)
     finally:
         gc.unfreeze()
-    assert held == 4 * (100 + 10 + 3 * 2 + 3), held
+    assert held == 4 * (100 + 20 + 30 + 3 + 10 + 3 * 2 + 3), (held, existing.shape, frozen)
+
+
+def test_a_unit_is_freed_when_its_gathered_storage_is_empty_or_gone_not_when_its_parameters_point_elsewhere():
+    w = torch.nn.Parameter(torch.zeros(3, 4))
+    x = torch.randn(2, 4, requires_grad=True)
+
+    def used():
+        return [zero3.StorageRef(w.untyped_storage())]
+    refs = used()
+    y = torch.nn.functional.linear(x, w)                          # autograd saves a view of the weight
+    w.data = torch.empty(0)
+    assert not zero3.released(refs), "the gathered storage lives on in autograd's saved tensors"
+    del y
+    assert zero3.released(refs), "gone once nothing holds it"
+    w.data = torch.zeros(3, 4)
+    refs = used()
+    y = torch.nn.functional.linear(x, w)
+    w.untyped_storage().resize_(0)
+    assert zero3.released(refs), "resized to 0 bytes: autograd's view holds nothing either"
 
 
 # ---- the class run (06's `exercise_class`, tests/classroom.py, shared with tests/test_grading.py) --------------

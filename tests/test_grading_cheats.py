@@ -2,8 +2,10 @@
 
 Each file in tests/fixtures/cheats (see its README) is an answer cell that tries to score without the work; the
 rest of its notebook is the solution. Each is graded in its exercise's class (`exercise_class`, tests/classroom.py:
-graded once, 2 at a time, shared with the other test files); each test asserts that a submission failed exactly the checks its trick was aimed at. The unit tests below name the
-defence each trick meets, and fail when it is removed:
+graded once, 2 at a time, shared with the other test files); each test asserts that a submission failed exactly the
+checks its trick was aimed at. A defence must not cost a right answer its points: each file in
+tests/fixtures/valid_answers (another right way to answer, which a check once failed) gets full marks. The unit
+tests below name the defence each trick meets, and fail when it is removed:
 
     mutation flowing back into the grader's objects    the Proxy returns copies; nothing is written back
     shapes not judged (an empty tensor)                 compare.close / compare.equal
@@ -42,6 +44,7 @@ SANDBOX = sandbox.available()
 
 
 CHEATS_ALL = fixture_files("cheats")   # [(exercise, fixture, cell, must fail, needs the sandbox, source)]
+VALID = fixture_files("valid_answers")  # the same, none of them failing
 
 
 def test_every_cheat_names_real_cells():
@@ -66,6 +69,21 @@ def test_a_cheat_gets_only_the_honest_points(exercise_class, course, name, fixtu
     full = tg.full_marks(name)
     lost = sum(c.points for c in g.checks if c.id in must_fail)
     assert g.points == full - lost
+
+
+def test_every_valid_answer_names_a_real_answer_cell_and_no_check():
+    assert VALID
+    for name, fixture, cell, must_fail, _, _ in VALID:
+        cells = {c.id: c for c in tg.solution(name).cells}
+        assert cell in cells and is_answer(cells[cell]) and not must_fail, f"{name}/{fixture}"
+
+
+@slow
+@pytest.mark.parametrize("name, fixture", [v[:2] for v in VALID], ids=[f"{v[0]}/{v[1]}" for v in VALID])
+def test_a_valid_answer_gets_full_marks(exercise_class, course, name, fixture):
+    g = exercise_class(name)[f"valid__{name}__{fixture}"]
+    assert g.exercise == name and g.status == "ok" and g.points == g.max_points == tg.full_marks(name), \
+        format_grade(g, course)
 
 
 @slow

@@ -11,20 +11,26 @@ then, for each of STEPS steps, the rank runs forward and backward of the MSE los
 the ranks of each rank's gradient, as `DistributedDataParallel` averages them, are computed by the grader
 before the job starts.
 
-What the schedule was is recorded outside the student's module, in the rank's own log:
+What the schedule was is recorded outside the student's process: each record goes to the grader the moment it
+is made (`par.course.grading.ledger`), so nothing the student's code does afterwards changes it:
 
+    STEP s         step s starts (the records until the next STEP are that step's)
     READY i        the grader's post-accumulate hook of parameter i, registered after the student's hooks
                    (so it runs after them: the student's hook that fills a bucket runs before this record)
     LAUNCH c, k    an all-reduce of k elements (ProcessGroup.allreduce, wrapped for the run: every
                    `dist.all_reduce` goes through it), call c
-    WAIT c         the first wait of call c's handle (the handle the wrapper returned)
+    WAIT c         the first wait of call c: its handle's wait(), or the wait() of its future
+                   (`handle.get_future()`) or of a future chained to it with then()
     BACKWARD       loss.backward() returned
     FINISH         finish() returned; the grader's optimizer step comes next
 
-As under NCCL, an all-reduced buffer holds NaN until its handle is waited (the wrapper reduces a private
-copy and writes it into the student's tensor on wait), so a bucket read before its wait is wrong.
+As under NCCL, an all-reduced buffer holds NaN until its all-reduce is waited (the wrapper reduces a private
+copy and writes it into the student's tensor at the first wait), so a bucket read before its wait is wrong.
+The handle's future (`handle.get_future()`, DDP's comm-hook style) behaves as ProcessGroupNCCL's (`Future`): done
+at once, its value the student's tensors, valid after a wait() and inside a then() callback, which therefore
+runs at that first wait.
 
-`verify` judges, in the grader's process from the raw outputs: the gradients (max |yours - mean| over the
+`verify` judges, in the grader's process from the raw outputs and the records: the gradients (max |yours - mean| over the
 ranks, steps and parameters); the overlap (every bucket launched by the hook that filled it, i.e. before the
 grader's record of the gradient that completed it; no all-reduce waited before the last gradient was ready;
 every one waited before the step); the bytes (one all-reduce per bucket, of the bucket's size: Ψ elements
@@ -37,7 +43,6 @@ Result: world_size, backend, and
 """
 from __future__ import annotations
 
-import math
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,7 +50,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from par.course.grading import answers, rank_io
+from par.course.grading import ledger, rank_io
 from par.runtime.job_args import JobArgs, arg
 
 PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ranks: no optimizer step, no dispatch
@@ -55,7 +60,7 @@ WHY = "write the hooks and the bucketed all-reduce yourself with torch.distribut
 FORBIDDEN = [("torch.nn.parallel", "DistributedDataParallel"), ("par.dp.bucketed", "BucketedDP")]
 P2P_ONLY = False                # torch's all-reduce allowed (and recorded, `recording`)
 STEPS, LR, TOLERANCE = 2, 0.1, 1e-5
-READY, LAUNCH, WAIT, BACKWARD, FINISH = range(5)
+READY, LAUNCH, WAIT, BACKWARD, FINISH, STEP = range(6)
 REGISTER = torch.Tensor.register_post_accumulate_grad_hook    # bound before any student module is imported
 
 
@@ -114,34 +119,100 @@ def make_inputs(args: Args, n: int, seed: int):
 # ---------------------------------------------------------------- what the rank records
 class Handle:
     """What `dist.all_reduce(..., async_op=True)` returns during the run: the real Work, and the student's
-    tensors, which get the reduced values (NaN until then, as under NCCL) when it is waited."""
+    tensors, which get the reduced values (NaN until then, as under NCCL) at the first wait (`settle`)."""
 
-    def __init__(self, work, mine, private, call, log):
-        self._work, self._mine, self._private, self._call, self._log = work, mine, private, call, log
-        self._waited = False
+    def __init__(self, work, mine, private, call):
+        self._work, self._mine, self._private, self._call = work, mine, private, call
+        self._waited, self._future = False, None
+
+    def settle(self) -> None:
+        """The first wait of this all-reduce, by whichever object: record WAIT, write the reduced values into the
+        student's tensors, run the then() callbacks of its future."""
+        if self._waited:
+            return
+        self._waited = True
+        ledger.record(WAIT, self._call)
+        self._work.wait()
+        with torch.no_grad():
+            for t, reduced in zip(self._mine, self._private):
+                t.copy_(reduced)
+        if self._future is not None:
+            self._future._settled()
 
     def wait(self, timeout=None) -> bool:
-        if not self._waited:
-            self._log.append((WAIT, self._call, 0))
-        self._work.wait() if timeout is None else self._work.wait(timeout)
-        if not self._waited:
-            with torch.no_grad():
-                for t, reduced in zip(self._mine, self._private):
-                    t.copy_(reduced)
-            self._waited = True
+        self.settle()
         return True
 
     def is_completed(self) -> bool:
         return self._waited
 
+    def get_future(self) -> "Future":
+        if self._future is None:
+            self._future = Future(self, value=list(self._mine))
+        return self._future
+
     def __getattr__(self, name):
-        raise AttributeError(f"the all-reduce's handle offers wait() (and is_completed()), not {name}: "
-                             f"call handle.wait()")
+        raise AttributeError(f"the all-reduce's handle offers wait(), is_completed() and get_future(), not {name}")
+
+
+class Future:
+    """`Handle.get_future()` and what its then() returns, as ProcessGroupNCCL's future behaves: done() at once (it
+    is marked completed when the collective is enqueued, with its output tensors); value() without a wait is not
+    synchronized (here: the NaN the tensors hold until the all-reduce is waited); wait() returns the value, valid;
+    a then() callback sees valid values, so it runs at the first wait of the chain (`Handle.settle`), and its
+    result is the value of the future then() returned (valid after that future's wait())."""
+
+    def __init__(self, handle: Handle, value=None):
+        self._handle, self._value, self._error, self._ready = handle, value, None, value is not None
+        self._callbacks: list = []          # (callback, the future it fills, or None for add_done_callback)
+
+    def wait(self):
+        self._handle.settle()
+        return self.value()
+
+    def value(self):
+        if self._error is not None:
+            raise self._error
+        if not self._ready:
+            raise RuntimeError("value() of a then() future before its wait(): under NCCL its tensors are not "
+                               "valid yet (call wait() first)")
+        return self._value
+
+    def done(self) -> bool:
+        return True
+
+    def then(self, callback) -> "Future":
+        child = Future(self._handle)
+        self._callbacks.append((callback, child))
+        if self._handle.is_completed() and self._ready:
+            self._settled()
+        return child
+
+    def add_done_callback(self, callback) -> None:
+        self._callbacks.append((callback, None))
+        if self._handle.is_completed() and self._ready:
+            self._settled()
+
+    def _settled(self) -> None:
+        """Run the callbacks waiting on this future, in order; each fills its own future and runs that one's."""
+        callbacks, self._callbacks = self._callbacks, []
+        for callback, child in callbacks:
+            try:
+                result, error = callback(self), None
+            except Exception as e:      # noqa: BLE001  (the student's callback: its error is its future's)
+                result, error = None, e
+            if child is not None:
+                child._value, child._error, child._ready = result, error, True
+                child._settled()
+
+    def __getattr__(self, name):
+        raise AttributeError(f"the all-reduce's future offers wait(), value(), then(), add_done_callback() and "
+                             f"done(), not {name}")
 
 
 @contextmanager
-def recording(log: list):
-    """Within the block, every ProcessGroup.allreduce is logged (LAUNCH) and returns a Handle (WAIT on wait)."""
+def recording():
+    """Within the block, every ProcessGroup.allreduce is recorded (LAUNCH) and returns a Handle (WAIT on wait)."""
     from torch._C import _distributed_c10d as c10d
     original = c10d.ProcessGroup.allreduce
     calls = [0]
@@ -149,13 +220,13 @@ def recording(log: list):
     def allreduce(self, tensors, *args, **kwargs):
         mine = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
         call, calls[0] = calls[0], calls[0] + 1
-        log.append((LAUNCH, call, sum(t.numel() for t in mine)))
+        ledger.record(LAUNCH, call, sum(t.numel() for t in mine))
         private = [t.detach().clone() for t in mine]
         work = original(self, private, *args, **kwargs)
         with torch.no_grad():
             for t in mine:
                 t.fill_(float("nan"))
-        return Handle(work, mine, private, call, log)
+        return Handle(work, mine, private, call)
     c10d.ProcessGroup.allreduce = allreduce
     try:
         yield
@@ -165,27 +236,25 @@ def recording(log: list):
 
 def run_rank(module, inputs: dict, rank: int, device, wire: dict) -> dict:
     params = [p.clone().to(device).requires_grad_() for p in inputs["params"]]
-    log: list = []
-    grads, logs = [], []
-    with recording(log):
+    grads = []
+    with recording():
         ddp = module.BucketedAllReduce(params, [list(b) for b in inputs["buckets"]])
         for i, p in enumerate(params):          # after the student's hooks: they run first
-            REGISTER(p, lambda _, i=i: log.append((READY, i, 0)))
+            REGISTER(p, lambda _, i=i: ledger.record(READY, i))
         for step in range(STEPS):
-            log.clear()
+            ledger.record(STEP, step)
             x, y = inputs["x"][step].to(device), inputs["y"][step].to(device)
             mlp_loss(params, x, y).backward()
-            log.append((BACKWARD, 0, 0))
+            ledger.record(BACKWARD)
             ddp.finish()
-            log.append((FINISH, 0, 0))
-            logs.append(torch.tensor(log, dtype=torch.int64).reshape(-1, 3))
+            ledger.record(FINISH)
             grads.append([p.grad.detach().clone() if p.grad is not None else None for p in params])
             with torch.no_grad():
                 for p in params:
                     if p.grad is not None:
                         p -= LR * p.grad
                     p.grad = None
-    return {"grads": grads, "log": logs}
+    return {"grads": grads}
 
 
 # ---------------------------------------------------------------- the grader's judgment
@@ -195,12 +264,12 @@ def _grad(out, step: int, i: int):
     return rank_io.tensor({"g": value}, "g", i) if type(value) is list else None
 
 
-def schedule_problem(log: torch.Tensor | None, buckets: list[list[int]], numels: list[int]) -> str:
-    """The first fault of one rank's step, from its log ("" if none): a bucket not launched by the hook that
-    filled it, an all-reduce waited before the last gradient was ready, or not waited before the step."""
-    if log is None or log.dtype != torch.int64 or log.dim() != 2 or log.shape[1] != 3:
+def schedule_problem(rows: list | None, buckets: list[list[int]], numels: list[int]) -> str:
+    """The first fault of one rank's step, from its records ((kind, a, b) rows; "" if none): a bucket not launched
+    by the hook that filled it, an all-reduce waited before the last gradient was ready, or not waited before the
+    step."""
+    if rows is None:
         return "no schedule was recorded"
-    rows = [tuple(int(v) for v in row) for row in log]
     ready, launches, waits, end, finish = [], {}, {}, None, None
     for pos, (kind, a, b) in enumerate(rows):
         if kind == READY:
@@ -238,19 +307,18 @@ def verify(args: Args, context: dict, outputs: list) -> dict:
     n, worst, problem = len(outputs), 0.0, ""
     all_reduced, calls, bytes_problem = [], [], ""
     for r, out in enumerate(outputs):
-        logs = out.get("log") if out is not None else None
+        steps = ledger.segments(out.get("ledger") if out is not None else None, STEP, STEPS)
         for step in range(STEPS):
             for i, want in enumerate(expected[step]):
                 worst = max(worst, rank_io.error(_grad(out, step, i), want))
-            log = rank_io.tensor({"l": logs}, "l", step) if type(logs) is list else None
-            found = schedule_problem(log, buckets, numels)
+            rows = steps[step] if steps is not None else None
+            found = schedule_problem(rows, buckets, numels)
             if found and not problem:
                 problem = f"rank {r}, step {step + 1}: {found}"
-            sizes = sorted(int(k) for kind, _, k in log.tolist() if kind == LAUNCH) if log is not None \
-                and log.dim() == 2 and log.shape[1] == 3 else None
-            if sizes is None:
+            if rows is None:
                 bytes_problem = bytes_problem or f"rank {r}, step {step + 1}: no all-reduce was recorded"
                 continue
+            sizes = sorted(k for kind, _, k in rows if kind == LAUNCH)
             calls.append(len(sizes))
             all_reduced.append(sum(sizes))
             want = sorted(sum(numels[i] for i in b) for b in buckets)

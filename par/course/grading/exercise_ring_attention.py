@@ -9,40 +9,57 @@ with scores large enough that exp overflows without the max subtracted) and comp
 r·t … (r+1)·t − 1 of each (the contiguous layout), loads the student's module and calls
 `ring_attention(q_r, k_r, v_r)`, while torch's and par's collectives raise (`par.course.grading.answers`:
 by name, on the process group objects, in torch's dispatcher): only sends and receives. Around each call the
-rank records, outside the student's module,
+rank records, each record sent to the grader the moment it is made (`par.course.grading.ledger`), so that nothing
+the student's code does afterwards changes it:
 
-    sent    bytes handed to the process group's `send` (every isend, send and batch_isend_irecv goes through
-            it), per destination rank: the ring sends 2·(N−1)·|K_r| bytes, all to one neighbour
-    flops   the matmul FLOPs of the call (`torch.utils.flop_counter.FlopCounterMode`): with blocks above the
-            diagonal skipped, rank r scores r + 1 blocks, at most (r + 1)·4·B·h·t²·d
+    CASE c              case c (of CASES) starts: the records until the next CASE are its
+    SENT p, b           b bytes handed to the process group's `send` for rank p (every isend, send and
+                        batch_isend_irecv goes through it): the ring sends 2·(N−1)·|K_r| bytes, all to one neighbour
+    FLOPS counter, f    the matmul FLOPs of the call, by two counters: MODES, torch's FlopCounterMode (a Python
+                        dispatch mode, which `_disable_current_modes()` switches off), and PROFILER, torch's profiler
+                        (`matmul_flops`: the aten matmul and attention ops it records on every thread of the rank,
+                        with their input shapes, below Python's modes). A profiler the student's code stopped makes
+                        the grader's end of it fail: no PROFILER record. The count judged is the larger of the two;
+                        with blocks above the diagonal skipped, rank r scores r + 1 blocks, at most
+                        (r + 1)·4·B·h·t²·d
 
-`verify` compares every rank's output with its rows of SDPA's: in the grader's own process when the grader
-launched the job (`--io`, `par.course.grading.rank_io`), on rank 0 otherwise. The counts are what the ranks
-report: like every count of a real-rank exercise, a student who hunts down the counters in their own process
-can change them; the outputs are judged by the grader alone.
+`verify` compares every rank's output with its rows of SDPA's, and reads the counts from the records: in the
+grader's own process when the grader launched the job (`--io`, `par.course.grading.rank_io`), on rank 0
+otherwise. Like every count of a real-rank exercise, a count the student's code can reach is not proof: it could
+send records of its own (only add them, so a count judged by its largest record or its sum only grows), or keep
+matmuls from both counters (with torch's record functions switched off as well, or scores computed without a
+matmul); the outputs are judged by the grader alone.
 
 Result: world_size, backend, and
     cases  [{name, max_error (largest |yours − SDPA| over the ranks, inf for NaN or a missing output),
             tolerance (the largest max_error that passes: TOLERANCE),
-            sent_ratio [per rank: bytes sent / 2(N−1)·|K_r|, None when not reported],
+            sent_ratio [per rank: bytes sent / 2(N−1)·|K_r|, None when not recorded],
             off_ring [per rank: bytes sent to a rank that is not a neighbour],
-            flops_ratio [per rank: matmul FLOPs / (r + 1) blocks' worth, None when not reported]}]
+            flops_ratio [per rank: matmul FLOPs (the larger count) / (r + 1) blocks' worth, None when either
+                         counter recorded nothing]}]
 """
 from __future__ import annotations
 
+import os
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from torch._C._profiler import _ExperimentalConfig
+from torch.autograd import (ProfilerActivity, ProfilerConfig, ProfilerState, _disable_profiler, _enable_profiler,
+                            _prepare_profiler)
 
-from par.course.grading import answers, rank_io
+from par.course.grading import answers, ledger, rank_io
 from par.cp.ring_attention import ring_attention_bytes
 from par.runtime.job_args import JobArgs, arg
 
 WHY = "the exercise asks for a ring of sends and receives"
 FORBIDDEN, P2P_ONLY = answers.COLLECTIVES, True    # only sends and receives (rank_io.guarded)
 CASES = ("small", "wide", "one_token", "large_scores")
+CASE, SENT, FLOPS = range(3)           # the kinds of the records
+MODES, PROFILER = range(2)             # the FLOP counters
 # the largest |yours - SDPA| that passes. large_scores: scores of a few hundred carry float32 rounding of ~2e-5
 # each, so a correct ring that orders its sums differently from SDPA is off by ~1e-5 (1.17e-5 measured for one
 # that scores every block); an overflow still gives inf
@@ -87,15 +104,14 @@ def make_inputs(args: Args, n: int, seed: int):
 
 @contextmanager
 def bytes_sent():
-    """Within the block, the bytes every `send` of a process group or backend object hands over, per
-    destination rank (yields the dict; the sends still happen)."""
+    """Within the block, the bytes every `send` of a process group or backend object hands over are recorded
+    (SENT destination, bytes; the sends still happen)."""
     from torch._C import _distributed_c10d as c10d
-    sent: dict[int, int] = {}
     saved = []
 
     def make(original):
         def send(self, tensors, dst, *args, **kwargs):
-            sent[int(dst)] = sent.get(int(dst), 0) + sum(t.numel() * t.element_size() for t in tensors)
+            ledger.record(SENT, int(dst), sum(t.numel() * t.element_size() for t in tensors))
             return original(self, tensors, dst, *args, **kwargs)
         send.__name__ = "send"
         return send
@@ -105,60 +121,144 @@ def bytes_sent():
             if original is not None:
                 saved.append((cls, original))
                 cls.send = make(original)
-        yield sent
+        yield
     finally:
         for cls, original in reversed(saved):
             cls.send = original
 
 
+# ---------------------------------------------------------------- the FLOPs torch's profiler sees
+# the aten ops whose FLOPs are counted: op -> the index of its first matrix among its inputs
+MM = {"aten::mm": 0, "aten::addmm": 1}                                   # (m, k) @ (k, n)
+BMM = {"aten::bmm": 0, "aten::baddbmm": 1, "aten::addbmm": 1}            # (b, m, k) @ (b, k, n)
+MV = {"aten::mv": 0, "aten::addmv": 1, "aten::dot": 0, "aten::vdot": 0}  # (m, k) @ (k,), (k,) · (k,)
+ATTENTION = {f"aten::{name}": 0 for name in (                            # q, k, v: (..., s, d)
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_fused_attention_overrideable")}
+MATMULS = {**MM, **BMM, **MV, **ATTENTION}
+
+
+def op_flops(name: str, shapes: list) -> int:
+    """The FLOPs of one op of MATMULS from its inputs' shapes, as FlopCounterMode counts them (2 per multiply-add;
+    attention: q·kᵀ and the scores times v, every (query, key) pair); 0 when the shapes are not a matmul's."""
+    first = MATMULS[name]
+    a, b, *more = shapes[first:first + 3] + [[], [], []]
+    if name in MM and len(a) == 2 and len(b) == 2:
+        return 2 * a[0] * a[1] * b[1]
+    if name in BMM and len(a) == 3 and len(b) == 3:
+        return 2 * a[0] * a[1] * a[2] * b[2]
+    if name in MV and a:
+        return 2 * (a[0] * a[1] if len(a) == 2 else a[0])
+    v = more[0]
+    if name in ATTENTION and len(a) >= 2 and len(b) >= 2 and v:
+        batch = 1
+        for size in a[:-2]:
+            batch *= size
+        return 2 * batch * a[-2] * b[-2] * (a[-1] + v[-1])
+    return 0
+
+
+def matmul_flops(events) -> int:
+    """The FLOPs of the matmul and attention ops (MATMULS) among the profiler's `events`, each counted once: an op
+    inside another counted op of its thread (matmul's bmm under a dispatch mode that calls it again, an attention
+    kernel under its wrapper) is part of the outer one."""
+    total, ends = 0, {}
+    ops = sorted((e for e in events if e.name() in MATMULS),
+                 key=lambda e: (e.start_thread_id(), e.start_ns(), -e.end_ns()))
+    for e in ops:
+        thread = e.start_thread_id()
+        if e.start_ns() < ends.get(thread, -1):
+            continue
+        ends[thread] = e.end_ns()
+        total += op_flops(e.name(), [list(shape) for shape in e.shapes()])
+    return total
+
+
+# bound before any student module is imported (rank_io.main imports this module first)
+PROFILER_CALLS = (_prepare_profiler, _enable_profiler, _disable_profiler, time.time_ns)
+
+
+@contextmanager
+def profiled():
+    """Within the block, torch's profiler records every aten op of every thread of this process, with the
+    shapes of its inputs; yields a list that holds, after the block, the FLOPs of its matmuls (`matmul_flops`).
+    It stays empty when the profiler could not be started, or when the session running at the end is not the one
+    started here (the student's code stopped it, or stopped it and started its own: the session's start time
+    says so)."""
+    prepare, enable, disable, now = PROFILER_CALLS
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")        # kineto's start and stop lines: none on the rank's stderr
+    config = ProfilerConfig(ProfilerState.KINETO, True, False, False, False, False,
+                            _ExperimentalConfig(profile_all_threads=True))
+    activities, flops = {ProfilerActivity.CPU}, []
+    started = now()
+    try:
+        prepare(config, activities)
+        enable(config, activities)
+    except RuntimeError:
+        yield flops
+        return
+    ready = now()
+    try:
+        yield flops
+    finally:
+        try:
+            result = disable()
+        except RuntimeError:
+            result = None
+        if result is not None and started <= result.trace_start_ns() <= ready:
+            flops.append(matmul_flops(result.events()))
+
+
 def run_rank(module, inputs: dict, rank: int, device, wire: dict) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
-    out, sent, flops = {}, {}, {}
-    for name in CASES:
+    out = {}
+    for c, name in enumerate(CASES):
+        ledger.record(CASE, c)
         q, k, v = (inputs[name][x].to(device) for x in "qkv")
-        with bytes_sent() as to, FlopCounterMode(display=False) as counter:
+        with bytes_sent(), profiled() as seen, FlopCounterMode(display=False) as counter:
             got = module.ring_attention(q, k, v)
         out[name] = got if isinstance(got, torch.Tensor) else None
-        sent[name] = {int(p): int(b) for p, b in to.items()}
-        flops[name] = int(counter.get_total_flops())
-    return {"out": out, "sent": sent, "flops": flops}
+        ledger.record(FLOPS, MODES, int(counter.get_total_flops()))
+        for flops in seen:
+            ledger.record(FLOPS, PROFILER, flops)
+    return {"out": out}
 
 
-def _number(outputs: dict | None, key: str, name: str):
-    """outputs[key][name] when it is a plain int, else None (a rank that reported nothing readable)."""
-    value = outputs.get(key) if outputs is not None else None
-    value = value.get(name) if type(value) is dict else None
-    return value if type(value) is int else None
-
-
-def _sent(outputs: dict | None, name: str) -> dict | None:
-    value = outputs.get("sent") if outputs is not None else None
-    value = value.get(name) if type(value) is dict else None
-    if type(value) is not dict or not all(type(p) is int and type(b) is int for p, b in value.items()):
-        return None
-    return value
+def _counts(rows: list | None) -> tuple[dict | None, int | None]:
+    """({destination: bytes sent}, the FLOPs judged) of one case's records: each destination's bytes summed, the
+    larger of the two counters' FLOPs (None when either recorded nothing, or without records)."""
+    if rows is None:
+        return None, None
+    sent, flops = {}, {}
+    for kind, a, b in rows:
+        if kind == SENT:
+            sent[a] = sent.get(a, 0) + b
+        elif kind == FLOPS:
+            flops[a] = max(flops.get(a, b), b)
+    return sent, max(flops.values()) if MODES in flops and PROFILER in flops else None
 
 
 def verify(args: Args, context: dict, outputs: list) -> dict:
-    """The result, from SDPA's rows and what every rank returned and reported (None: a rank that produced nothing)."""
+    """The result, from SDPA's rows, what every rank returned and its records (None: a rank that produced
+    nothing)."""
     n, cases = len(outputs), []
-    for name in CASES:
+    parts = [ledger.segments(out.get("ledger") if out is not None else None, CASE, len(CASES)) for out in outputs]
+    for c, name in enumerate(CASES):
         want = context[name]
         worst, ratios, off_ring, flops = 0.0, [], [], []
         for r, out in enumerate(outputs):
             got = out.get("out") if out is not None else None
             got = rank_io.tensor(got if type(got) is dict else None, name)
             worst = max(worst, rank_io.error(got, want["want"][r]))
-            sent = _sent(out, name)
+            sent, f = _counts(parts[r][c] if parts[r] is not None else None)
             ratios.append(None if sent is None else sum(sent.values()) / want["bytes"][r] if want["bytes"][r]
                           else float(sum(sent.values())))
             off_ring.append(sent is not None and any(b and p not in ((r + 1) % n, (r - 1) % n)
                                                      for p, b in sent.items()))
-            f = _number(out, "flops", name)
             flops.append(None if f is None else f / want["flops"][r])
         cases.append({"name": name, "max_error": worst, "tolerance": TOLERANCE[name], "sent_ratio": ratios,
-                      "off_ring": off_ring,
-                      "flops_ratio": flops})
+                      "off_ring": off_ring, "flops_ratio": flops})
     return {"cases": cases}
 
 

@@ -19,6 +19,11 @@ the rank's connection (by hunting down the socket); it cannot remove or reorder 
 
 Run without a grader (the student's own launch, no `--io`), the records stay in the rank (`local`), and rank 0
 verifies them as the grader would.
+
+Reading them (`segments`): a runner marks where each of its parts starts (02's and 06's steps, 08's cases) with a
+record (marker, i, 0); the records after it, up to the next marker, are part i's. The runner writes the markers
+0, 1, ..., count − 1 in order; records in any other order (a marker forged by the student's code, one missing)
+are read as no records at all.
 """
 from __future__ import annotations
 
@@ -180,3 +185,23 @@ class Ledger:
             rows = [RECORD.unpack_from(buf, i) for i in range(0, len(buf), RECORD.size)]
             out.append(torch.tensor(rows, dtype=torch.int64).reshape(-1, 3))
         return out
+
+
+# ---------------------------------------------------------------- reading a rank's records
+def segments(records, marker: int, count: int) -> list[list[tuple[int, int, int]]] | None:
+    """The records of parts 0 … count − 1 (each a list of (kind, a, b)) from one rank's ledger, a (k, 3) integer
+    tensor; what comes before the first marker belongs to no part. None for anything else (no records), or when
+    the markers are not 0, 1, ..., count − 1 in order."""
+    import torch
+    if type(records) is not torch.Tensor or records.dim() != 2 or records.shape[1] != 3 or \
+            records.is_floating_point() or records.is_complex():
+        return None
+    parts: list[list[tuple[int, int, int]]] = []
+    for kind, a, b in records.tolist():
+        if kind == marker:
+            if a != len(parts):
+                return None
+            parts.append([])
+        elif parts:
+            parts[-1].append((kind, a, b))
+    return parts if len(parts) == count else None
