@@ -878,3 +878,27 @@ def test_the_ranks_lose_the_graders_expected_values_and_keep_the_runner():
                  "par.course.grading.ledger.record", "par.course.grading.sandbox.limit",
                  "par.course.grading.standins._launch_main"):
         assert kept not in names, kept
+
+
+FILLS = """import os, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+for path in ("/tmp/filler", "filler"):
+    try:
+        with open(path, "wb") as f:
+            while True:
+                f.write(bytes(1 << 20))
+    except OSError as e:
+        print(path, os.path.getsize(path) >> 20, e.errno)
+    os.unlink(path)
+"""
+
+
+@needs_sandbox
+def test_a_submission_cannot_fill_the_memory_or_the_disk(tmp_path):
+    """Its private /tmp (memory) stops at TMP_BYTES, a file in its work folder (the host's disk) at FILE_BYTES."""
+    import errno
+    box = sandbox.Sandbox.create(tmp_path, sandboxed=True)
+    out = subprocess.run(box.wrap([sys.executable, "-c", FILLS]), cwd=tmp_path, env=box.env(), capture_output=True,
+                         text=True, timeout=120).stdout.split()
+    assert out[:3] == ["/tmp/filler", str(sandbox.TMP_BYTES >> 20), str(errno.ENOSPC)], out
+    assert out[3:] == ["filler", str(sandbox.FILE_BYTES >> 20), str(errno.EFBIG)], out

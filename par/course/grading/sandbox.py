@@ -22,7 +22,9 @@ What a sandboxed submission sees and may do (bwrap, no root needed where unprivi
   and feedback paths are not mounted;
 * par's reference answers to the exercise replaced by stubs that raise (`overlays`, `par.course.grading.references`),
   and, for a real-rank job, the grader's input/output folder mounted (`binds`, `par.course.grading.rank_io`);
-* limits per process: CPU seconds (RLIMIT_CPU) and address space (RLIMIT_AS), set before the kernel starts;
+* limits per process: CPU seconds (RLIMIT_CPU), address space (RLIMIT_AS) and the size of a file it writes
+  (RLIMIT_FSIZE, FILE_BYTES), set before the kernel starts; the private /tmp, which lives in memory, holds at
+  most TMP_BYTES (PAR_GRADE_TMP, 1 GiB);
 * a cap on processes (`ProcessCap`): the grader counts the processes of the sandbox's pid namespace ten times
   a second and kills them all when there are more than MAX_PROCESSES (PAR_GRADE_MAX_PROCESSES, 256) at once: a
   fork bomb ends the submission ("more than N processes" in its row) and the batch goes on. Where Linux counts
@@ -59,6 +61,8 @@ from par.runtime.paths import ROOT
 MEMORY = int(env_number("PAR_GRADE_MEMORY", 16 << 30, minimum=1 << 20))   # bytes of address space per process
 MAX_PROCESSES = int(env_number("PAR_GRADE_MAX_PROCESSES", 256, minimum=1))   # processes at once in one sandbox
 TASKS = 4096         # RLIMIT_NPROC in a sandbox (threads included), where the kernel counts it per user namespace
+TMP_BYTES = int(env_number("PAR_GRADE_TMP", 1 << 30, minimum=1 << 20))   # the private /tmp's size (it is memory)
+FILE_BYTES = int(env_number("PAR_GRADE_FILE", 2 << 30, minimum=1 << 20))  # the largest file a process may write
 
 
 NOBODY = 65534      # the uid and gid a sandboxed process has inside its user namespace
@@ -94,6 +98,13 @@ def isolation() -> tuple[str, ...] | None:
 def available() -> bool:
     """bwrap exists and can make the namespaces we ask for on this machine."""
     return isolation() is not None
+
+
+@functools.lru_cache(maxsize=None)
+def sized_tmp() -> tuple[str, ...]:
+    """bwrap's `--size TMP_BYTES` for the private /tmp where this bwrap has it (0.7 and later), else nothing."""
+    flags = ("--size", str(TMP_BYTES))
+    return flags if isolation() and _runs(shutil.which("bwrap"), (*isolation(), *flags, "--tmpfs", "/tmp")) else ()
 
 
 def package_copy(dest: Path) -> Path:
@@ -205,7 +216,7 @@ class Sandbox:
         work = str(self.workdir)
         args = ["bwrap", *(isolation() or ISOLATION), "--die-with-parent", "--new-session"]
         args += _system_binds()
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/tmp/home"]
+        args += ["--proc", "/proc", "--dev", "/dev", *sized_tmp(), "--tmpfs", "/tmp", "--dir", "/tmp/home"]
         args += _python_binds()        # after the private /tmp: bwrap mounts in order, a later mount hides an earlier
         if self.package is not None:
             args += ["--ro-bind", str(self.package), str(self.package)]
@@ -238,6 +249,7 @@ def limit(argv: list[str]) -> None:
     if int(memory) > 0:
         resource.setrlimit(resource.RLIMIT_AS, (int(memory), int(memory)))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
     if sys.platform.startswith("linux"):   # SIGKILL when the grader (our parent) dies, even unsandboxed
         import ctypes
         import signal
