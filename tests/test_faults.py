@@ -432,7 +432,7 @@ def test_a_checkpoint_file_is_written_atomically_and_its_folder_checked_first(tm
     if os.path.isdir("/proc/self"):                                            # read-only for root too
         with pytest.raises(CheckError, match="cannot write /proc/par-checkpoint"):
             checkpoint.check_directory("/proc/par-checkpoint")
-    with pytest.raises(FileNotFoundError, match="holds no complete checkpoint"):
+    with pytest.raises(checkpoint.CheckpointError, match="holds no complete checkpoint"):
         checkpoint.load(None, str(tmp_path))
 
 

@@ -110,10 +110,21 @@ def read_log(directory: str) -> dict:
 
 
 def newest_checkpoint(directory: str) -> tuple[int, str] | None:
-    """(step, folder) of the newest complete checkpoint DIR/step_S (its meta.pt written last), None without one."""
-    found = [(int(name[5:]), os.path.join(directory, name)) for name in os.listdir(directory)
-             if name.startswith("step_") and name[5:].isdigit() and resume.exists(os.path.join(directory, name))]
-    return max(found) if found else None
+    """(step, folder) of the newest checkpoint DIR/step_S that is complete and intact (`checkpoint.verify`: its
+    meta.pt, written last, and every shard checked), None without one. A newer one that is not is passed over,
+    and the line printed says which and why."""
+    found = sorted(((int(name[5:]), os.path.join(directory, name)) for name in os.listdir(directory)
+                    if name.startswith("step_") and name[5:].isdigit() and resume.exists(os.path.join(directory, name))),
+                   reverse=True)
+    for k, (step, folder) in enumerate(found):
+        try:
+            checkpoint.verify(folder)
+        except checkpoint.CheckpointError as e:
+            after = f"falls back to {found[k + 1][1]}" if k + 1 < len(found) else "starts from step 0"
+            print(f"note: {folder} cannot be resumed ({e}); the restart {after}", flush=True)
+            continue
+        return step, folder
+    return None
 
 
 # ---------------------------------------------------------------- one attempt

@@ -91,10 +91,9 @@ def load(engine, directory: str, data: bool = True, rng: bool = True, optimizer:
 def full_units(directory: str) -> tuple[dict, list[dict]]:
     """(meta, per unit {"master": flat fp32 of Ψ_unit, "state": {m, v: flat; step: as saved}}): every rank's
     partitions concatenated (`checkpoint.reshard` to one rank), padding dropped."""
-    meta = torch.load(checkpoint.meta_path(directory), map_location="cpu", weights_only=True)
-    world = meta["world"]
-    shards = [torch.load(checkpoint.shard_path(directory, r, world), map_location="cpu", weights_only=True)["units"]
-              for r in range(1 if meta["stage"] == 0 else world)]   # stage 0: every rank saved the whole unit
+    meta = checkpoint.read_meta(directory)
+    shards = [checkpoint.read_shard(directory, meta, r)     # each checked: its save, rank, layout and bytes
+              for r in range(1 if meta["stage"] == 0 else meta["world"])]   # stage 0: every rank saved it whole
     units = []
     for i, u in enumerate(meta["units"]):
         pieces = [s[i] for s in shards]
@@ -211,12 +210,13 @@ def save_pp(engine, model, directory: str, step: int) -> None:
 def pp_units(directory: str) -> tuple[dict, list[dict]]:
     """`save_pp`'s folder as `install` reads it: one unit per parameter, {"master": flat, "state": {m, v: flat;
     step}}, every stage's file read."""
-    meta = torch.load(checkpoint.meta_path(directory), map_location="cpu", weights_only=True)
-    if meta.get("layout") != "pp":
-        raise ValueError(f"{directory} holds no pipeline state (save_pp's): load it with load_single or load")
+    meta = checkpoint.read_file(checkpoint.meta_path(directory)) if exists(directory) else None
+    if meta is None or meta.get("layout") != "pp":
+        raise checkpoint.CheckpointError(f"{directory} holds no pipeline state (save_pp's): load it with "
+                                         f"load_single or load")
     meta, units = {**meta, "units": []}, []
     for s in range(meta["stages"]):
-        saved = torch.load(stage_path(directory, s, meta["stages"]), map_location="cpu", weights_only=True)
+        saved = checkpoint.read_file(stage_path(directory, s, meta["stages"]))
         for name, value in saved["params"].items():
             meta["units"].append({"params": [name], "shapes": [tuple(value.shape)]})
             units.append({"master": value.flatten(),

@@ -123,11 +123,26 @@ def _existing_ancestor(path: Path) -> Path:
     return path
 
 
+def _no_broken_link(path, target: Path) -> None:
+    """CheckError when `target` or a folder above it is a link that leads nowhere (a loop, or a missing target):
+    writing there would fail only at the first write."""
+    import errno
+    for p in (target, *target.parents):
+        if p.is_symlink():
+            try:
+                p.stat()
+            except OSError as e:
+                why = "a loop of links" if e.errno == errno.ELOOP else f"its target {os.readlink(p)} is missing"
+                raise CheckError(f"cannot write {path}: {p} is a link that leads nowhere ({why}); remove the link "
+                                 f"or choose another path") from None
+
+
 def check_writable(path, directory: bool = False, parents: bool = False) -> None:
     """Raise `CheckError` unless `path` can be written: a file, or (`directory`) a folder; `parents`: the
     command makes the missing folders above it (a folder always may). Tried by writing, not by reading
     permission bits (root ignores them, a read-only mount does not); nothing is left behind."""
     target = Path(path).absolute()
+    _no_broken_link(path, target)
     base = _existing_ancestor(target)
     if base == target and target.is_dir() != directory:
         raise CheckError(f"cannot write {path}: it is {'a file' if directory else 'a folder'}; "

@@ -22,10 +22,20 @@ A checkpoint is never left half-written: `check_directory` refuses a folder that
 training starts; every file is written to a temporary name, flushed to disk (fsync) and renamed; a write that
 fails (a full disk) removes its temporary file and raises `CheckError` naming the file and the cause; and
 `meta.pt` is written last, after every shard exists, so a folder without it is no checkpoint (`load` says so).
+
+A checkpoint knows itself. Each save draws an id; every shard records it with its rank, the world and stage it
+was cut for, the layout's fingerprint (the units' parameter names, shapes and sizes) and the SHA-256 of its
+tensors, and meta.pt records the id and every shard's checksum. Reading a shard (`read_shard`) checks all of
+them: a file that does not load (empty, truncated, not a checkpoint), a shard of another save, of another rank
+(two files swapped), of another layout, or whose bytes changed raises `CheckpointError` in one line naming the
+file and what differs. meta.pt of a pipeline's state (`par.resilience.resume.save_pp`) is refused by `load`
+with the loader to use.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import secrets
 
 import torch
 import torch.distributed as dist
@@ -33,7 +43,11 @@ import torch.distributed as dist
 from par.runtime.checks import CheckError, check_writable
 from par.zero.flat import padded_numel
 
-FORMAT = 1
+FORMAT = 2
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used: its message names the file and what is wrong with it."""
 
 
 def shard_path(directory: str, rank: int, world: int) -> str:
@@ -49,10 +63,103 @@ def _barrier(group=None) -> None:
         dist.barrier(group=group)
 
 
-def _load(path: str) -> dict:
+def read_file(path: str) -> dict:
+    """A checkpoint file's dict, or CheckpointError naming the file: missing, or not loadable (empty, truncated,
+    not a torch.save file, not plain data)."""
     if not os.path.exists(path):
-        raise FileNotFoundError(f"checkpoint file {path} is missing: was the checkpoint saved completely?")
-    return torch.load(path, map_location="cpu", weights_only=True)
+        raise CheckpointError(f"checkpoint file {path} is missing: was the checkpoint saved completely?")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError, OSError for a damaged file
+        cause = " ".join(str(e).split())[:160] or type(e).__name__
+        raise CheckpointError(f"checkpoint file {path} is damaged and cannot be read ({type(e).__name__}: "
+                              f"{cause}): save the checkpoint again, or resume from an earlier one") from None
+    if type(data) is not dict:
+        raise CheckpointError(f"checkpoint file {path} holds a {type(data).__name__}, not a checkpoint's record")
+    return data
+
+
+def checksum(value) -> str:
+    """SHA-256 of the tensors in `value` (dicts by sorted key, lists in order; their dtype, shape and bytes) and of
+    its other plain values: what a shard's bytes were when it was written."""
+    h = hashlib.sha256()
+
+    def feed(v):
+        if isinstance(v, torch.Tensor):
+            t = v.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(v, dict):
+            for k in sorted(v, key=str):
+                h.update(f"K{k}".encode())
+                feed(v[k])
+        elif isinstance(v, (list, tuple)):
+            h.update(f"L{len(v)}".encode())
+            for x in v:
+                feed(x)
+        else:
+            h.update(f"V{v!r}".encode())
+    feed(value)
+    return h.hexdigest()
+
+
+def fingerprint(units: list[dict]) -> str:
+    """The layout's fingerprint: SHA-256 of every unit's parameter names, shapes and size (meta.pt's "units")."""
+    return hashlib.sha256(repr([(u["params"], [list(s) for s in u["shapes"]], u["numel"])
+                                for u in units]).encode()).hexdigest()
+
+
+def read_shard(directory: str, meta: dict, rank: int) -> list[dict]:
+    """Rank `rank`'s saved partitions (per unit {"master", "state"}), after checking the shard is this
+    checkpoint's (its id), rank `rank`'s of meta's world and stage, of meta's layout, and unchanged (its checksum,
+    also kept in meta.pt): CheckpointError naming the file and the mismatch."""
+    path = shard_path(directory, rank, meta["world"])
+    shard = read_file(path)
+    where = f"checkpoint file {path}"
+    if shard.get("format") != FORMAT:
+        raise CheckpointError(f"{where} is of format {shard.get('format')}, this code reads {FORMAT}")
+    if shard.get("id") != meta.get("id"):
+        raise CheckpointError(f"{where} belongs to another save than its meta.pt (copied from another checkpoint?)")
+    for key, want in (("rank", rank), ("world", meta["world"]), ("stage", meta["stage"])):
+        if shard.get(key) != want:
+            raise CheckpointError(f"{where} holds the partitions of {key} {shard.get(key)}, where {key} {want}'s "
+                                  f"belong (were shard files swapped or renamed?)")
+    if shard.get("layout") != fingerprint(meta["units"]):
+        raise CheckpointError(f"{where} was cut for another model's layout than its meta.pt describes")
+    got = checksum(shard.get("units"))
+    if got != shard.get("checksum") or got != meta.get("checksums", {}).get(str(rank)):
+        raise CheckpointError(f"{where} has changed since it was written (its SHA-256 differs from the one saved "
+                              f"with it): save the checkpoint again, or resume from an earlier one")
+    return shard["units"]
+
+
+def read_meta(directory: str) -> dict:
+    """meta.pt of a complete ZeRO checkpoint in `directory`, checked: CheckpointError when there is none (meta.pt
+    is written last), when it is damaged, of another format, or a pipeline's (`save_pp`: load it with
+    `par.resilience.resume.load_pp`)."""
+    if not os.path.exists(meta_path(directory)):
+        raise CheckpointError(f"{directory} holds no complete checkpoint (no meta.pt, written last): save it "
+                              f"again (--checkpoint DIR)")
+    meta = read_file(meta_path(directory))
+    if meta.get("layout") == "pp":
+        raise CheckpointError(f"{directory} holds a pipeline's state (par.resilience.resume.save_pp): load it with "
+                              f"par.resilience.resume.load_pp")
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{meta_path(directory)} is of checkpoint format {meta.get('format')}, this code "
+                              f"reads {FORMAT}")
+    for key in ("world", "stage", "units", "id", "checksums"):
+        if key not in meta:
+            raise CheckpointError(f"{meta_path(directory)} has no {key!r}: it is not a ZeRO checkpoint's meta.pt")
+    return meta
+
+
+def verify(directory: str) -> dict:
+    """The metadata of the complete, intact ZeRO checkpoint in `directory`, after reading and checking every shard
+    (`read_meta`, `read_shard`): CheckpointError naming the first file that is not."""
+    meta = read_meta(directory)
+    for rank in range(meta["world"]):
+        read_shard(directory, meta, rank)
+    return meta
 
 
 def check_directory(directory: str) -> None:
@@ -99,17 +206,39 @@ def save(zero, directory: str, step: int = 0, extra: dict | None = None) -> None
     if zero.rank == 0 and os.path.exists(meta_path(directory)):   # an older checkpoint there: no longer complete
         os.unlink(meta_path(directory))
     _barrier(zero.group)
+    ident = _shared_id(zero.group)
     masters, states = zero.updater.masters(), zero.updater.opt.state
     units = []
     for m in masters:
         st = {k: (v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v) for k, v in states.get(m, {}).items()}
         units.append({"master": m.detach().to("cpu", torch.float32).clone(), "state": st})
-    write_file({"format": FORMAT, "rank": zero.rank, "world": zero.n, "units": units},
+    meta = metadata(zero, step, extra)
+    mine = checksum(units)
+    write_file({"format": FORMAT, "id": ident, "rank": zero.rank, "world": zero.n, "stage": zero.stage,
+                "layout": fingerprint(meta["units"]), "checksum": mine, "units": units},
                shard_path(directory, zero.rank, zero.n))
+    sums = _gathered(mine, zero.group)
     _barrier(zero.group)
     if zero.rank == 0:
-        write_file(metadata(zero, step, extra), meta_path(directory))
+        write_file({**meta, "id": ident, "checksums": {str(r): c for r, c in enumerate(sums)}}, meta_path(directory))
     _barrier(zero.group)
+
+
+def _shared_id(group) -> str:
+    """A fresh id for this save, the same on every rank (rank 0's, broadcast)."""
+    ident = [secrets.token_hex(8)]
+    if dist.is_initialized():
+        dist.broadcast_object_list(ident, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    return ident[0]
+
+
+def _gathered(value: str, group) -> list[str]:
+    """Every rank's `value`, in rank order."""
+    if not dist.is_initialized():
+        return [value]
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
+    return out
 
 
 def _check_layout(meta: dict, zero) -> None:
@@ -133,10 +262,9 @@ def _partitions_for(meta: dict, directory: str, world: int, rank: int, stage: in
     """Per unit: {"master": my partition, "state": {...}} for a (world, rank, stage) layout."""
     old = meta["world"]
     if old == world and (stage == 0) == (meta["stage"] == 0):
-        return _load(shard_path(directory, rank, world))["units"]
-    shards = [_load(shard_path(directory, r, old))["units"] for r in range(old)]
-    if meta["stage"] == 0:   # stage 0 saved the whole (padded) unit on every rank: rank 0's copy is it
-        shards = shards[:1]
+        return read_shard(directory, meta, rank)
+    shards = [read_shard(directory, meta, r) for r in range(1 if meta["stage"] == 0 else old)]   # stage 0 saved
+    #                                   the whole (padded) unit on every rank: rank 0's copy is it
     out = []
     for i, u in enumerate(meta["units"]):
         pieces = [s[i] for s in shards]
@@ -160,12 +288,7 @@ def _partitions_for(meta: dict, directory: str, world: int, rank: int, stage: in
 def load(zero, directory: str) -> dict:
     """Fill a freshly built `Zero` engine from a checkpoint (any N_d, any stage); returns the metadata
     (with "step" and "extra")."""
-    if not os.path.exists(meta_path(directory)):
-        raise FileNotFoundError(f"{directory} holds no complete checkpoint (no meta.pt, written last): save it "
-                                f"again (--checkpoint DIR)")
-    meta = _load(meta_path(directory))
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{directory} holds checkpoint format {meta.get('format')}, this code reads {FORMAT}")
+    meta = read_meta(directory)
     _check_layout(meta, zero)
     parts = _partitions_for(meta, directory, zero.n, zero.rank, zero.stage)
     zero.load_partitions([p["master"] for p in parts], [p["state"] for p in parts])
@@ -177,7 +300,7 @@ def load(zero, directory: str) -> dict:
 
 def load_full(directory: str) -> dict[str, torch.Tensor]:
     """The whole model (fp32, by parameter name) from a sharded checkpoint, in one process."""
-    meta = _load(meta_path(directory))
+    meta = read_meta(directory)
     parts = _partitions_for(meta, directory, 1, 0, stage=1)
     out = {}
     for u, p in zip(meta["units"], parts):

@@ -65,7 +65,8 @@ RANKS = {
         [("par.zero.engine", "Zero.memory"), ("par.zero.updaters", "DeviceUpdate.state_bytes")],
     "par.course.grading.exercise_resume": [("par.resilience.resume", n) for n in (
         "save", "load", "rng_state", "set_rng_state", "full_units", "install", "load_single")] +
-        [("par.zero.checkpoint", n) for n in ("save", "load", "load_full", "_partitions_for")],
+        [("par.zero.checkpoint", n) for n in ("save", "load", "load_full", "_partitions_for", "read_file",
+                                               "read_shard", "read_meta")],
 }
 
 _LOCK = threading.Lock()
