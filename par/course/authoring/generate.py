@@ -179,10 +179,45 @@ def exercise_notebook(solution, solution_name: str):
     return nb
 
 
+def read_notebook(path: Path):
+    """The notebook at `path` (nbformat 4), or ExerciseError naming the file: unreadable, not UTF-8, not JSON,
+    not a notebook (no cells list), or cells that are not cells."""
+    import json
+    import warnings
+
+    import nbformat
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ExerciseError(f"{path}: cannot be read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise ExerciseError(f"{path}: not a notebook (its bytes are not UTF-8 text): restore it, e.g. with "
+                            f"git checkout -- {path.name}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ExerciseError(f"{path}: not a notebook ({'it is empty' if not text.strip() else f'not JSON: {e}'}): "
+                            f"restore it, e.g. with git checkout -- {path.name}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list) or "nbformat" not in data:
+        raise ExerciseError(f"{path}: valid JSON but not a notebook (no 'cells' list or 'nbformat')")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            nb = nbformat.reads(text, as_version=4)
+        for i, cell in enumerate(nb.cells):
+            if not isinstance(cell.get("source"), str) or not isinstance(cell.get("cell_type"), str):
+                raise ValueError(f"its cell {i} has no text source or cell_type")
+    except Exception as e:  # nbformat raises many kinds for a broken notebook
+        raise ExerciseError(f"{path}: not a readable notebook ({type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:200]})") from None
+    return nb
+
+
 def exercise_text(solution_path: Path) -> str:
     """The exact text of the exercise file generated from `solution_path` (deterministic)."""
     import nbformat
-    nb = nbformat.read(solution_path, as_version=4)
+    nb = read_notebook(solution_path)
     text = nbformat.writes(exercise_notebook(nb, solution_path.name))
     return text if text.endswith("\n") else text + "\n"
 
@@ -201,7 +236,7 @@ def generate(root: Path = ROOT) -> list[Path]:
     changed = []
     for name, text in texts.items():
         target = folder / name
-        if not target.exists() or target.read_text(encoding="utf-8") != text:
+        if not target.exists() or target.read_bytes() != text.encode("utf-8"):
             target.write_text(text, encoding="utf-8")
             changed.append(target)
     for extra in sorted(set(folder.glob("*.ipynb")) - {folder / name for name in texts}):
@@ -220,7 +255,7 @@ def out_of_sync(root: Path = ROOT) -> list[str]:
         target = root / "exercises" / name
         if name not in present:
             problems.append(f"exercises/{name}: missing (solutions/{name} exists)")
-        elif target.read_text(encoding="utf-8") != exercise_text(path):
+        elif target.read_bytes() != exercise_text(path).encode("utf-8"):
             problems.append(f"exercises/{name}: out of sync with solutions/{name}")
     for name in sorted(present - set(expected)):
         problems.append(f"exercises/{name}: extra (no solutions/{name})")
@@ -234,7 +269,7 @@ def execute_in_place(path: Path, timeout: float = 300) -> None:
     from nbclient import NotebookClient
 
     from par.course.batch.kernel_poll import sliced
-    nb = nbformat.read(path, as_version=4)
+    nb = read_notebook(path)
     with tempfile.TemporaryDirectory(prefix="par-record-") as tmp, sliced():
         NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                        resources={"metadata": {"path": tmp}}).execute()

@@ -145,7 +145,10 @@ def load_course(solutions: Path | None = None, practice: bool = False, root: Pat
         folder = Path(root) / "solutions"
         official = bool(sorted(folder.glob("*.ipynb")))
         folder = folder if official else Path(root) / "exercises"
-    notebooks = {p.stem: nbformat.read(p, as_version=4) for p in sorted(folder.glob("*.ipynb"))}
+    try:
+        notebooks = {p.stem: exercises.read_notebook(p) for p in sorted(folder.glob("*.ipynb"))}
+    except exercises.ExerciseError as e:
+        raise SubmissionError(f"the checks cannot be read: {e}") from None
     if not notebooks:
         raise SubmissionError(f"no exercise notebooks in {folder}")
     return Course(folder, official, notebooks)
