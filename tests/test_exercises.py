@@ -1,4 +1,6 @@
-"""Exercises: every solution passes strictly, exercises/ is generated from solutions/, the generator's rules.
+"""Exercises: every solution passes strictly, exercises/ is generated from solutions/, the generator's rules; each
+exercise states its expected time, and the README, docs/instructor.md and docs/ta.md name the exercises whose
+checks run the student's code on real ranks as the grader's rank runners do.
 
 How solutions are checked (strict nbval where outputs are stable):
 - `solutions/NN_topic.ipynb` keep their outputs. `python -m par exercises record` executes them, stores the
@@ -83,6 +85,66 @@ def test_solution_follows_the_grading_rules(path):
             if isinstance(name, str):
                 assert not re.search(rf"\bimport\b[^\n]*\b{name}\b", setup), f"{path.name}: setup imports {name}"
                 assert not re.search(rf"\bimport\b[^\n]*\b{name}\b", exercises.stub_source(cell.source)), name
+
+
+def real_rank_exercises() -> list[str]:
+    """The exercises whose checks launch the student's code on real ranks: the numbers of the solutions that launch a
+    module `par.course.grading.rank_io.exercise` accepts (a rank runner of the grader)."""
+    import pkgutil
+
+    import par.course.grading
+    from par.course.grading import rank_io
+    modules = [f"par.course.grading.{m.name}" for m in pkgutil.iter_modules(par.course.grading.__path__)]
+    runners = [m for m in modules if rank_io.exercise(m) is not None]
+    code = {p.name[:2]: "\n".join(c.source for c in code_cells(nbformat.read(p, as_version=4))) for p in SOLUTIONS}
+    launching = {m: sorted(n for n, source in code.items() if f'"{m}"' in source) for m in runners}
+    assert runners and all(launching.values()), f"a rank runner no solution launches: {launching}"
+    return sorted({n for numbers in launching.values() for n in numbers})
+
+
+# where each page names the exercises with real ranks (words may wrap; the numbers are the first group)
+REAL_RANK_SENTENCES = {
+    "README.md": "Exercises ([0-9, and]+?) also run your code on real gloo ranks",
+    "docs/instructor.md": "Exercises ([0-9, and]+?) also run the student's code on real gloo ranks",
+    "docs/ta.md": r"On the exercises with real ranks \(([0-9, ]+?), whose checks run the student's code"}
+
+
+def test_the_docs_name_the_exercises_that_run_the_students_code_on_real_ranks():
+    want = real_rank_exercises()
+    found = {}
+    for doc, sentence in REAL_RANK_SENTENCES.items():
+        m = re.search(sentence.replace(" ", r"\s+"), (ROOT / doc).read_text())
+        found[doc] = sorted(re.findall(r"\d\d", m.group(1))) if m else "the sentence is missing"
+    wrong = {doc: got for doc, got in found.items() if got != want}
+    assert not wrong, f"the exercises with real ranks are {', '.join(want)} (rank_io.exercise's runners, by the " \
+                      f"solutions that launch them); the docs say {wrong}"
+
+
+def expected_time_problems(path: Path) -> list[str]:
+    """What is wrong with the expected time an exercise states near its top (its cell `expected-time`: the total,
+    then one `part N about M min` per numbered section, adding up)."""
+    nb = nbformat.read(path, as_version=4)
+    top = [c for c in nb.cells[:3] if c.get("id") == "expected-time" and c.cell_type == "markdown"]
+    if not top:
+        return [f"{path.name}: no markdown cell `expected-time` among its first three cells"]
+    text = top[0].source
+    total = re.search(r"Expected time: about (?:(\d+) h)? ?(?:(\d+) min)?\*\*", text)
+    parts = [(int(n), int(m)) for n, m in re.findall(r"part (\d+) about (\d+) min", text)]
+    sections = [int(n) for c in nb.cells if c.cell_type == "markdown"
+                for n in re.findall(r"^## (\d+)\.", c.source, re.M)]
+    problems = []
+    if not total or not any(total.groups()):
+        problems.append(f"{path.name}: no total (`**Expected time: about 1 h 20 min**`)")
+    elif sum(m for _, m in parts) != 60 * int(total.group(1) or 0) + int(total.group(2) or 0):
+        problems.append(f"{path.name}: its parts do not add up to its total")
+    if [n for n, _ in parts] != sections:
+        problems.append(f"{path.name}: times for parts {[n for n, _ in parts]}, sections {sections}")
+    return problems
+
+
+def test_every_exercise_states_its_expected_time():
+    problems = [p for path in sorted((ROOT / "exercises").glob("*.ipynb")) for p in expected_time_problems(path)]
+    assert not problems, "\n".join(problems)
 
 
 # ---- the generator, on the fixture course -----------------------------------------------------------------------

@@ -444,3 +444,12 @@ def test_formulas_become_mathml_and_code_and_prices_stay_as_written():
     prose = re.sub(r"<(pre|code)>.*?</\1>", "\n", out)                   # what a reader reads as text
     assert mathml.raw_tex_left(html.unescape(re.sub(r"<[^>]+>", "\n", prose))) == []
     assert mathml.raw_tex_left("a $x^2$ b") == ["$x^2$"]
+
+
+def test_a_formula_wrapped_over_lines_is_typeset_and_a_blank_line_ends_one():
+    """Markdown wraps long formulas (lectures 05 and 06: `$2^{\\lfloor \\log_2 x` / `\\rfloor - m}$`); a blank line is
+    a paragraph's end, never inside a formula."""
+    out = mathml.typeset("<p>the gap is $2^{\\lfloor \\log_2 x\n\\rfloor - m}$, a constant</p>"
+                         "<p>$x$ and\n$y_1$</p><p>two paragraphs: $a\n\nb$</p>")
+    assert out.count('display="inline"') == 3 and "lfloor" not in out and "$a\n\nb$" in out
+    assert mathml.raw_tex_left("a $x\n+ y$ b") == ["$x\n+ y$"] and mathml.raw_tex_left("$a\n\nb$") == []

@@ -1,5 +1,6 @@
-"""Formulas typeset when the site is built: TeX between `$…$` or `$$…$$` becomes MathML, which browsers draw
-themselves, so a page needs no script and no network (a course site is often read offline or on a closed network).
+"""Formulas typeset when the site is built: TeX between `$…$` (on one line, or wrapped over several as markdown
+wraps a long formula, never across a blank line) or `$$…$$` becomes MathML, which browsers draw themselves, so a
+page needs no script and no network (a course site is often read offline or on a closed network).
 
 Only text is touched: nothing inside `<pre>`, `<code>`, `<script>`, `<style>`, `<textarea>` or a tag's attributes.
 A formula the converter cannot read stays visible as its TeX in `<code class="tex">`, so no formula is lost.
@@ -12,7 +13,7 @@ import re
 SKIP = ("pre", "code", "script", "style", "textarea", "math")
 TAG = re.compile(r"(<[^>]+>)")
 DISPLAY = re.compile(r"\$\$(.+?)\$\$|\\\[(.+?)\\\]", re.S)
-INLINE = re.compile(r"(?<![\\$\w])\$(?![\s$])([^$\n]+?)(?<![\s\\])\$(?![\w$])|\\\((.+?)\\\)")
+INLINE = re.compile(r"(?<![\\$\w])\$(?![\s$])((?:[^$\n]|\n(?![ \t]*\n))+?)(?<![\s\\])\$(?![\w$])|\\\((.+?)\\\)", re.S)
 
 
 def tex_to_mathml(tex: str, display: bool) -> str:
