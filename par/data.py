@@ -44,16 +44,21 @@ class CharDataset(Dataset):
 
     def __init__(self, text: str | None = None, block_size: int = 32, path: str | Path | None = None,
                  vocab: str | None = None):
+        where = f"{path}: " if path is not None else ""
         if path is not None:
-            text = Path(path).read_text(encoding="utf-8")
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{where}not UTF-8 text: give a text file") from None
         if text is None:
             text, vocab = default_corpus(), vocab or ALPHABET
         self.vocab = vocab or "".join(sorted(set(text)))
         unknown = set(text) - set(self.vocab)
         if unknown:
-            raise ValueError(f"characters not in the vocabulary: {''.join(sorted(unknown))!r}")
+            raise ValueError(f"{where}characters not in the vocabulary: {''.join(sorted(unknown))!r}")
         if len(text) <= block_size:
-            raise ValueError(f"text of {len(text)} characters is too short for block_size {block_size}")
+            raise ValueError(f"{where}text of {len(text)} characters is too short for block_size {block_size}: give "
+                             f"a longer text or a smaller block_size")
         self.stoi = {c: i for i, c in enumerate(self.vocab)}
         self.block_size = block_size
         self.ids = torch.tensor([self.stoi[c] for c in text], dtype=torch.long)

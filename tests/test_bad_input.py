@@ -52,3 +52,57 @@ def test_the_grader_names_a_damaged_solution_in_one_line(tmp_path, capsys, monke
     shutil.copy(root / "exercises" / "00_x.ipynb", submission)
     err = one_line_error(capsys, ["grade", str(submission), "--solutions", str(root / "solutions")])
     assert "00_x.ipynb" in err and "checks cannot be read" in err, err
+
+
+def test_torch_compat_refuses_another_packages_wheel_and_a_damaged_one(tmp_path, capsys):
+    import zipfile
+
+    from par.course.server import torch_compat
+    other = tmp_path / "six-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("six.py", "x = 1\n")
+    assert torch_compat.main([str(other)]) == 2
+    assert "holds no torch package" in capsys.readouterr().err
+    damaged = tmp_path / "torch-2.11.0-cp311-none-any.whl"
+    with zipfile.ZipFile(damaged, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("torch/__init__.py", "x = 1\n")
+        z.writestr("torch/nn/functional.py", "def relu(): pass\n" * 1000)
+    data = bytearray(damaged.read_bytes())
+    at = data.find(b"torch/nn/functional.py") + 40
+    data[at:at + 30] = bytes(30)
+    damaged.write_bytes(bytes(data))
+    assert torch_compat.main([str(damaged)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "is damaged" in err and "\n" not in err, err
+
+
+def test_batch_takes_a_folder_of_notebooks_and_names_the_one_meant(tmp_path, monkeypatch):
+    from par.course.batch.launches import CourseError
+    from par.course.batch.runner import matching
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    assert [p.name for p in matching("notebooks")] == sorted(p.name for p in (root / "notebooks").glob("*.ipynb"))
+    with pytest.raises(CourseError, match=r"did you mean notebooks/02_data_parallel\.ipynb\?"):
+        matching("notebooks/02_data_paralel.ipynb")
+
+
+def test_wheelhouse_checks_its_folder_before_pip_runs(monkeypatch, capsys):
+    import subprocess
+    monkeypatch.delenv("PAR_DEBUG", raising=False)
+
+    def no_pip(*a, **k):
+        raise AssertionError("pip ran before the folder was checked")
+    monkeypatch.setattr(subprocess, "run", no_pip)
+    one_line_error(capsys, ["wheelhouse", "--out", "/proc/par-wheelhouse"])
+
+
+def test_char_dataset_errors_name_the_file(tmp_path):
+    from par.data import CharDataset
+    short = tmp_path / "short.txt"
+    short.write_text("abc")
+    with pytest.raises(ValueError, match=r"short\.txt: text of 3 characters is too short"):
+        CharDataset(path=short, block_size=8)
+    binary = tmp_path / "data.bin"
+    binary.write_bytes(bytes(range(128, 256)))
+    with pytest.raises(ValueError, match=r"data\.bin: not UTF-8"):
+        CharDataset(path=binary)

@@ -259,6 +259,25 @@ def provenance(parameters: dict) -> dict:
             "torch": attempt(lambda: version("torch")), "commit": commit}
 
 
+def matching(pattern: str) -> list[Path]:
+    """The notebooks `--notebooks` names: a glob, or a folder (its *.ipynb); only .ipynb files, sorted. None:
+    CourseError saying where it looked and, for a name close to a notebook's, which one was meant."""
+    import difflib
+    path = Path(pattern)
+    if path.is_dir():
+        path = path / "*.ipynb"
+    found = sorted(Path().glob(str(path))) if not path.is_absolute() else sorted(path.parent.glob(path.name))
+    found = [p for p in found if p.suffix == ".ipynb" and p.is_file()]
+    if found:
+        return found
+    from par.course.batch.launches import CourseError
+    known = sorted(Path("notebooks").glob("*.ipynb")) if Path("notebooks").is_dir() else []
+    close = difflib.get_close_matches(Path(pattern).name, [p.name for p in known], n=1, cutoff=0.6)
+    hint = f"; did you mean notebooks/{close[0]}?" if close else \
+        ": run from the repository root, or pass --notebooks 'notebooks/NN_*.ipynb'"
+    raise CourseError(f"no notebook matches {pattern!r} in {Path.cwd()}{hint}")
+
+
 def run(notebooks, out_root: Path, parameters: dict, timeout: float | None = None) -> dict:
     """Execute `notebooks` in order into a new timestamped folder under `out_root`; return the summary.
 
@@ -460,12 +479,7 @@ def main(argv=None) -> int:
         return dry_run(args)
     choose_backend(args.world_size, args.backend)   # preflight: BackendError before any notebook starts
     check_writable(args.out, directory=True)
-    notebooks = sorted(Path().glob(args.notebooks)) if not Path(args.notebooks).is_absolute() else \
-        sorted(Path(args.notebooks).parent.glob(Path(args.notebooks).name))
-    if not notebooks:
-        from par.course.batch.launches import CourseError
-        raise CourseError(f"no notebook matches {args.notebooks!r} in {Path.cwd()}: run from the repository root, "
-                          f"or pass --notebooks")
+    notebooks = matching(args.notebooks)
     parameters = {"world_size": args.world_size, "backend": args.backend, "preset": args.preset, "steps": args.steps}
     summary = run(notebooks, args.out, parameters, args.timeout)
     print("\n" + markdown(summary) + f"\nexecuted notebooks and summary: {summary['folder']}")

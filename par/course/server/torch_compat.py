@@ -23,6 +23,7 @@ import ast
 import re
 import sys
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,9 +183,18 @@ def main(argv=None) -> int:
               f"`pip download --no-deps torch==2.11.0 -d DIR`", file=sys.stderr)
         return 2
     from par.runtime.paths import ROOT
-    reference, other = Source(installed_torch()), Source(args.wheel)
-    names = used_names(ROOT / "par")
-    gone, checked, undecided = missing(names, reference, other)
+    try:
+        reference, other = Source(installed_torch()), Source(args.wheel)
+        if other.text("torch/__init__.py") is None:
+            print(f"error: {args.wheel} holds no torch package (torch/__init__.py): a wheel of another package? "
+                  f"fetch torch's with `pip download --no-deps torch==2.11.0 -d DIR`", file=sys.stderr)
+            return 2
+        names = used_names(ROOT / "par")
+        gone, checked, undecided = missing(names, reference, other)
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+        print(f"error: {args.wheel} is damaged and cannot be read ({type(e).__name__}: {e}): download it again",
+              file=sys.stderr)
+        return 2
     print(f"par uses {len(names)} torch names: {checked} checked against torch {other.version()} "
           f"(installed: {reference.version()}), {undecided} made at run time and not decidable from the sources")
     for name, where in gone:

@@ -149,6 +149,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.python is not None and not re.fullmatch(r"3\.\d{1,2}", args.python):
         raise CheckError(f"--python {args.python!r}: give a CPython version such as 3.12")
+    from par.runtime.checks import check_writable
+    check_writable(args.out, directory=True, parents=True)      # before pip downloads anything
     manifest = build(args.out, args.which, args.python, args.platform,
                      tuple(n.strip() for n in args.node_has.split(",") if n.strip()))
     print(f"{args.out}: {manifest['wheels']} wheels, {manifest['bytes'] / 1e6:.1f} MB "
