@@ -106,3 +106,21 @@ def test_char_dataset_errors_name_the_file(tmp_path):
     binary.write_bytes(bytes(range(128, 256)))
     with pytest.raises(ValueError, match=r"data\.bin: not UTF-8"):
         CharDataset(path=binary)
+
+
+@pytest.mark.parametrize("key, value", [("provenance", ["cpu"]), ("parameters", "tiny"), ("provenance", 3)])
+def test_site_compare_names_a_summary_whose_provenance_or_parameters_are_not_objects(tmp_path, capsys, monkeypatch,
+                                                                                     key, value):
+    monkeypatch.delenv("PAR_DEBUG", raising=False)
+    runs = []
+    for name in ("a", "b"):
+        folder = tmp_path / name
+        folder.mkdir()
+        summary = {"notebooks": [{"notebook": "00_distributed_basics.ipynb", "status": "ok", "duration_s": 1.0,
+                                  "records": {}}]}
+        if name == "b":
+            summary[key] = value
+        (folder / "summary.json").write_text(json.dumps(summary))
+        runs.append(str(folder))
+    err = one_line_error(capsys, ["site", "--compare", *runs, "--out", str(tmp_path / "site")])
+    assert f"{key} must be an object" in err and "summary.json" in err, err

@@ -110,10 +110,14 @@ def load(folder: Path) -> BatchRun:
                         f"(runs/<time>/); run the batch, or pass its folder")
     try:
         summary = json.loads(path.read_text())
-        rows = summary["notebooks"]
+        rows = summary["notebooks"] if isinstance(summary, dict) else summary["notebooks"][0]
     except (ValueError, KeyError, TypeError, OSError) as e:   # truncated, not UTF-8, unreadable
         raise SiteError(f"{path} is not a batch summary ({type(e).__name__}: {e}); run `python -m par batch` "
                         f"again") from None
+    for key in ("provenance", "parameters"):
+        if summary.get(key) is not None and not isinstance(summary[key], dict):
+            raise SiteError(f"{path}: {key} must be an object, got {json.dumps(summary[key])[:60]}; fix it in "
+                            f"{SUMMARY} or run `python -m par batch` again")
     lectures = [lecture(folder, row, i) for i, row in enumerate(rows if isinstance(rows, list) else [rows])]
     return BatchRun(folder=folder, summary=summary, lectures=lectures)
 
