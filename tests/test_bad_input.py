@@ -124,3 +124,22 @@ def test_site_compare_names_a_summary_whose_provenance_or_parameters_are_not_obj
         runs.append(str(folder))
     err = one_line_error(capsys, ["site", "--compare", *runs, "--out", str(tmp_path / "site")])
     assert f"{key} must be an object" in err and "summary.json" in err, err
+
+
+@pytest.mark.slow
+def test_a_batch_with_home_unwritable_leaves_no_temporary_folder(tmp_path):
+    """With HOME unwritable, IPython falls back to a temporary folder of its own each time it is asked for one: the
+    batch points it (and matplotlib) into the run's folder instead, so TMPDIR is left as it was."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "HOME": "/proc/no-home-here", "TMPDIR": str(scratch)}
+    done = subprocess.run([sys.executable, "-m", "par", "batch", "--notebooks", "tests/fixtures/batch/10_records.ipynb",
+                           "--out", str(tmp_path / "runs")], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert not list(scratch.iterdir()), f"left in TMPDIR: {sorted(p.name for p in scratch.iterdir())}"

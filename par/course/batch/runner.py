@@ -283,9 +283,6 @@ def run(notebooks, out_root: Path, parameters: dict, timeout: float | None = Non
 
     `timeout`: seconds a cell may run (None: per notebook, `par.course.batch.launches.notebook_timeout`, else 600)."""
     logging.getLogger("papermill").setLevel(logging.WARNING)
-    warning = kernel_warning()
-    if warning:
-        print(f"warning: {warning}", flush=True)
     folder = Path(out_root) / datetime.now().strftime("%Y%m%d-%H%M%S")
     suffix = 1
     while folder.exists():  # two batches in the same second
@@ -306,6 +303,9 @@ def run(notebooks, out_root: Path, parameters: dict, timeout: float | None = Non
         write_atomic(folder / "summary.md", markdown(summary))
         return summary
     with traces_into(folder / "traces"), quiet_home(folder), quiet_after_stop():
+        warning = kernel_warning()         # inside quiet_home: reading the kernel spec asks IPython for its folder
+        if warning:
+            print(f"warning: {warning}", flush=True)
         rows = run_all(notebooks, folder, parameters, timeout, save)
     return save(rows)
 
