@@ -550,6 +550,31 @@ def test_every_rank_idle_is_a_hang_as_before():
     assert culprits == [1] and head.startswith("rank 1 made no progress for 45 s, last in sleep at x.py:3"), head
 
 
+def test_a_rank_out_of_file_descriptors_is_named_not_mismatched_collectives():
+    """Every rank waits (what reads as mismatched collectives), but one has used up its file descriptors: it is
+    the culprit, named with its count and limit (`launch._hang_error` reads them from /proc)."""
+    w = FakeWatch(hang_s=45, nproc=2)
+    w.tick(46)
+    places = {0: (True, "waiting in all_reduce at job.py:30"), 1: (True, "waiting in barrier at job.py:31")}
+    head, culprits = hang.describe(w.stopped(), w.idle(), places, w.vanished(), w.busy(), {0: (40, 1024),
+                                                                                          1: (1021, 1024)})
+    assert culprits == [1] and head.startswith("rank 1 has 1021 of its 1024 file descriptors open (EMFILE"), head
+    assert "mismatched" not in head
+    head, _ = hang.describe(w.stopped(), w.idle(), places, w.vanished(), w.busy(), {0: (40, 1024), 1: (41, 1024)})
+    assert "mismatched collectives" in head, "with file descriptors to spare, the old reading stands"
+
+
+def test_open_files_reads_this_process(tmp_path):
+    from par.runtime import procs
+    used, limit = procs.open_files(os.getpid())
+    held = [open(tmp_path / f"f{i}", "w") for i in range(5)]
+    try:
+        assert procs.open_files(os.getpid())[0] >= used + 3 and limit > used      # other threads open files too
+    finally:
+        for f in held:
+            f.close()
+
+
 def test_a_rank_gone_while_the_others_wait_is_named_within_seconds():
     w = FakeWatch(hang_s=45, nproc=2)
     w.tick(3, busy=[0, 1])
@@ -680,3 +705,4 @@ def test_grade_outputs_are_checked_by_the_one_check_writable(tmp_path, capsys):
     if os.path.isdir("/proc/self"):
         assert "cannot write /proc/par-grades" in refused(["grade", "exercises/00_ring_chunks.ipynb", "--feedback",
                                                            "/proc/par-grades"], capsys)
+

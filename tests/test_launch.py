@@ -23,7 +23,7 @@ import pytest
 from tiers import slow
 
 from par.runtime import agent as agent_module
-from par.runtime import launch, zygote
+from par.runtime import launch, procs, zygote
 from par.runtime.preflight import BackendError
 
 WORKER = str(Path(__file__).parent / "workers" / "launch_modes.py")
@@ -174,8 +174,8 @@ def test_ranks_do_not_outlive_a_killed_starter(starter):
     ranks, agent = [], []
     while len(ranks) < 2 and time.monotonic() < deadline:   # both ranks started; their parent is the starter
         time.sleep(0.5)
-        ranks = [p for p in launch._descendants(os.getpid()) if launch.rank_number(p, launch._environ(p)) is not None]
-        agent = sorted({launch.parent_of(p) for p in ranks})
+        ranks = [p for p in procs.descendants(os.getpid()) if launch.rank_number(p, launch._environ(p)) is not None]
+        agent = sorted({procs.parent_of(p) for p in ranks})
     assert len(agent) == 1 and len(ranks) == 2, "the job did not start within 90 s"
     assert starter.encode() in open(f"/proc/{agent[0]}/cmdline", "rb").read() or \
         launch._comm(agent[0]) == zygote.AGENT_NAME, "the ranks' parent is not the process that starts them"

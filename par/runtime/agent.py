@@ -53,6 +53,8 @@ import time
 import uuid
 from datetime import datetime
 
+from par.runtime import procs
+
 POLL_S = 0.05
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PRELOAD = ("torch", "torch._dynamo")    # what a forking agent imports once for all its ranks
@@ -330,13 +332,19 @@ def parse(argv: list[str]):
 
 
 def main(argv=None) -> int:
+    """The agent: start the ranks, supervise them; what they forked or daemonised is reparented to the agent
+    (`procs.become_subreaper`) and ends with the job (`procs.reap_orphans`), so nothing is left with parent 1."""
     nproc, port, close_s, program, title, fork = parse(sys.argv[1:] if argv is None else list(argv))
     run_id = os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex[:12]
+    procs.become_subreaper()
     ranks = start_ranks(nproc, program, port, run_id, fork)
     lock = threading.Lock()
     for r in ranks:
         r.copy_output(lock)
-    return supervise(ranks, close_s, title)
+    try:
+        return supervise(ranks, close_s, title)
+    finally:
+        procs.reap_orphans(keep=[r.proc.pid for r in ranks if r.proc.poll() is None])
 
 
 if __name__ == "__main__":

@@ -174,15 +174,19 @@ class Watch:
 
 
 def describe(stopped: dict[int, float], idle: dict[int, float], places: dict[int, tuple[bool, str]],
-             vanished: dict[int, float] | None = None, busy: dict[int, float] | None = None) -> tuple[str, list[int]]:
+             vanished: dict[int, float] | None = None, busy: dict[int, float] | None = None,
+             files: dict[int, tuple[int, int]] | None = None) -> tuple[str, list[int]]:
     """(one line, [culprit ranks]) of a hung job, from `Watch.stopped()`, `Watch.idle()`, `places`:
     {rank: launch.where(its stack)} of the ranks that answered, `Watch.vanished()` and `Watch.busy()`.
 
-    The culprits are the stopped ranks, else the ranks that are gone, else the ranks outside a collective
-    (asleep: 'rank 1 made no progress for 45 s, last in step at job.py:12'; or spinning: 'rank 1 spins in step at
-    job.py:12 (busy, never reaching the collective the others wait in)'); then what the others wait in."""
+    The culprits are the stopped ranks, else the ranks that are gone, else the ranks that have used up their file
+    descriptors (`files`: {rank: (open, limit)}, `exhausted`: a rank that can open no socket or file waits for ever
+    on what needed one), else the ranks outside a collective (asleep: 'rank 1 made no progress for 45 s, last in
+    step at job.py:12'; or spinning: 'rank 1 spins in step at job.py:12 (busy, never reaching the collective the
+    others wait in)'); then what the others wait in."""
     vanished, busy = vanished or {}, busy or {}
-    culprits = list(stopped) or list(vanished) or [r for r in idle if not places.get(r, (False, ""))[0]]
+    full = exhausted(files or {})
+    culprits = list(stopped) or list(vanished) or full or [r for r in idle if not places.get(r, (False, ""))[0]]
     longest = max(idle.values(), default=0)
 
     def said(r: int) -> str:
@@ -190,6 +194,10 @@ def describe(stopped: dict[int, float], idle: dict[int, float], places: dict[int
             return f"rank {r} is stopped (SIGSTOP: process state T) for {stopped[r]:.0f} s"
         if r in vanished:
             return f"rank {r} exited (its process is gone) while the others still wait for it"
+        if r in full:
+            used, limit = files[r]
+            return (f"rank {r} has {used} of its {limit} file descriptors open (EMFILE: it can open no socket or "
+                    f"file; close what it opens, or raise ulimit -n)")
         text = places.get(r, (False, "no answer"))[1]
         if r in busy and text.startswith("busy in "):
             return (f"rank {r} spins in {text[len('busy in '):]} (busy for {longest:.0f} s, never reaching the "
@@ -202,6 +210,11 @@ def describe(stopped: dict[int, float], idle: dict[int, float], places: dict[int
         return (f"no rank made progress for {min(idle.values(), default=0):.0f} s, every rank waits "
                 f"(mismatched collectives?): " + "; ".join(others)), sorted(places)
     return "; ".join([said(r) for r in culprits] + others), culprits
+
+
+def exhausted(files: dict[int, tuple[int, int]], margin: int = 8) -> list[int]:
+    """The ranks with at most `margin` file descriptors left under their limit."""
+    return sorted(r for r, (used, limit) in files.items() if used >= limit - margin)
 
 
 def _last(text: str) -> str:

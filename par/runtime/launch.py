@@ -43,8 +43,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from par.runtime import agent, hang, lifeline, zygote
+from par.runtime import agent, hang, lifeline, procs, zygote
 
+EXIT_GRACE_S = 10.0              # a starter that closed its output must exit within the timeout and this
 STACK_SIGNAL = signal.SIGUSR1     # "print your stack": par.runtime.dist.init registers faulthandler for it
 COMM_FILES = ("torch/distributed/", "par/comm/collectives.py", "par/comm/coalesced.py", "par/comm/thread.py",
               "par/runtime/nccl_emulation.py", "par/runtime/dist.py")
@@ -240,22 +241,7 @@ def describe_unfinished(lines: list[str], ranks: list[int], stopped=()) -> str:
     return f"{who} did not finish: " + "; ".join(busy + waiting)
 
 
-# ---------------------------------------------------------------- the process tree
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid`, parents first (from /proc on Linux, `ps` elsewhere)."""
-    if os.path.isdir("/proc/self"):
-        pairs = [(int(d), parent) for d in filter(str.isdigit, os.listdir("/proc"))
-                 if (parent := parent_of(int(d))) is not None]
-    else:
-        out = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
-        pairs = [tuple(map(int, line.split())) for line in out.splitlines() if line.strip()]
-    found, frontier = [], [pid]
-    while frontier:
-        frontier = [child for child, parent in pairs if parent in frontier]
-        found += frontier
-    return found
-
-
+# ---------------------------------------------------------------- the job's ranks among its processes
 def _environ(pid: int) -> dict:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -287,45 +273,10 @@ def _rank_pids(proc) -> dict[int, int]:
     """{rank: pid} of this launch's rank processes still alive (Linux; empty elsewhere): the processes below the
     agent (or torchrun) that are a rank (`rank_number`); a rank's own children come after it and are not."""
     ranks = {}
-    for pid in _descendants(proc.pid):
+    for pid in procs.descendants(proc.pid):
         if (rank := rank_number(pid, _environ(pid))) is not None:
             ranks.setdefault(rank, pid)
     return ranks
-
-
-def _stat(pid: int, field: int) -> int | None:
-    """Field `field` (numbered as in proc(5): 4 the parent's pid, 22 the start time) of /proc/PID/stat, or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[field - 3])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def parent_of(pid: int) -> int | None:
-    return _stat(pid, 4)
-
-
-def _start_time(pid: int) -> int | None:
-    """When `pid` started (clock ticks since boot): with the pid, a process's identity."""
-    return _stat(pid, 22)
-
-
-def _kill_tree(proc: subprocess.Popen, also=()) -> None:
-    """SIGKILL the agent (or torchrun) and every rank below it (and `also`: ranks seen earlier, should it be gone).
-
-    Killing its process group is not enough: the agent, like torchrun, starts each rank in
-    a session of its own, so the ranks are found by walking the process tree."""
-    for pid in [proc.pid, *_descendants(proc.pid), *also]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
 
 
 def _ask_for_stacks(pids: list[int], q: queue.Queue, lines: list[str], quiet: bool, wait_s: float = 3.0) -> None:
@@ -386,8 +337,8 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
         })
         child_env.update(env or {})
         name = os.path.basename(module) if module.endswith(".py") else module
-        cmd = (torchrun_command(module, nproc, args, max_restarts=max_restarts) if max_restarts
-               else agent_command(module, nproc, args, fork=chosen == "gloo"))
+        cmd = (procs.reaped(torchrun_command(module, nproc, args, max_restarts=max_restarts)) if max_restarts
+               else agent_command(module, nproc, args, fork=chosen == "gloo"))    # the agent reaps by itself
         starter = "torchrun" if max_restarts else "par.runtime.agent"
         proc = _start(cmd, child_env)
         lines: list[str] = []
@@ -413,7 +364,7 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
                         print(line, end="", flush=True)
                 if time.monotonic() >= next_look:
                     alive = _rank_pids(proc)
-                    seen.update({r: (p, _start_time(p)) for r, p in alive.items() if seen.get(r, (0,))[0] != p})
+                    seen.update({r: (p, procs.start_time(p)) for r, p in alive.items() if seen.get(r, (0,))[0] != p})
                     watch.look(alive)
                     next_look = time.monotonic() + 1.0
                     if watch.hung():
@@ -431,12 +382,18 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
                                       streamed=not quiet)
         except BaseException:  # a hang, the timeout, Ctrl-C, SIGTERM/SIGHUP: leave no rank behind
             with lifeline.interrupts_held():    # a second Ctrl-C cannot cut the teardown short
-                _kill_tree(proc, _still_ours(seen))
+                procs.kill_tree(proc, _still_ours(seen))
             raise
-        code = proc.wait()
+        try:                   # its output has ended: its exit comes at once, or the job is over anyway
+            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()) + EXIT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            procs.kill_tree(proc, _still_ours(seen))
+            raise LaunchError(f"{name} on {nproc} ranks: {starter} (pid {proc.pid}) closed its output but its exit "
+                              f"code never came (is a process above it stopped?); it was killed\nLast output:\n"
+                              f"{''.join(lines[-40:])}", ranks=[], streamed=not quiet) from None
         leftovers = _still_ours(seen)
         if leftovers:          # the agent itself died (killed?) and left ranks behind
-            _kill_tree(proc, leftovers)
+            procs.kill_tree(proc, leftovers)
         if code != 0:
             head, ranks, crashed, details = describe_failure(lines)
             if code < 0 and not failures(lines):
@@ -466,7 +423,8 @@ def _hang_error(watch, alive: dict[int, int], q, lines: list[str], quiet: bool, 
     places = {rank: where(main_stack(rank_lines(lines, rank))) for rank in alive if rank not in stopped}
     if not watch.confirmed(places):
         return None
-    head, culprits = hang.describe(stopped, idle, places, vanished, busy)
+    files = {rank: found for rank, pid in alive.items() if (found := procs.open_files(pid)) is not None}
+    head, culprits = hang.describe(stopped, idle, places, vanished, busy, files)
     return LaunchError(f"{head}\n{job} hung and was killed ({hang.HANG_ENV}={hang_s:g} s). "
                        f"Last output:\n{''.join(lines[-40:])}", ranks=culprits, streamed=not quiet)
 
@@ -474,7 +432,7 @@ def _hang_error(watch, alive: dict[int, int], q, lines: list[str], quiet: bool, 
 def _still_ours(seen: dict[int, tuple]) -> list[int]:
     """The pids of `seen` ({rank: (pid, start time)}) still running as this launch's ranks: a pid may have been
     reused since, by a process that started later."""
-    return [pid for pid, start in seen.values() if start is not None and _start_time(pid) == start]
+    return [pid for pid, start in seen.values() if start is not None and procs.start_time(pid) == start]
 
 
 def _start(cmd: list[str], env: dict):

@@ -38,8 +38,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
-from par.runtime import agent, lifeline
+from par.runtime import agent, lifeline, procs
 
 IMPORT_TIME = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "LD_", "CUDA", "PATH")
 PER_LAUNCH = ("PAR_RESULT", "TMPDIR", "TORCHELASTIC_ERROR_FILE")   # a launch's own: never the zygote's
@@ -142,8 +143,18 @@ class Agent:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self.done.wait(timeout):
-            raise subprocess.TimeoutExpired(AGENT_NAME, timeout)
+        """The agent's exit code, as the zygote reports it, or as /proc shows it when the zygote cannot report (it is
+        stopped: the agent exited and waits, a zombie, for the zygote to reap it; or gone); TimeoutExpired after
+        `timeout` seconds otherwise."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.done.wait(POLL_S * 4):
+            if self.pid is not None:
+                code = procs.zombie_exit(self.pid)
+                if code is not None or procs.state(self.pid) is None:
+                    self.finish(code if code is not None else -signal.SIGKILL)
+                    break
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(AGENT_NAME, timeout)
         return self.returncode
 
     def finish(self, code: int) -> None:
@@ -219,6 +230,9 @@ class Zygote:
 
     @property
     def alive(self) -> bool:
+        """It can serve: no error, and it is not stopped (SIGSTOP) or gone."""
+        if self.error is None and self.proc is not None and procs.state(self.proc.pid) in ("T", "t", "Z", None):
+            self.error = f"the zygote (pid {self.proc.pid}) is stopped or gone"
         return self.error is None
 
     @property

@@ -229,10 +229,10 @@ class Kernel:
             pass
 
     def close(self) -> None:
-        from par.runtime.launch import _kill_tree
+        from par.runtime.procs import kill_tree
         self.cap.stop()
         if self.proc.poll() is None:
-            _kill_tree(self.proc)
+            kill_tree(self.proc)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -75,7 +75,7 @@ def run(nb, *, timeout: float = 600, cell_timeout: float = 300, name: str = "not
         env: dict | None = None) -> NotebookRun:
     """Run the notebook node `nb` (see the module docstring); never raises for what the notebook does."""
     import nbformat
-    from par.runtime.launch import _kill_tree
+    from par.runtime.procs import kill_tree
     from par.runtime.lifeline import dies_with_parent   # the grader SIGKILLed: pytest, its kernel and ranks go too
     with tempfile.TemporaryDirectory(prefix="par-grade-") as tmp:
         tmp = Path(tmp)
@@ -102,9 +102,9 @@ def run(nb, *, timeout: float = 600, cell_timeout: float = 300, name: str = "not
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:  # the kernel and any ranks it launched go too (sessions of their own)
                 timed_out = True
-                _kill_tree(proc)
+                kill_tree(proc)
             except BaseException:
-                _kill_tree(proc)
+                kill_tree(proc)
                 raise
             finally:
                 with _LOCK:
@@ -118,12 +118,12 @@ def run(nb, *, timeout: float = 600, cell_timeout: float = 300, name: str = "not
 
 def stop_all() -> None:
     """Kill every run in progress, with its kernel and what that launched (Ctrl-C in the grader)."""
-    from par.runtime.launch import _kill_tree
+    from par.runtime.procs import kill_tree
     with _LOCK:
         running = list(_RUNNING)
     for proc in running:
         if proc.poll() is None:
-            _kill_tree(proc)
+            kill_tree(proc)
 
 
 def parse_report(path: Path) -> NotebookRun:

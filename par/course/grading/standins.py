@@ -248,7 +248,8 @@ def sandboxed_launch(box: sandbox.Sandbox, env: dict | None, session: "Session")
 
 def _launch(box: sandbox.Sandbox, env: dict | None, session: "Session", spec: dict) -> dict:
     """Run `python -m par.course.grading.standins launch SPEC` in `box`; the launcher's answer ({"result"} or {"error"})."""
-    from par.runtime.launch import LaunchError, _kill_tree
+    from par.runtime.launch import LaunchError
+    from par.runtime.procs import kill_tree
     cmd = box.wrap([sys.executable, "-m", "par.course.grading.standins", "launch", json.dumps(spec)])
     # PYTHONSAFEPATH: `-m` would put the submission's folder first on sys.path, where a `par/` the student wrote
     # would stand in for the package (Python >= 3.11; the ranks inherit it)
@@ -263,7 +264,7 @@ def _launch(box: sandbox.Sandbox, env: dict | None, session: "Session", spec: di
         limit = min(session.cell_deadline, session.kernel.deadline, time.monotonic() + spec["timeout"] + 60)
         proc.wait(timeout=max(1.0, limit - time.monotonic()))
     except subprocess.TimeoutExpired:
-        _kill_tree(proc)
+        kill_tree(proc)
         proc.wait()
         raise (NotebookTimeout() if time.monotonic() >= session.kernel.deadline else CellTimeout()) from None
     finally:
@@ -271,7 +272,7 @@ def _launch(box: sandbox.Sandbox, env: dict | None, session: "Session", spec: di
         with nbval_run._LOCK:
             nbval_run._RUNNING.discard(proc)
         if proc.poll() is None:
-            _kill_tree(proc)
+            kill_tree(proc)
         reader.join()
     if cap.tripped:
         raise LaunchError(f"the job was stopped: more than {cap.limit} processes at once (a fork bomb?)")
