@@ -143,3 +143,14 @@ def test_a_batch_with_home_unwritable_leaves_no_temporary_folder(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert not list(scratch.iterdir()), f"left in TMPDIR: {sorted(p.name for p in scratch.iterdir())}"
+
+
+def test_resume_tp_whose_heads_tp_cannot_split_is_refused_before_training(tmp_path):
+    """3 ranks cannot split tiny's heads: the job says so before it trains anything (no state saved)."""
+    import par.runtime.launch
+    from par.runtime.launch import LaunchError
+    with pytest.raises(LaunchError, match=r"error: --resume-tp on 3 ranks: n_head \d+ is not divisible") as e:
+        par.runtime.launch.run("par.resilience.job", nproc=3, timeout=120, quiet=True,
+                               args=["--dir", str(tmp_path), "--resume-tp", "--resume-stages", "1", "--batch", "6"])
+    assert not (tmp_path / "state").exists(), "it trained and saved before refusing"
+    assert "\n" not in str(e.value).splitlines()[0]

@@ -204,6 +204,12 @@ def main(argv=None) -> None:
     if args.batch % env.world_size:
         raise SystemExit(f"error: --batch {args.batch} is not a multiple of the world size {env.world_size}: "
                          f"use e.g. --batch {env.world_size * max(1, args.batch // env.world_size)}")
+    if args.resume_tp:        # before any training: TP over every rank must split the model's heads and widths
+        from par.tp.layers import check_tp_degree
+        try:
+            check_tp_degree(preset(args.preset), env.world_size)
+        except ValueError as e:
+            raise SystemExit(f"error: --resume-tp on {env.world_size} ranks: {e}") from None
     data = CharDataset(block_size=preset(args.preset).block_size)
     state = os.path.join(args.dir, "state")
     todo = [(args.save_stage, "", ""), *[(s, state, "") for s in args.resume_stages],
