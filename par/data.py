@@ -8,6 +8,7 @@ plain map-style dataset, so `DistributedSampler` shards it across ranks.
 """
 from __future__ import annotations
 
+import functools
 import random
 import string
 from pathlib import Path
@@ -25,6 +26,12 @@ _VERBS = ["sends", "gathers", "reduces", "waits for", "scatters", "keeps", "free
 _OBJECTS = ["its gradients", "the activations", "one chunk", "the loss", "a micro-batch", "the parameters",
             "half the heads", "the optimizer state", "three buckets", "the next layer", "a message", "the bubble"]
 _ENDINGS = [".", ".", ".", "!", "?", "; then it rests.", ", and nobody waits.", ", as the lecture said."]
+
+
+@functools.lru_cache(maxsize=1)
+def corpus_length() -> int:
+    """Characters in `default_corpus()`: the longest window a model trained on it can see, less one."""
+    return len(default_corpus())
 
 
 def default_corpus(n_sentences: int = 3000, seed: int = 1234) -> str:

@@ -154,3 +154,18 @@ def test_resume_tp_whose_heads_tp_cannot_split_is_refused_before_training(tmp_pa
                                args=["--dir", str(tmp_path), "--resume-tp", "--resume-stages", "1", "--batch", "6"])
     assert not (tmp_path / "state").exists(), "it trained and saved before refusing"
     assert "\n" not in str(e.value).splitlines()[0]
+
+
+@pytest.mark.parametrize("model, words", [({"preset": "tiny", "vocab_size": 10}, "vocab_size 10 is smaller"),
+                                          ({"preset": "tiny", "block_size": 1_000_000}, "block_size 1000000"),
+                                          ({"preset": "gpt3-small", "n_layer": 400, "d_model": 8192, "n_head": 64},
+                                           "the planner predicts")])
+def test_train_refuses_what_the_data_or_the_memory_cannot_take_before_any_rank(capsys, monkeypatch, model, words):
+    """A vocabulary smaller than the data's characters, a window longer than the data, a model of ~320 billion
+    parameters: refused in one line before a rank starts (a launch here fails the test)."""
+    import par.runtime.launch
+    monkeypatch.delenv("PAR_DEBUG", raising=False)
+    monkeypatch.setattr(par.runtime.launch, "run", lambda *a, **k: pytest.fail("a rank was started"))
+    config = json.dumps({"train_batch_size": 8, "model": model})
+    err = one_line_error(capsys, ["train", "--config", config, "--nproc", "1", "--backend", "gloo"])
+    assert words in err, err

@@ -41,12 +41,16 @@ def main(argv=None) -> int:
                     help="several machines: print the torchrun command for each node (--nproc ranks in all)")
     ap.add_argument("--rdzv-endpoint", default="node0:29500", help="with --nnodes: HOST:PORT of node 0")
     ap.add_argument("--rdzv-backend", default="c10d", help="with --nnodes: c10d (same command everywhere) or static")
+    ap.add_argument("--ignore-memory", action="store_true",
+                    help="start even when the planner predicts more memory than this machine has")
     args = ap.parse_args(argv)
     if args.nnodes is not None:
         return print_nodes(args)
     tc = load(args.config, args.nproc)     # the config's own error, before starting ranks
     import par.runtime.dist
-    par.runtime.dist.choose_backend(args.nproc, args.backend)
+    chosen = par.runtime.dist.choose_backend(args.nproc, args.backend)
+    if not args.ignore_memory:
+        fits_here(tc, args.nproc, chosen)
     skipped = ignored_keys(read(args.config))
     if skipped:
         print(f"note: accepted for DeepSpeed compatibility, no effect in par: {', '.join(skipped)}")
@@ -59,6 +63,34 @@ def main(argv=None) -> int:
     print(f"{'strategy':<28} {'samples/s (range)':>21} {'mem avg':>11} {'mem peak':>11} {'bytes/step':>11}")
     print(format_row(row))
     return 0
+
+
+def fits_here(tc, nproc: int, backend: str) -> None:
+    """ConfigError when the planner (`par.train.planner.from_config`) predicts more memory than this machine has:
+    per rank against a GPU's memory (nccl), or all the ranks together against the host's available memory (gloo).
+    `--ignore-memory` skips it."""
+    from par.memory.accounting import format_bytes
+    from par.train import planner
+    need = planner.from_config(tc).memory["total"]
+    if backend == "nccl":
+        import torch
+        have, what, total = torch.cuda.get_device_properties(0).total_memory, "a GPU's memory", need
+    else:
+        have, what, total = available_host_memory(), "this machine's available memory", need * nproc
+    if have and total > have:
+        raise ConfigError(f"the planner predicts {format_bytes(need)} per rank ({format_bytes(total)} in all) for "
+                          f"{tc.strategy} on {nproc} rank(s), more than {what} ({format_bytes(have)}): use a smaller "
+                          f"model, more ranks or a higher ZeRO stage, or --ignore-memory to start anyway")
+
+
+def available_host_memory() -> int:
+    """MemAvailable of /proc/meminfo in bytes (0 where it is not known)."""
+    try:
+        with open("/proc/meminfo") as f:
+            line = next(l for l in f if l.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0
 
 
 def print_nodes(args) -> int:

@@ -355,7 +355,21 @@ def model_section(cfg: dict) -> dict:
     if width % heads:
         raise ConfigError(f"model.n_head {heads} does not divide model.d_model {width}: each head gets d_model / "
                           f"n_head features; pick n_head among the divisors of {width}")
+    fed_by_the_data(m.get("vocab_size", base.vocab_size), m.get("block_size", base.block_size))
     return m
+
+
+def fed_by_the_data(vocab_size: int, block_size: int) -> None:
+    """ConfigError unless the training data (`par.data.CharDataset`'s default corpus) can feed the model: its
+    characters need vocab_size >= len(ALPHABET) rows of the embedding, a window of block_size + 1 characters
+    needs a corpus longer than that."""
+    from par.data import ALPHABET, corpus_length
+    if vocab_size < len(ALPHABET):
+        raise ConfigError(f"model.vocab_size {vocab_size} is smaller than the data's {len(ALPHABET)} characters: the "
+                          f"embedding cannot hold them; use model.vocab_size {len(ALPHABET)} or more")
+    if block_size >= corpus_length():
+        raise ConfigError(f"model.block_size {block_size} is longer than the data ({corpus_length():,} characters): "
+                          f"use a block_size below that (the presets use 64 to 2048)")
 
 
 def check_model(tc: TrainConfig) -> None:
