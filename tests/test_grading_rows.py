@@ -25,7 +25,7 @@ from tiers import slow
 
 from par.__main__ import main as python_m_par
 from par.course.authoring import generate as exercises
-from par.course.grading import checks, exercise_layout, grade, nbval_run, report
+from par.course.grading import checks, exercise_layout, grade, report
 from par.course.grading.kernel import Reply
 
 from classroom import ROOT, read, solution, solved
@@ -45,8 +45,8 @@ def no_kernel(monkeypatch):
 
     def run(assembled, reference, **_):
         asked.append(assembled)
-        cells = {i: nbval_run.CellResult(ran=True, passed=True) for i in range(len(assembled.roles))}
-        return nbval_run.NotebookRun(cells=cells), []
+        cells = {i: checks.CellResult(ran=True, passed=True) for i in range(len(assembled.roles))}
+        return checks.NotebookRun(cells=cells), []
     monkeypatch.setattr(grade.checks, "run", run)
     return asked
 

@@ -8,6 +8,8 @@ everything below it, its open files; and a job's reaper, which takes over what a
     reap_orphans(keep)     SIGKILL and reap every child of this process but `keep`: what a job's ranks left behind
     open_files(pid)        (file descriptors open, the soft limit RLIMIT_NOFILE)
     kill_tree(proc)        SIGKILL a started process (a Popen, or an agent's handle) and everything below it
+    started(proc)          the block during which `proc` is one of this process's running children, which
+                           `stop_all()` (Ctrl-C in the grader) kills with all below them
 
 Off Linux (no /proc) `descendants` asks `ps`, and the others answer None or nothing.
 """
@@ -17,7 +19,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -159,6 +163,43 @@ def kill_tree(proc, also=(), wait_s: float = 10.0) -> None:
         proc.wait(timeout=wait_s)
     except subprocess.TimeoutExpired:
         pass
+
+
+_RUNNING: set = set()            # processes started and not yet ended (`started`), for `stop_all`
+_LOCK = threading.Lock()
+
+
+@contextmanager
+def started(proc):
+    """Within the block, `proc` (a Popen or a handle with pid, poll, wait) is registered as running: `stop_all`
+    kills it and everything below it."""
+    with _LOCK:
+        _RUNNING.add(proc)
+    try:
+        yield proc
+    finally:
+        with _LOCK:
+            _RUNNING.discard(proc)
+
+
+def register(proc) -> None:
+    """`proc` is running until `unregister(proc)` (for a process whose end is not a block: a kernel's)."""
+    with _LOCK:
+        _RUNNING.add(proc)
+
+
+def unregister(proc) -> None:
+    with _LOCK:
+        _RUNNING.discard(proc)
+
+
+def stop_all() -> None:
+    """Kill every registered process still running, with everything below it (Ctrl-C in the grader)."""
+    with _LOCK:
+        running = list(_RUNNING)
+    for proc in running:
+        if proc.poll() is None:
+            kill_tree(proc)
 
 
 def reaped(cmd: list[str]) -> list[str]:

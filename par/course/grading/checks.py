@@ -1,6 +1,6 @@
 """Checks judged in the grader's process, on plain data fetched from the student's kernel.
 
-    result = run(assembled, reference, timeout=600, cell_timeout=300)     # an nbval_run.NotebookRun, cell by cell
+    result = run(assembled, reference, timeout=600, cell_timeout=300)     # a NotebookRun, cell by cell
 
 The grader drives one ipykernel itself (`par.course.grading.kernel`: jupyter_client over unix sockets in the
 submission's work folder, inside `par.course.grading.sandbox` when bwrap is here). Cells go where they can be trusted:
@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+from dataclasses import dataclass, field
 import io
 import re
 import time
@@ -54,13 +55,61 @@ import traceback as tb_module
 from pathlib import Path
 
 from par.course.authoring.markers import STUB
-from par.course.grading import nbval_run, references, sandbox
+from par.course.grading import references, sandbox
 from par.course.grading.codec import KERNEL_HELPER
 from par.course.grading.kernel import MAX_OUTPUT, CellTimeout, Kernel, KernelDied, NotebookTimeout, Reply, Unstoppable
-from par.course.grading.nbval_run import CellResult, NotebookRun
 from par.course.grading.report import Flag, told
 from par.course.grading.standins import (Proxy, Session, StudentError, launching_import,
                                  sandboxed_launch)
+
+
+# ---------------------------------------------------------------- what happened to the cells
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+LAUNCH_ROOT_CAUSE = re.compile(r"\brank (\d+) failed: (.+)$")
+ERROR_LINE = re.compile(r"^\s*(?:\[\w+\]:\s*)*[\w.]+(?:Error|Exception|Interrupt|Exit)\b")
+
+
+@dataclass
+class CellResult:
+    passed: bool = False
+    ran: bool = False          # the cell's code was sent to the kernel (its setup did not fail)
+    error: str = ""            # one line: the exception, or why the cell did not run
+    traceback: str = ""        # the last lines of the cell's traceback, ANSI colours removed
+    timed_out: bool = False    # interrupted at the cell timeout
+    seconds: float = 0.0
+
+
+@dataclass
+class NotebookRun:
+    """What happened to every code cell of one run of a notebook, the grader's cell by cell."""
+    cells: dict[int, CellResult] = field(default_factory=dict)
+    timed_out: bool = False            # the whole notebook ran past `timeout` and was killed
+    kernel_died: int | None = None     # the code cell during which the kernel died
+    running: int | None = None         # the code cell that was running when the run ended early
+    exit_code: int = 0
+    output: str = ""                   # pytest's own output (the tail), for a run that went wrong
+    seconds: float = 0.0
+
+    @property
+    def cell_timeouts(self) -> list[int]:
+        return [i for i, c in self.cells.items() if c.timed_out]
+
+
+def traceback_summary(text: str) -> tuple[str, str]:
+    """(one line naming the error, the traceback's last lines) of a failed cell's traceback or a launch's error
+    (a launched rank's root cause first, named with its rank)."""
+    text = ANSI.sub("", text or "")
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    if "Timeout of" in text:
+        line = next(line for line in lines if "Timeout of" in line)
+        return line.strip(), "\n".join(lines[-15:])
+    launched = next((m for m in map(LAUNCH_ROOT_CAUSE.search, lines) if m), None)
+    if launched:    # a launched job failed: par.runtime.launch.LaunchError's first line names the rank and the error
+        return f"{launched.group(2).strip()} (rank {launched.group(1)})"[:300], "\n".join(lines[-15:])
+    error = next((line for line in reversed(lines) if re.match(ERROR_LINE, line)), lines[-1] if lines else "")
+    rank = re.match(r"^\s*(?:\[\w+\]:\s*)*\[rank(\d+)\]:", error)     # a launched rank's error, prefixed by torchrun
+    error = re.sub(r"^\s*(?:\[\w+\]:\s*)+", "", error).strip() + (f" (rank {rank.group(1)})" if rank else "")
+    return error[:300], "\n".join(lines[-15:])
 
 
 # ---------------------------------------------------------------- one notebook
@@ -102,8 +151,8 @@ def _error_of(e: BaseException, source_name: str, hidden: int | None = None,
     An error raised at or after the line `hidden` (where hidden cases may be running), or in a cell after a check
     with hidden cases started (`after_hidden`), keeps only its type (`withheld`)."""
     line = f"{type(e).__name__}: {e}" if not isinstance(e, StudentError) else str(e)
-    if type(e).__name__ == "LaunchError":      # a rank's root cause, as nbval_run reports it
-        line = nbval_run.summary(str(e))[0] or line
+    if type(e).__name__ == "LaunchError":      # a rank's root cause first (`traceback_summary`)
+        line = traceback_summary(str(e))[0] or line
     frames = [f for f in tb_module.extract_tb(e.__traceback__) if f.filename == source_name]
     where = "".join(f"  check line {f.lineno}\n" for f in frames[-3:])
     if hidden is not None and (not frames or frames[-1].lineno >= hidden):
@@ -206,8 +255,8 @@ def run(assembled, reference, *, timeout: float, cell_timeout: float, env: dict 
 
 def _kernel_error(reply: Reply, after_hidden: bool = False) -> tuple[str, str]:
     """(one line, the traceback's last lines) of a cell that failed in the kernel (a launched rank's root cause
-    first, as nbval_run reports it); after a check with hidden cases started, its type only and no traceback."""
-    line, lines = nbval_run.summary(reply.traceback) if reply.traceback else ("", "")
+    first, `traceback_summary`); after a check with hidden cases started, its type only and no traceback."""
+    line, lines = traceback_summary(reply.traceback) if reply.traceback else ("", "")
     line = line or reply.error_line() or "error"
     return (Flag(line, withheld(line, AFTER_HIDDEN)), Flag(lines, "")) if after_hidden else (line, lines)
 

@@ -65,7 +65,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from par.course.grading import checks, nbval_run
+from par.course.grading import checks
+from par.runtime import procs
 from par.course.grading.report import (Flag, RowWriter, _num, class_summary, describe, format_grade, told,
                                        write_feedback, write_report)
 from par.course.authoring import generate as exercises
@@ -299,7 +300,7 @@ def assemble(reference, student, official: bool = True) -> Assembled:
 
 
 # ---------------------------------------------------------------- grading
-def score(assembled: Assembled, run: nbval_run.NotebookRun, reference, timeout: float, cell_timeout: float,
+def score(assembled: Assembled, run: checks.NotebookRun, reference, timeout: float, cell_timeout: float,
           grade: Grade) -> Grade:
     """Fill `grade` from what happened to the cells: checks passed, status and reason."""
     points = {c.get("id"): exercises.points(c) for c in reference.cells if is_check(c)}
@@ -532,7 +533,7 @@ def grade_many(paths: list[Path], course: Course, timeout: float = TIMEOUT, cell
     try:
         return list(pool.map(one, paths))
     except BaseException:  # Ctrl-C: no notebook, kernel or rank outlives the grader
-        nbval_run.stop_all()
+        procs.stop_all()
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

@@ -19,7 +19,8 @@ import subprocess
 import sys
 import time
 
-from par.course.grading import nbval_run, sandbox
+from par.course.grading import sandbox
+from par.runtime import procs
 from par.runtime.lifeline import dies_with_parent
 
 MIME = "application/x-par-grader+json"
@@ -81,8 +82,7 @@ class Kernel:
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=dies_with_parent())   # a SIGKILLed grader takes its kernel along
         self.cap = sandbox.ProcessCap(self.proc, box.sandboxed)     # a fork bomb: the kernel and all it started die
-        with nbval_run._LOCK:
-            nbval_run._RUNNING.add(self.proc)
+        procs.register(self.proc)
         self.signer = Signer(key=key.encode(), signature_scheme=info.get("signature_scheme", "hmac-sha256"))
         self.ctx = zmq.Context()
         self.url = lambda port: f"ipc://{info['ip']}-{info[port]}"  # noqa: E731
@@ -229,16 +229,14 @@ class Kernel:
             pass
 
     def close(self) -> None:
-        from par.runtime.procs import kill_tree
         self.cap.stop()
         if self.proc.poll() is None:
-            kill_tree(self.proc)
+            procs.kill_tree(self.proc)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        with nbval_run._LOCK:
-            nbval_run._RUNNING.discard(self.proc)
+        procs.unregister(self.proc)
         self.ctx.destroy(linger=0)
         self.log.close()
 

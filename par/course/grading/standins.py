@@ -24,7 +24,8 @@ import sys
 import threading
 import time
 
-from par.course.grading import ledger, nbval_run, references, sandbox
+from par.course.grading import ledger, references, sandbox
+from par.runtime import procs
 from par.course.grading.codec import decode, encode
 from par.course.grading.kernel import CellTimeout, Kernel, NotebookTimeout
 from par.runtime.lifeline import dies_with_parent
@@ -249,7 +250,6 @@ def sandboxed_launch(box: sandbox.Sandbox, env: dict | None, session: "Session")
 def _launch(box: sandbox.Sandbox, env: dict | None, session: "Session", spec: dict) -> dict:
     """Run `python -m par.course.grading.standins launch SPEC` in `box`; the launcher's answer ({"result"} or {"error"})."""
     from par.runtime.launch import LaunchError
-    from par.runtime.procs import kill_tree
     cmd = box.wrap([sys.executable, "-m", "par.course.grading.standins", "launch", json.dumps(spec)])
     # PYTHONSAFEPATH: `-m` would put the submission's folder first on sys.path, where a `par/` the student wrote
     # would stand in for the package (Python >= 3.11; the ranks inherit it)
@@ -257,22 +257,20 @@ def _launch(box: sandbox.Sandbox, env: dict | None, session: "Session", spec: di
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, preexec_fn=dies_with_parent())
     cap = sandbox.ProcessCap(proc, box.sandboxed)
-    with nbval_run._LOCK:
-        nbval_run._RUNNING.add(proc)
+    procs.register(proc)
     reader = _BoundedOutput(proc.stdout)
     try:
         limit = min(session.cell_deadline, session.kernel.deadline, time.monotonic() + spec["timeout"] + 60)
         proc.wait(timeout=max(1.0, limit - time.monotonic()))
     except subprocess.TimeoutExpired:
-        kill_tree(proc)
+        procs.kill_tree(proc)
         proc.wait()
         raise (NotebookTimeout() if time.monotonic() >= session.kernel.deadline else CellTimeout()) from None
     finally:
         cap.stop()
-        with nbval_run._LOCK:
-            nbval_run._RUNNING.discard(proc)
+        procs.unregister(proc)
         if proc.poll() is None:
-            kill_tree(proc)
+            procs.kill_tree(proc)
         reader.join()
     if cap.tripped:
         raise LaunchError(f"the job was stopped: more than {cap.limit} processes at once (a fork bomb?)")
