@@ -221,7 +221,7 @@ class GPTLite(nn.Module):
         self.head = Head(cfg)
         if cfg.tie_embeddings:
             self.head.lm_head.weight = self.embed.tok.weight
-        self.apply(_init_weights)
+        self.apply(init_weights)
 
     def to_layers(self) -> list[nn.Module]:
         """The forward pass as a list of modules: [Embedding, Block, ..., Block, Head]."""
@@ -243,7 +243,7 @@ def compile_blocks(model: nn.Module, **options) -> nn.Module:
     return model
 
 
-def _init_weights(m: nn.Module) -> None:
+def init_weights(m: nn.Module) -> None:
     """GPT-2 style: normal(0, 0.02) weights, zero biases."""
     if isinstance(m, (nn.Linear, nn.Embedding)):
         nn.init.normal_(m.weight, mean=0.0, std=0.02)

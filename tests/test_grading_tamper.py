@@ -62,7 +62,7 @@ def unsolved(name=EX, cells: dict | None = None, added: list[str] = ()):
 
 
 STUB = tg.read(ROOT / "exercises" / f"{EX}.ipynb")
-FULL = grade._num(sum(exercises.points(c) for c in tg.solution(EX).cells if exercises.is_check(c)))   # its max points
+FULL = grade.format_points(sum(exercises.points(c) for c in tg.solution(EX).cells if exercises.is_check(c)))   # its max points
 STUB_SOURCE = {c.id: c.source for c in STUB.cells}
 
 CUSTOM_EXC = "get_ipython().set_custom_exc((Exception,), lambda *a, **k: [])"
@@ -343,7 +343,7 @@ def build_class(folder: Path, canary: Path, port: int = 0) -> dict:
         put(f"aa_root_escape_{EX}.ipynb", unsolved(cells={"bytes-per-param": bpp + "\n\n" + ROOT_ESCAPE}),
             points="0", reason="escaped:")
     ring_solution = next(c.source for c in tg.solution("00_ring_chunks").cells if c.get("id") == "ring-ranks")
-    ring_lost = grade._num(tg.full_marks("00_ring_chunks") - classroom.points_of("00_ring_chunks", ["check-ring-ranks"]))
+    ring_lost = grade.format_points(tg.full_marks("00_ring_chunks") - classroom.points_of("00_ring_chunks", ["check-ring-ranks"]))
     for file, ring in (("forge_result", FORGE_RING), ("deflated_output", ring_solution + DEFLATES_ITS_OUTPUT),
                        ("group_method", GROUP_METHOD), ("par_helpers", PAR_HELPERS)):
         # the other parts solved: check-ring-ranks is the first check that fails, its message the row's reason
@@ -351,7 +351,7 @@ def build_class(folder: Path, canary: Path, port: int = 0) -> dict:
             **({"points": ring_lost} if SANDBOX or file != "par_helpers" else {"reason": "unsandboxed"}))
     tp_checks = ["check-tp-forward", "check-tp-backward", "check-tp-traffic"]
     put("forge_result_04_tensor_parallel.ipynb", tg.solved("04_tensor_parallel", {"f-and-g": FORGE_TP}),
-        points=grade._num(tg.full_marks("04_tensor_parallel") - classroom.points_of("04_tensor_parallel", tp_checks)))
+        points=grade.format_points(tg.full_marks("04_tensor_parallel") - classroom.points_of("04_tensor_parallel", tp_checks)))
     put(f"par_answer_{EX}.ipynb", unsolved(cells={"bytes-per-param": PAR_ANSWER}),
         **({"points": "0"} if SANDBOX else {"reason": "unsandboxed"}))
     put("keep_the_token_09_expert_dispatch.ipynb",
@@ -876,7 +876,7 @@ def test_the_ranks_lose_the_graders_expected_values_and_keep_the_runner():
     for kept in (f"{job}.run_rank", f"{job}.held", f"{job}.Args", "par.course.grading.rank_io.main",
                  "par.course.grading.rank_io.guarded", "par.course.grading.answers.grader_hidden",
                  "par.course.grading.ledger.record", "par.course.grading.sandbox.limit",
-                 "par.course.grading.standins._launch_main"):
+                 "par.course.grading.standins.launch_main"):
         assert kept not in names, kept
 
 

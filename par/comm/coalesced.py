@@ -21,7 +21,7 @@ from par.comm import collectives, commlog
 from par.comm.collectives import all_gather_chunks, chunk_bounds, reduce_scatter_chunks, ring_neighbours
 
 
-def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group) -> None:
+def exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group) -> None:
     """Send to one neighbour while receiving from the other; every Work waited (NCCL: one per batch)."""
     ops = [dist.P2POp(dist.isend, send, dst, group), dist.P2POp(dist.irecv, recv, src, group)]
     for work in dist.batch_isend_irecv(ops):
@@ -60,7 +60,7 @@ def _ring_steps(flats, group, chunk_at, land) -> None:
             send[a:a + s1 - s0].copy_(f.view(-1)[s0:s1])
             a += s1 - s0
         b = sum(r1 - r0 for _, (r0, r1) in step)
-        _exchange(send[:a], right, recv[:b], left, group)
+        exchange(send[:a], right, recv[:b], left, group)
         b = 0
         for f, (_, (r0, r1)) in zip(flats, step):
             land(f.view(-1)[r0:r1], recv[b:b + r1 - r0])

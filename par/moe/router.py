@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from par.model import MLP, Attention, GPTConfig, GPTLite, _init_weights
+from par.model import MLP, Attention, GPTConfig, GPTLite, init_weights
 
 
 class MoEError(ValueError):
@@ -224,7 +224,7 @@ def build_moe_gpt(cfg: GPTConfig | str = "tiny", n_experts: int = 4, k: int = 1,
         torch.manual_seed(seed)
         model = GPTLite(cfg)
         model.blocks = nn.ModuleList(MoEBlock(cfg, n_experts, k, capacity_factor, shared) for _ in range(cfg.n_layer))
-        model.blocks.apply(_init_weights)
+        model.blocks.apply(init_weights)
         for block in model.blocks:
             nn.init.normal_(block.moe.experts.w1, std=0.02)
             nn.init.normal_(block.moe.experts.w2, std=0.02)

@@ -37,22 +37,22 @@ class Target:
         return (self.low is None or x >= self.low) and (self.high is None or x <= self.high)
 
 
-def _g(x: float) -> str:
+def bound_text(x: float) -> str:
     """1e-05 -> "1e-5", 0.05 -> "0.05": a bound as the lectures write it."""
     return f"{x:g}".replace("e-0", "e-").replace("e+0", "e+")
 
 
 def at_most(bound: float) -> Target:
-    return Target(f"≤ {_g(bound)}", high=bound)
+    return Target(f"≤ {bound_text(bound)}", high=bound)
 
 
 def at_least(bound: float) -> Target:
-    return Target(f"≥ {_g(bound)}", low=bound)
+    return Target(f"≥ {bound_text(bound)}", low=bound)
 
 
 def near(value: float, tolerance: float, text: str = "") -> Target:
     """|x − value| ≤ tolerance (`text`: how the lecture says it, default "value ± tolerance")."""
-    return Target(text or f"{_g(value)} ± {_g(tolerance)}", low=value - tolerance, high=value + tolerance)
+    return Target(text or f"{bound_text(value)} ± {bound_text(tolerance)}", low=value - tolerance, high=value + tolerance)
 
 
 def equal(value) -> Target:
@@ -88,7 +88,7 @@ def value(records: dict, key: Key):
     return v
 
 
-def _numbers(v):
+def numbers_in(v):
     """Every number in a recorded value (bools as 0/1), or None where it holds something else (a label)."""
     if isinstance(v, (bool, int, float)):
         return [float(v)]
@@ -97,7 +97,7 @@ def _numbers(v):
         return None
     out = []
     for x in items:
-        found = _numbers(x)
+        found = numbers_in(x)
         if found is None:
             return None
         out += found
@@ -107,7 +107,7 @@ def _numbers(v):
 def verdict(key: Key, records: dict) -> str:
     """MET or MISSED where the key has a target and the run recorded numbers for it; "" otherwise."""
     v = value(records, key)
-    found = _numbers(v) if key.target is not None and v is not MISSING else None
+    found = numbers_in(v) if key.target is not None and v is not MISSING else None
     if not found:
         return ""
     return MET if all(not math.isnan(x) and key.target.holds(x) for x in found) else MISSED

@@ -66,14 +66,14 @@ class Verdict:
 
 def _reason(key: numbers.Key, value) -> str:
     """Which number of a missed value fell where: '0.065 > 0.05'."""
-    found = numbers._numbers(value) or []
+    found = numbers.numbers_in(value) or []
     for x in found:
         if math.isnan(x):
             return "not a number"
         if key.target.high is not None and x > key.target.high:
-            return f"{numbers.fmt(x)} > {numbers._g(key.target.high)}"
+            return f"{numbers.fmt(x)} > {numbers.bound_text(key.target.high)}"
         if key.target.low is not None and x < key.target.low:
-            return f"{numbers.fmt(x)} < {numbers._g(key.target.low)}"
+            return f"{numbers.fmt(x)} < {numbers.bound_text(key.target.low)}"
     return ""
 
 

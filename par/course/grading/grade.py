@@ -67,7 +67,7 @@ from pathlib import Path
 
 from par.course.grading import checks
 from par.runtime import procs
-from par.course.grading.report import (Flag, RowWriter, _num, class_summary, describe, format_grade, told,
+from par.course.grading.report import (Flag, RowWriter, format_points, class_summary, describe, format_grade, told,
                                        write_feedback, write_report)
 from par.course.authoring import generate as exercises
 from par.course.authoring.generate import ROOT, is_answer, is_check
@@ -116,8 +116,8 @@ class Grade:
 
     def row(self) -> dict:
         pct = 100 * self.points / self.max_points if self.max_points else 0.0
-        return {"submission": self.submission, "exercise": self.exercise, "points": _num(self.points),
-                "max_points": _num(self.max_points) if self.checks else "", "percent": f"{pct:.1f}",
+        return {"submission": self.submission, "exercise": self.exercise, "points": format_points(self.points),
+                "max_points": format_points(self.max_points) if self.checks else "", "percent": f"{pct:.1f}",
                 "status": self.status, "failed_checks": ";".join(self.failed_checks),
                 "reason": " ".join("; ".join(([self.reason, *self.notes] if self.status != "ok" else [])
                                              + self.flags).split()),
@@ -523,7 +523,7 @@ def grade_many(paths: list[Path], course: Course, timeout: float = TIMEOUT, cell
                 on_done(g)
             done[0] += 1
             if progress:
-                pts = f"{_num(g.points)}/{_num(g.max_points)}" if g.checks else "-"
+                pts = f"{format_points(g.points)}/{format_points(g.max_points)}" if g.checks else "-"
                 progress(f"[{done[0]}/{len(paths)}] {g.submission}: {g.exercise or '?'} {pts} {g.status}"
                          f"{' (' + g.reason[:100] + ')' if g.status in ('timeout', 'error') else ''} "
                          f"{g.seconds:.0f} s", flush=True)

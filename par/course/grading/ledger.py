@@ -47,7 +47,7 @@ def path(folder) -> Path:
 
 
 # ---------------------------------------------------------------- on the rank
-class _Writer:
+class Writer:
     """A rank's end: every record sent at once to the grader (`sock`), or kept in a list (`local`)."""
 
     def __init__(self, sock: socket.socket | None):
@@ -68,12 +68,12 @@ def connect(folder, rank: int) -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(str(path(folder)))
     sock.sendall(HELLO.pack(int(rank)))
-    _WRITER[:] = [_Writer(sock)]
+    _WRITER[:] = [Writer(sock)]
 
 
 def local() -> None:
     """No grader: the rank keeps its records (the student's own launch)."""
-    _WRITER[:] = [_Writer(None)]
+    _WRITER[:] = [Writer(None)]
 
 
 def record(kind: int, a: int = 0, b: int = 0) -> None:

@@ -197,7 +197,7 @@ def main(exercise, argv=None) -> int:
     with guarded(exercise) as wire:
         module = answers.load(args.answer)
         outputs = exercise.run_rank(module, mine, r, env.device, wire)
-    outputs = {k: _to_cpu(v) for k, v in outputs.items()}
+    outputs = {k: to_cpu(v) for k, v in outputs.items()}
     if args.io:
         put_outputs(args.io, r, outputs)
     else:
@@ -226,9 +226,9 @@ def guarded(exercise):
         yield wire
 
 
-def _to_cpu(value):
+def to_cpu(value):
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().clone()
     if isinstance(value, list):
-        return [_to_cpu(v) for v in value]
+        return [to_cpu(v) for v in value]
     return value

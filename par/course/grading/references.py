@@ -46,7 +46,7 @@ from par.runtime.paths import ROOT
 RANKS = {
     "par.course.grading.exercise_ring": [("par.comm.collectives", n) for n in (
         "ring_all_reduce", "all_reduce", "ring_reduce_scatter", "ring_all_gather", "reduce_scatter", "all_gather",
-        "broadcast", "_ring_reduce_scatter", "_ring_all_gather", "_exchange")],
+        "broadcast", "_ring_reduce_scatter", "_ring_all_gather", "exchange")],
     "par.course.grading.exercise_tp": [("par.tp.ops", n) for n in (
         "_all_reduce", "copy_to_region", "reduce_from_region", "_CopyToRegion.forward", "_CopyToRegion.backward",
         "_ReduceFromRegion.forward", "_ReduceFromRegion.backward")] +
@@ -228,9 +228,9 @@ def grader_names(job: str) -> tuple[tuple[str, str], ...]:
     exercise = importlib.import_module(job)
     modules = [importlib.import_module(f"{grading.__name__}.{m.name}") for m in pkgutil.iter_modules(grading.__path__)]
     from par.course.grading import sandbox, standins
-    runner = [sandbox.limit, standins._launch_main,           # the job's launcher, in the job's sandbox
-              rank_io.main, rank_io.take_inputs, rank_io.put_outputs, rank_io.guarded, rank_io._to_cpu,
-              exercise.run_rank, exercise.Args, ledger._Writer, ledger.connect, ledger.local, ledger.record,
+    runner = [sandbox.limit, standins.launch_main,           # the job's launcher, in the job's sandbox
+              rank_io.main, rank_io.take_inputs, rank_io.put_outputs, rank_io.guarded, rank_io.to_cpu,
+              exercise.run_rank, exercise.Args, ledger.Writer, ledger.connect, ledger.local, ledger.record,
               ledger.kept, *(o for o in vars(answers).values() if inspect.isfunction(o) or inspect.isclass(o))]
     keep = _closure([*(inspect.unwrap(o) for o in runner), *modules])
     found = set()

@@ -26,7 +26,7 @@ STATUSES = ("ok", "failed", "timeout", "error")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "'")   # what a spreadsheet may read as a formula, and the escape
 
 
-def _num(x: float) -> str:
+def format_points(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
@@ -150,7 +150,7 @@ def format_grade(g, course, tracebacks: bool = True, student: bool = False) -> s
     width = max([len(c.id) for c in g.checks] + [10])
     for c in g.checks:
         mark = "PASS" if c.passed else "FAIL"
-        lines.append(f"  {mark}  {c.id:<{width}}  {_num(c.points if c.passed else 0)}/{_num(c.points)}"
+        lines.append(f"  {mark}  {c.id:<{width}}  {format_points(c.points if c.passed else 0)}/{format_points(c.points)}"
                      + ("" if c.passed else f"   {say(c.error)}"))
         if not c.passed and tracebacks and say(c.traceback):
             lines += ["        " + t for t in say(c.traceback).splitlines()[-8:]]
@@ -159,7 +159,7 @@ def format_grade(g, course, tracebacks: bool = True, student: bool = False) -> s
     pct = 100 * g.points / g.max_points if g.max_points else 0.0
     for flag in g.flags:
         lines.append(f"  flag: {say(flag)}")
-    lines.append(f"{Path(g.submission).name}: {_num(g.points)}/{_num(g.max_points)} points ({pct:.0f}%), "
+    lines.append(f"{Path(g.submission).name}: {format_points(g.points)}/{format_points(g.max_points)} points ({pct:.0f}%), "
                  f"status {g.status}{': ' + say(g.reason) if g.status in ('timeout', 'error') else ''} "
                  f"[{g.seconds:.0f} s]")
     return scrub("\n".join(lines), course)

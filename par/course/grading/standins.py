@@ -344,7 +344,7 @@ def launching_import(run):
     return imp
 
 
-def _launch_main(spec_text: str) -> int:
+def launch_main(spec_text: str) -> int:
     """`python -m par.course.grading.standins launch SPEC`: inside a sandbox, launch the job; print its result as data."""
     from par.runtime.launch import LaunchError, run
     spec = json.loads(spec_text)
@@ -361,5 +361,5 @@ def _launch_main(spec_text: str) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["launch"]:
-        raise SystemExit(_launch_main(sys.argv[2]))
+        raise SystemExit(launch_main(sys.argv[2]))
     print(__doc__)
