@@ -20,7 +20,7 @@ import torch
 from tiers import slow
 
 from classroom import fixture_files, full_marks, points_of
-from par.course.grading import exercise_memory as memory, rank_io, references
+from par.course.grading import exercise_memory as memory, rank_io
 
 NAME = "01_model_state_bytes"
 CHECKS = ("check-memory-measured", "check-memory-formula", "check-memory-gap")
@@ -62,10 +62,10 @@ def test_every_drawn_model_needs_padding_and_every_rank_gets_its_own_tokens(n):
 def test_par_s_accounting_is_refused_on_the_ranks_and_stubbed_in_the_sandbox():
     job = "par.course.grading.exercise_memory"
     assert rank_io.exercise(job) is memory
-    assert ("par.memory.accounting", "tensor_bytes") in memory.FORBIDDEN
-    assert ("par.zero.engine", "tensor_bytes") in memory.FORBIDDEN
-    assert ("par.zero.engine", "Zero.memory") in references.RANKS[job]
-    assert ("par.memory.accounting", "live_model_state_bytes") in references.RANKS[job]
+    assert ("par.memory.accounting", "tensor_bytes") in memory.EXERCISE.forbidden
+    assert ("par.zero.engine", "tensor_bytes") in memory.EXERCISE.forbidden
+    assert ("par.zero.engine", "Zero.memory") in memory.EXERCISE.stubs
+    assert ("par.memory.accounting", "live_model_state_bytes") in memory.EXERCISE.stubs
 
 
 # ---- verify() on raw outputs made by hand ----------------------------------------------------------------------

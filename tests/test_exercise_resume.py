@@ -18,7 +18,7 @@ import torch
 from tiers import slow
 
 from classroom import fixture_files, full_marks, points_of
-from par.course.grading import exercise_resume as resume, references, sandbox
+from par.course.grading import exercise_resume as resume, sandbox
 
 NAME = "11_when_things_break"
 RESUME_CHECKS = ("check-resume-losses", "check-resume-state")
@@ -108,7 +108,7 @@ def test_verify_passes_honest_ranks_and_names_what_is_off():
 def test_pars_resume_and_checkpoint_are_refused_on_the_ranks_and_stubbed_in_the_sandbox():
     for name in (("par.resilience.resume", "save"), ("par.resilience.resume", "load"),
                  ("par.zero.checkpoint", "save"), ("par.zero.checkpoint", "load")):
-        assert name in resume.FORBIDDEN and name in references.RANKS["par.course.grading.exercise_resume"]
+        assert name in resume.EXERCISE.forbidden and name in resume.EXERCISE.stubs
 
 
 # ---- the class run (11's `exercise_class`, tests/classroom.py, shared with tests/test_grading.py) ---------------

@@ -19,7 +19,7 @@ from tiers import slow
 import test_grading as tg
 import test_grading_cheats as tc
 from par.course.grading import exercise_ring_attention as ex
-from par.course.grading import rank_io, references
+from par.course.grading import rank_io
 from par.course.grading.report import format_grade
 
 NAME = "08_online_softmax"
@@ -152,11 +152,11 @@ def test_a_profiler_session_the_student_stopped_or_replaced_counts_nothing():
 
 def test_the_grader_knows_the_job_and_par_s_ring_is_stubbed_on_its_ranks():
     assert rank_io.exercise("par.course.grading.exercise_ring_attention") is ex
-    stubbed = dict.fromkeys(name for module, name in references.RANKS["par.course.grading.exercise_ring_attention"]
+    stubbed = dict.fromkeys(name for module, name in ex.EXERCISE.stubs
                             if module == "par.cp.ring_attention")
     assert {"ring_attention", "_RingAttention._forward", "flash_attention"} <= set(stubbed)
     assert not {"merge", "block_state", "finish"} & set(stubbed), "the module is given par's merge helpers"
-    assert ex.P2P_ONLY and ("torch.distributed", "all_gather") in ex.FORBIDDEN
+    assert ex.EXERCISE.p2p_only and ("torch.distributed", "all_gather") in ex.EXERCISE.forbidden
 
 
 def test_part_3_keeps_at_least_six_wrong_answers_aimed_at_its_checks():

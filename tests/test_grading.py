@@ -355,3 +355,24 @@ def test_rank_outputs_are_judged_by_the_grader_and_never_run(tmp_path):
 def torch_equal(a, b) -> bool:
     import torch
     return bool(torch.equal(a, b))
+
+
+def test_every_exercise_is_named_in_one_record_only():
+    """Each real-rank runner and each exercise with a preparation states one `EXERCISE` record, and nothing else
+    lists exercises: the runners rank_io accepts are the records' runners, each notebook has at most one record."""
+    import importlib
+    import pkgutil
+
+    import par.course.grading as grading
+    from par.course.grading import exercise, rank_io
+    records = exercise.records()
+    notebooks = [r.notebook for r in records]
+    assert len(notebooks) == len(set(notebooks)), notebooks
+    assert all((ROOT / "solutions" / f"{n}.ipynb").exists() for n in notebooks), notebooks
+    runners = {r.runner for r in records if r.runner}
+    modules = [f"{grading.__name__}.{m.name}" for m in pkgutil.iter_modules(grading.__path__)]
+    assert {m for m in modules if rank_io.exercise(m) is not None} == runners
+    for m in modules:
+        mod = importlib.import_module(m)
+        assert not {"FORBIDDEN", "WHY", "P2P_ONLY", "OFF_LIMITS", "RANKS", "BEFORE_GRADING"} & set(vars(mod)), \
+            f"{m} keeps a second registry of exercises"

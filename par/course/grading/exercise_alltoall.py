@@ -24,13 +24,20 @@ import torch
 
 from par.comm.collectives import chunk_bounds
 from par.course.grading import answers, rank_io
+from par.course.grading.exercise import Exercise
 from par.runtime.job_args import JobArgs, arg
 
 PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ranks: no optimizer step, no dispatch
 #                         mode here, so the ranks never import torch._dynamo
 
-WHY = "the exercise asks for an all-to-all built from sends and receives"
-FORBIDDEN, P2P_ONLY = answers.COLLECTIVES, True    # only sends and receives (rank_io.guarded)
+EXERCISE = Exercise(
+    "09_expert_dispatch", runner=__name__,
+    why="the exercise asks for an all-to-all built from sends and receives",
+    forbidden=answers.COLLECTIVES,
+    p2p_only=True,
+    stubs=[("par.moe.experts", n) for n in (
+           "p2p_all_to_all", "torch_all_to_all", "all_to_all_rows", "AllToAll.forward", "AllToAll.backward")] +
+           [("par.comm.collectives", n) for n in ("send_recv", "_copy_to_self")])
 CASES = ("equal", "dispatch", "combine")
 
 

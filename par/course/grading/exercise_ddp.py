@@ -51,14 +51,18 @@ import torch
 import torch.nn.functional as F
 
 from par.course.grading import ledger, rank_io
+from par.course.grading.exercise import Exercise
 from par.runtime.job_args import JobArgs, arg
 
 PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ranks: no optimizer step, no dispatch
 #                         mode here, so the ranks never import torch._dynamo
 
-WHY = "write the hooks and the bucketed all-reduce yourself with torch.distributed.all_reduce(async_op=True)"
-FORBIDDEN = [("torch.nn.parallel", "DistributedDataParallel"), ("par.dp.bucketed", "BucketedDP")]
-P2P_ONLY = False                # torch's all-reduce allowed (and recorded, `recording`)
+EXERCISE = Exercise(
+    "02_gradient_buckets", runner=__name__,
+    why="write the hooks and the bucketed all-reduce yourself with torch.distributed.all_reduce(async_op=True)",
+    forbidden=[("torch.nn.parallel", "DistributedDataParallel"), ("par.dp.bucketed", "BucketedDP")],
+    p2p_only=False,
+    stubs=[("par.dp.bucketed", n) for n in ("BucketedDP", "Bucket")])
 STEPS, LR, TOLERANCE = 2, 0.1, 1e-5
 READY, LAUNCH, WAIT, BACKWARD, FINISH, STEP = range(6)
 REGISTER = torch.Tensor.register_post_accumulate_grad_hook    # bound before any student module is imported

@@ -23,7 +23,7 @@ list twice (forward, then reversed). A layout's throughput is its fastest timed 
 disturbed estimate of what the layout can do.
 
 When. `par.course.grading.grade` calls `measured()` before any submission of the batch runs (its
-`BEFORE_GRADING`), so no student's kernel or process shares the cores with the measurement; the check cells then
+its record's `prepare`), so no student's kernel or process shares the cores with the measurement; the check cells then
 find it cached, and every student is ranked on the same numbers. Anything else measures on its first call.
 
 The judgement (`check_fastest`): the student's layout, if it fits, is within BAND of the measured best
@@ -44,6 +44,7 @@ import random
 import threading
 from dataclasses import dataclass, replace
 
+from par.course.grading.exercise import Exercise
 from par.model import GPTConfig, preset
 from par.train import planner
 
@@ -167,6 +168,14 @@ def measured() -> tuple[Scenario, dict]:
         if "runs" not in _DRAWN:
             _DRAWN["runs"] = measure(scenario, feasible(scenario))
         return scenario, _DRAWN["runs"]
+
+
+def before_grading() -> None:
+    """Every layout that fits measured once, before any submission runs (`grade.prepare`: the record's)."""
+    measured()
+
+
+EXERCISE = Exercise("07_layout", prepare=before_grading)
 
 
 # ---------------------------------------------------------------- the judgement, on plain data

@@ -33,7 +33,7 @@ grader's process:
                is explained only beside the measurement it explains)
 
 par's own accounting (`Zero.memory`, `tensor_bytes`, `live_model_state_bytes`) is refused on the ranks
-(FORBIDDEN) and stubbed in the sandbox's par (`references.RANKS`); the engine itself is the student's to use.
+(`EXERCISE.forbidden`) and stubbed in the sandbox's par (`EXERCISE.stubs`); the engine itself is the student's to use.
 
 Result: world_size, backend, and
     measured  {ok, problem, held}        (held: the expected bytes per stage, before and after the step)
@@ -48,12 +48,18 @@ from dataclasses import dataclass
 import torch
 
 from par.course.grading import rank_io
+from par.course.grading.exercise import Exercise
 from par.runtime.job_args import JobArgs, arg
 
-WHY = "count the storages yourself: par's memory accounting is the answer"
-FORBIDDEN = [("par.memory.accounting", "tensor_bytes"), ("par.memory.accounting", "live_model_state_bytes"),
-             ("par.zero.engine", "tensor_bytes"), ("par.zero.updaters", "tensor_bytes")]
-P2P_ONLY = False                # the engine's collectives run as they always do
+EXERCISE = Exercise(
+    "01_model_state_bytes", runner=__name__,
+    why="count the storages yourself: par's memory accounting is the answer",
+    forbidden=[("par.memory.accounting", "tensor_bytes"), ("par.memory.accounting", "live_model_state_bytes"),
+               ("par.zero.engine", "tensor_bytes"), ("par.zero.updaters", "tensor_bytes")],
+    p2p_only=False,
+    stubs=[("par.memory.accounting", n) for n in (
+           "tensor_bytes", "live_model_state_bytes", "_optimizer_tensors")] +
+           [("par.zero.engine", "Zero.memory"), ("par.zero.updaters", "DeviceUpdate.state_bytes")])
 STAGES = (0, 1, 2, 3)
 KINDS = ("params", "grads", "optimizer")
 MOMENTS = ("before the first step", "after the step")

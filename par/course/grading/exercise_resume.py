@@ -22,7 +22,7 @@ written out: ≤ TOLERANCE); the resumed run's start, losses and final state aga
 for bit (the same layout: nothing may differ).
 
 par's own resume (`par.resilience.resume`) and sharded checkpoint (`par.zero.checkpoint`) are refused on the
-ranks (FORBIDDEN) and stubbed in the sandbox's par (`references.RANKS`). Not covered: state kept in memory
+ranks (`EXERCISE.forbidden`) and stubbed in the sandbox's par (`EXERCISE.stubs`). Not covered: state kept in memory
 somewhere the fresh import does not reset (an attribute of torch, say), which a real restart would lose.
 
 Result: world_size, backend, and
@@ -42,13 +42,20 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from par.course.grading import answers, rank_io
+from par.course.grading.exercise import Exercise
 from par.runtime.job_args import JobArgs, arg
 
-WHY = "save and restore the training state yourself: the engine's partitions and Adam's state, the data " \
-      "position, torch's random state"
-FORBIDDEN = [("par.resilience.resume", n) for n in ("save", "load", "rng_state", "set_rng_state")] + \
-            [("par.zero.checkpoint", n) for n in ("save", "load", "load_full")]
-P2P_ONLY = False
+EXERCISE = Exercise(
+    "11_when_things_break", runner=__name__,
+    why=("save and restore the training state yourself: the engine's partitions and Adam's state, the data "
+         "position, torch's random state"),
+    forbidden=[("par.resilience.resume", n) for n in ("save", "load", "rng_state", "set_rng_state")] +
+              [("par.zero.checkpoint", n) for n in ("save", "load", "load_full")],
+    p2p_only=False,
+    stubs=[("par.resilience.resume", n) for n in (
+           "save", "load", "rng_state", "set_rng_state", "full_units", "install", "load_single")] +
+           [("par.zero.checkpoint", n) for n in ("save", "load", "load_full", "_partitions_for", "read_file",
+                                                  "read_shard", "read_meta")])
 STAGE, STEPS, SAVE_AT, LR, NOISE, TOLERANCE = 2, 8, 4, 1e-2, 0.5, 1e-5
 MSE, RANDN, SEED = F.mse_loss, torch.randn, torch.manual_seed     # bound before any student module is imported
 

@@ -25,14 +25,21 @@ from dataclasses import dataclass
 import torch
 
 from par.course.grading import answers, rank_io
+from par.course.grading.exercise import Exercise
 from par.runtime.job_args import JobArgs, arg
 
 PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ranks: no optimizer step, no dispatch
 #                         mode here, so the ranks never import torch._dynamo
 
 SIZES = (1, 2, 5, 7, 64, 1000, 1001)
-WHY = "the exercise asks for a ring of sends and receives"
-FORBIDDEN, P2P_ONLY = answers.COLLECTIVES, True    # only sends and receives (rank_io.guarded)
+EXERCISE = Exercise(
+    "00_ring_chunks", runner=__name__,
+    why="the exercise asks for a ring of sends and receives",
+    forbidden=answers.COLLECTIVES,
+    p2p_only=True,
+    stubs=[("par.comm.collectives", n) for n in (
+           "ring_all_reduce", "all_reduce", "ring_reduce_scatter", "ring_all_gather", "reduce_scatter", "all_gather",
+           "broadcast", "_ring_reduce_scatter", "_ring_all_gather", "exchange")])
 
 
 @dataclass(frozen=True)

@@ -52,11 +52,18 @@ from torch.autograd import (ProfilerActivity, ProfilerConfig, ProfilerState, _di
                             _prepare_profiler)
 
 from par.course.grading import answers, ledger, rank_io
+from par.course.grading.exercise import Exercise
 from par.cp.ring_attention import ring_attention_bytes
 from par.runtime.job_args import JobArgs, arg
 
-WHY = "the exercise asks for a ring of sends and receives"
-FORBIDDEN, P2P_ONLY = answers.COLLECTIVES, True    # only sends and receives (rank_io.guarded)
+EXERCISE = Exercise(
+    "08_online_softmax", runner=__name__,
+    why="the exercise asks for a ring of sends and receives",
+    forbidden=answers.COLLECTIVES,
+    p2p_only=True,
+    stubs=[("par.cp.ring_attention", n) for n in (
+           "ring_attention", "_RingAttention.forward", "_RingAttention._forward", "_RingAttention.backward",
+           "_RingAttention._backward", "_pass_on", "flash_attention", "_FlashAttention.forward")])
 CASES = ("small", "wide", "one_token", "large_scores")
 CASE, SENT, FLOPS = range(3)           # the kinds of the records
 MODES, PROFILER = range(2)             # the FLOP counters

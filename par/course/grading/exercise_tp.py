@@ -26,15 +26,23 @@ import torch
 import torch.nn.functional as F
 
 from par.course.grading import rank_io
+from par.course.grading.exercise import Exercise
 from par.runtime.job_args import JobArgs, arg
 from par.tp.layers import column_shard, row_shard
 
 PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ranks: no optimizer step, no dispatch
 #                         mode here, so the ranks never import torch._dynamo
 
-OFF_LIMITS = [("par.tp.ops", "_all_reduce"), ("par.comm.collectives", "all_reduce"), ("par.comm.collectives", "ring_all_reduce")]
-WHY = "write f and g yourself with torch.distributed.all_reduce"
-FORBIDDEN, P2P_ONLY = OFF_LIMITS, False      # torch's all-reduce allowed, counted on the wire
+EXERCISE = Exercise(
+    "04_tensor_parallel", runner=__name__,
+    why="write f and g yourself with torch.distributed.all_reduce",
+    forbidden=[("par.tp.ops", "_all_reduce"), ("par.comm.collectives", "all_reduce"),
+               ("par.comm.collectives", "ring_all_reduce")],
+    p2p_only=False,
+    stubs=[("par.tp.ops", n) for n in (
+           "_all_reduce", "copy_to_region", "reduce_from_region", "_CopyToRegion.forward", "_CopyToRegion.backward",
+           "_ReduceFromRegion.forward", "_ReduceFromRegion.backward")] +
+           [("par.comm.collectives", n) for n in ("all_reduce", "ring_all_reduce")])
 GRADS = ("input_grad", "fc_w_grad", "fc_b_grad", "proj_w_grad", "proj_b_grad")
 SHAPE = (3, 5)
 

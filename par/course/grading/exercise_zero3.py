@@ -46,7 +46,7 @@ its backward, each issued in the order the pass reaches the units and at most on
 FSDP's prefetch does: unit u + 1's as unit u's forward starts or runs, unit u − 1's as unit u's backward starts
 or runs; one reduce-scatter of it during its backward, before the previous unit's gradients; no all-reduce).
 
-par's `Zero` is refused on the ranks (FORBIDDEN) and stubbed in the sandbox's par (`references.RANKS`); torch's
+par's `Zero` is refused on the ranks (`EXERCISE.forbidden`) and stubbed in the sandbox's par (`EXERCISE.stubs`); torch's
 collectives are allowed and recorded. Torch's FSDP is not refused by name (importing it costs each rank over a
 second): it shards each parameter along its first dimension, not the unit's flat buffer, so neither its shards,
 its collectives' sizes nor its bytes at rest are what the checks expect.
@@ -68,14 +68,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from par.course.grading import ledger, rank_io
+from par.course.grading.exercise import Exercise
 from par.runtime.job_args import JobArgs, arg
 
 PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ranks: no optimizer step, no dispatch
 #                         mode here, so the ranks never import torch._dynamo
 
-WHY = "write the gather, the free and the reduce-scatter yourself with torch.distributed's collectives"
-FORBIDDEN = [("par.zero.engine", "Zero")]      # par's ZeRO (stubbed in the sandbox's par too: references.RANKS)
-P2P_ONLY = False                # torch's collectives allowed (and recorded, `recording`)
+EXERCISE = Exercise(
+    "06_zero", runner=__name__,
+    why="write the gather, the free and the reduce-scatter yourself with torch.distributed's collectives",
+    forbidden=[("par.zero.engine", "Zero")],
+    p2p_only=False,
+    stubs=[("par.zero.engine", n) for n in ("Zero", "Unit", "_free", "_alloc")] +
+           [("par.zero.flat", "FlatParams")])
 STEPS, LR, TOLERANCE = 2, 1e-2, 1e-5
 FORWARD, FREED, BACKWARD, READY, GATHER, SCATTER, ALLREDUCE, END, STEP, HELD = range(10)
 # bound before any student module is imported (rank_io.main imports this module first): what the student's module

@@ -46,7 +46,7 @@ flushed as each submission finishes (a killed batch keeps them; `--resume` grade
 and feedback paths are checked before grading starts. Feedback never shows a hidden check's source, nor the
 message of an error that could carry a hidden case's inputs (`par.course.grading.checks.withheld`).
 
-Before any submission runs, what an exercise of the batch needs once is done (`BEFORE_GRADING`: 07's measured
+Before any submission runs, what an exercise of the batch needs once is done (its record's `prepare`: 07's measured
 layouts, taken while no student code runs).
 
 Exit code: with --report, 0 once every submission has its row, whatever its status (2 when nothing could
@@ -471,23 +471,19 @@ def duplicates(paths: list[Path], course: Course, found: dict | None = None) -> 
 
 
 # ---------------------------------------------------------------- what an exercise needs before any submission runs
-def _measure_layouts() -> None:
-    from par.course.grading import exercise_layout
-    exercise_layout.measured()
-
-
-BEFORE_GRADING = {"07_layout": _measure_layouts}    # exercise -> done once per grading process, before any kernel
-
-
 def prepare(names: set[str], progress=print) -> None:
-    """BEFORE_GRADING of each exercise in `names`, before any submission's kernel starts (07's part 4 ranks every
-    student on layouts measured while nothing of a student's runs). One that fails is printed; the exercise's
-    checks then ask again, and fail with its error."""
-    for name in sorted(set(names) & set(BEFORE_GRADING)):
+    """Each exercise's `prepare` (its record, `par.course.grading.exercise`) for the exercises in `names`, before any
+    submission's kernel starts (07's part 4 ranks every student on layouts measured while nothing of a student's
+    runs). One that fails is printed; the exercise's checks then ask again, and fail with its error."""
+    from par.course.grading.exercise import of_notebook
+    for name in sorted(names):
+        record = of_notebook(name)
+        if record is None or record.prepare is None:
+            continue
         if progress:
             progress(f"preparing {name} before any submission runs ...", flush=True)
         try:
-            BEFORE_GRADING[name]()
+            record.prepare()
         except Exception as e:
             if progress:
                 progress(f"note: preparing {name} failed ({one_line(e)}); its checks will try again", flush=True)

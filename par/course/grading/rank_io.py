@@ -168,19 +168,18 @@ def close(got: torch.Tensor | None, want: torch.Tensor, atol: float = 1e-5) -> b
 
 
 def exercise(module: str):
-    """The exercise module (make_inputs, run_rank, verify) whose outputs the grader judges, or None."""
-    if module not in ("par.course.grading.exercise_ring", "par.course.grading.exercise_tp", "par.course.grading.exercise_alltoall",
-                      "par.course.grading.exercise_ring_attention",
-                      "par.course.grading.exercise_ddp", "par.course.grading.exercise_zero3",
-                      "par.course.grading.exercise_resume", "par.course.grading.exercise_memory"):
+    """The real-rank runner module `module` (make_inputs, run_rank, verify, its EXERCISE record) whose outputs the
+    grader judges, or None for any other module (`par.course.grading.exercise.of_runner`)."""
+    from par.course.grading.exercise import of_runner
+    if of_runner(module) is None:
         return None
     import importlib
     return importlib.import_module(module)
 
 
 def main(exercise, argv=None) -> int:
-    """A rank of the real-rank exercise `exercise` (a module: Args, make_inputs, run_rank, verify, FORBIDDEN, WHY,
-    P2P_ONLY), both ways it runs: under the grader (`--io`: inputs and outputs as files, the grader verifies) or
+    """A rank of the real-rank exercise `exercise` (a runner module: Args, make_inputs, run_rank, verify, and its
+    EXERCISE record), both ways it runs: under the grader (`--io`: inputs and outputs as files, the grader verifies) or
     on its own (the student's notebook: fixed inputs, rank 0 verifies and saves the result). The guards are
     entered before the student's module is imported (`guarded`); run_rank gets the wire's call counts."""
     import par.runtime.dist
@@ -213,16 +212,17 @@ def main(exercise, argv=None) -> int:
 @contextmanager
 def guarded(exercise):
     """The rules the student's code runs under: the grader's own modules out of reach (`answers.grader_hidden`);
-    `exercise.FORBIDDEN` (par's and torch's functions, by name) refused; with `exercise.P2P_ONLY`, every
-    collective refused on the process-group classes and in torch's dispatcher too (only sends and receives),
-    else counted there. Yields the wire's call counts."""
+    its record's `forbidden` (par's and torch's functions, by name) refused; with `p2p_only`, every collective
+    refused on the process-group classes and in torch's dispatcher too (only sends and receives), else counted
+    there. Yields the wire's call counts."""
     from par.course.grading import answers
+    rules = exercise.EXERCISE
     with ExitStack() as stack:
-        stack.enter_context(answers.forbidden(exercise.FORBIDDEN, exercise.WHY))
+        stack.enter_context(answers.forbidden(rules.forbidden, rules.why))
         stack.enter_context(answers.grader_hidden())
-        wire = stack.enter_context(answers.on_the_wire(forbid=exercise.WHY if exercise.P2P_ONLY else None))
-        if exercise.P2P_ONLY:
-            stack.enter_context(answers.refused_in_dispatcher(exercise.WHY))
+        wire = stack.enter_context(answers.on_the_wire(forbid=rules.why if rules.p2p_only else None))
+        if rules.p2p_only:
+            stack.enter_context(answers.refused_in_dispatcher(rules.why))
         yield wire
 
 

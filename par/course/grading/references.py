@@ -14,7 +14,8 @@ Which functions, per exercise (computed from the instructor's notebook, so a new
                       cells of the solution import themselves (the tools the student is given), and their
                       twins (`twins`: every other function of their modules, and what they call,
                       transitively, except what the given tools need), plus RANKS below
-    on the ranks      RANKS[job]: par's implementations of the collective the exercise has the student build
+    on the ranks      the exercise's stubs (`Exercise.stubs`, its record: `par.course.grading.exercise`): par's
+                      implementations of the collective the exercise has the student build
                       (the job's own code keeps every helper the student's module may import), and the
                       grader's own code (`grader_names`): every function and class of par.course.grading but
                       what the rank runner runs (`rank_io.main`, the job's `run_rank` and `Args`, the guards of
@@ -37,37 +38,10 @@ import inspect
 import threading
 from pathlib import Path
 
-from par.course.grading import sandbox
+from par.course.grading import exercise, sandbox
 from par.course.authoring.generate import parse_python
 
 from par.runtime.paths import ROOT
-
-# the real-rank exercises' jobs -> par's own versions of what the student's module must build
-RANKS = {
-    "par.course.grading.exercise_ring": [("par.comm.collectives", n) for n in (
-        "ring_all_reduce", "all_reduce", "ring_reduce_scatter", "ring_all_gather", "reduce_scatter", "all_gather",
-        "broadcast", "_ring_reduce_scatter", "_ring_all_gather", "exchange")],
-    "par.course.grading.exercise_tp": [("par.tp.ops", n) for n in (
-        "_all_reduce", "copy_to_region", "reduce_from_region", "_CopyToRegion.forward", "_CopyToRegion.backward",
-        "_ReduceFromRegion.forward", "_ReduceFromRegion.backward")] +
-        [("par.comm.collectives", n) for n in ("all_reduce", "ring_all_reduce")],
-    "par.course.grading.exercise_alltoall": [("par.moe.experts", n) for n in (
-        "p2p_all_to_all", "torch_all_to_all", "all_to_all_rows", "AllToAll.forward", "AllToAll.backward")] +
-        [("par.comm.collectives", n) for n in ("send_recv", "_copy_to_self")],
-    "par.course.grading.exercise_ring_attention": [("par.cp.ring_attention", n) for n in (
-        "ring_attention", "_RingAttention.forward", "_RingAttention._forward", "_RingAttention.backward",
-        "_RingAttention._backward", "_pass_on", "flash_attention", "_FlashAttention.forward")],
-    "par.course.grading.exercise_ddp": [("par.dp.bucketed", n) for n in ("BucketedDP", "Bucket")],
-    "par.course.grading.exercise_zero3": [("par.zero.engine", n) for n in ("Zero", "Unit", "_free", "_alloc")] +
-        [("par.zero.flat", "FlatParams")],
-    "par.course.grading.exercise_memory": [("par.memory.accounting", n) for n in (
-        "tensor_bytes", "live_model_state_bytes", "_optimizer_tensors")] +
-        [("par.zero.engine", "Zero.memory"), ("par.zero.updaters", "DeviceUpdate.state_bytes")],
-    "par.course.grading.exercise_resume": [("par.resilience.resume", n) for n in (
-        "save", "load", "rng_state", "set_rng_state", "full_units", "install", "load_single")] +
-        [("par.zero.checkpoint", n) for n in ("save", "load", "load_full", "_partitions_for", "read_file",
-                                               "read_shard", "read_meta")],
-}
 
 _LOCK = threading.Lock()
 _MADE: dict = {}           # (role key) -> [(stubbed file, path relative to the package folder)]
@@ -127,13 +101,13 @@ def _answers_of(reference) -> list[tuple[str, str]]:
             continue
         if is_check(cell):
             checked |= _par_names(cell.source)
-            jobs |= {job for job in RANKS if job in cell.source}
+            jobs |= {e.runner for e in exercise.records() if e.runner and e.runner in cell.source}
         elif not cell.source.lstrip().startswith("%%writefile"):   # a module for the ranks: not the kernel's
             given |= _par_names(cell.source)     # the tools setup and answer cells import
     answers = {name for name in checked - given if callable(_resolve(*name)) and not name[0].startswith("par.course")}
     out = answers | twins(answers, given)
     for job in jobs:
-        out |= set(RANKS[job])
+        out |= set(exercise.of_runner(job).stubs)
     return sorted(out)
 
 
@@ -211,8 +185,8 @@ def twins(answers: set[tuple[str, str]], given: set[tuple[str, str]]) -> set[tup
 
 
 def on_the_ranks(job: str) -> list[tuple[str, str]]:
-    """Everything a rank of the real-rank job `job` must not call: RANKS[job] and `grader_names(job)`."""
-    return sorted({*RANKS[job], *grader_names(job)})
+    """Everything a rank of the real-rank job `job` must not call: its exercise's stubs and `grader_names(job)`."""
+    return sorted({*exercise.of_runner(job).stubs, *grader_names(job)})
 
 
 @functools.lru_cache(maxsize=None)
@@ -225,12 +199,12 @@ def grader_names(job: str) -> tuple[tuple[str, str], ...]:
 
     import par.course.grading as grading
     from par.course.grading import answers, ledger, rank_io
-    exercise = importlib.import_module(job)
+    job_module = importlib.import_module(job)
     modules = [importlib.import_module(f"{grading.__name__}.{m.name}") for m in pkgutil.iter_modules(grading.__path__)]
     from par.course.grading import sandbox, standins
     runner = [sandbox.limit, standins.launch_main,           # the job's launcher, in the job's sandbox
               rank_io.main, rank_io.take_inputs, rank_io.put_outputs, rank_io.guarded, rank_io.to_cpu,
-              exercise.run_rank, exercise.Args, ledger.Writer, ledger.connect, ledger.local, ledger.record,
+              job_module.run_rank, job_module.Args, ledger.Writer, ledger.connect, ledger.local, ledger.record,
               ledger.kept, *(o for o in vars(answers).values() if inspect.isfunction(o) or inspect.isclass(o))]
     keep = _closure([*(inspect.unwrap(o) for o in runner), *modules])
     found = set()
