@@ -876,7 +876,7 @@ def test_the_ranks_lose_the_graders_expected_values_and_keep_the_runner():
     for kept in (f"{job}.run_rank", f"{job}.held", f"{job}.Args", "par.course.grading.rank_io.main",
                  "par.course.grading.rank_io.guarded", "par.course.grading.answers.grader_hidden",
                  "par.course.grading.ledger.record", "par.course.grading.sandbox.limit",
-                 "par.course.grading.standins.launch_main"):
+                 "par.course.grading.launcher.main"):
         assert kept not in names, kept
 
 

@@ -201,8 +201,8 @@ def grader_names(job: str) -> tuple[tuple[str, str], ...]:
     from par.course.grading import answers, ledger, rank_io
     job_module = importlib.import_module(job)
     modules = [importlib.import_module(f"{grading.__name__}.{m.name}") for m in pkgutil.iter_modules(grading.__path__)]
-    from par.course.grading import sandbox, standins
-    runner = [sandbox.limit, standins.launch_main,           # the job's launcher, in the job's sandbox
+    from par.course.grading import launcher, sandbox
+    runner = [sandbox.limit, launcher.main,                # the job's launcher, in the job's sandbox
               rank_io.main, rank_io.take_inputs, rank_io.put_outputs, rank_io.guarded, rank_io.to_cpu,
               job_module.run_rank, job_module.Args, ledger.Writer, ledger.connect, ledger.local, ledger.record,
               ledger.kept, *(o for o in vars(answers).values() if inspect.isfunction(o) or inspect.isclass(o))]

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from par.course.grading import ledger, references, sandbox
+from par.course.grading import launcher, ledger, references, sandbox
 from par.runtime import procs
 from par.course.grading.codec import decode, encode
 from par.course.grading.kernel import CellTimeout, Kernel, NotebookTimeout
@@ -186,7 +186,7 @@ class Session:
 
 
 # ---------------------------------------------------------------- jobs on real ranks, launched by the grader
-LAUNCH_MARK = "@@par-grader-launch@@"
+LAUNCH_MARK = launcher.MARK
 
 
 class _Shim:
@@ -248,9 +248,9 @@ def sandboxed_launch(box: sandbox.Sandbox, env: dict | None, session: "Session")
 
 
 def _launch(box: sandbox.Sandbox, env: dict | None, session: "Session", spec: dict) -> dict:
-    """Run `python -m par.course.grading.standins launch SPEC` in `box`; the launcher's answer ({"result"} or {"error"})."""
+    """Run `python -m par.course.grading.launcher SPEC` in `box`; the launcher's answer ({"result"} or {"error"})."""
     from par.runtime.launch import LaunchError
-    cmd = box.wrap([sys.executable, "-m", "par.course.grading.standins", "launch", json.dumps(spec)])
+    cmd = box.wrap([sys.executable, "-m", "par.course.grading.launcher", json.dumps(spec)])
     # PYTHONSAFEPATH: `-m` would put the submission's folder first on sys.path, where a `par/` the student wrote
     # would stand in for the package (Python >= 3.11; the ranks inherit it)
     proc = subprocess.Popen(cmd, cwd=box.workdir, env={**box.env(env), "PYTHONSAFEPATH": "1"},
@@ -342,24 +342,3 @@ def launching_import(run):
             return {"par.runtime.launch": launch, "par.runtime": runtime, "par": top}[name]
         return module
     return imp
-
-
-def launch_main(spec_text: str) -> int:
-    """`python -m par.course.grading.standins launch SPEC`: inside a sandbox, launch the job; print its result as data."""
-    from par.runtime.launch import LaunchError, run
-    spec = json.loads(spec_text)
-    try:
-        answer = {"result": run(**spec)}
-    except LaunchError as e:
-        answer = {"error": str(e)}
-    except Exception as e:  # a preflight error, a bad spec: the check fails with it
-        answer = {"error": f"{type(e).__name__}: {e}"}
-    sys.stdout.write("\n" + LAUNCH_MARK + json.dumps(answer) + "\n")
-    sys.stdout.flush()
-    return 0
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["launch"]:
-        raise SystemExit(launch_main(sys.argv[2]))
-    print(__doc__)
