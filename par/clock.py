@@ -5,6 +5,7 @@ On a busy machine the wall clock counts the time a thread waited for a core. Lin
 so the time a span would have taken on a core of its own is
 
     steady = wall − ready        ready: the run-queue wait of the thread that timed the span, during the span
+                                 (never below the thread's CPU seconds in the span: `load_proof`)
 
 Beside it, `cpu` is the thread's CPU time (`time.thread_time`): the same as `steady` for a span that computes,
 nothing for a span that waits on another rank (a blocking receive, a collective's wait), where `steady` keeps
@@ -14,9 +15,18 @@ the waiting. A verdict about time on the CPU reads `steady`, and a page shows `w
     ...work...
     took = clock.since(start)          # Elapsed(wall, cpu, ready); took.steady = wall − ready
 
-What it does not remove: a wait on another rank that was itself kept from its core (rank A's receive lasts as
-long as rank B's delayed send) — a comparison across ranks is read on the worst rank, and where it still does
-not resolve, the simulator with this run's measured costs says what the mechanism gives. Without schedstat
+The kernel charges a thread's run-queue wait when the thread gets its core back, and on some kernels the charge
+runs late: a wait can include time the thread ran before it was preempted (on this course's 2-core VM, beside two
+busy loops, 41 and 223 of 400 spans of 1.4 ms of matmuls, in two runs, were charged more wait than their
+wall time). A span cannot have waited longer than it did not compute, so `steady` never goes below the thread's
+CPU seconds: steady = max(cpu, wall − ready), at most wall.
+
+What it does not remove by itself: a wait on another thread or another rank that was itself kept from its core
+(rank A's receive lasts as long as rank B's delayed send). Where the code knows it waits, `Waiting` reads the
+run-queue wait of what it waits for (the communication thread; the job's other ranks on this machine, `watch`),
+and a span or a step counts it as its own (`Recorder.add(..., waited=)`, `Step.waited_s`). A comparison across
+ranks is read on the worst rank, and where it still does not resolve, the simulator with this run's measured costs
+says what the mechanism gives. Without schedstat
 (macOS, a kernel built without it) `ready` is 0 and `steady` is the wall clock; `available()` says which. On a
 GPU the course times with CUDA events instead (`par.timeline`).
 """
@@ -59,14 +69,22 @@ class Reading:
 
 @dataclass(frozen=True)
 class Elapsed:
-    """What a span took: wall seconds, the thread's CPU seconds, its run-queue seconds; steady = wall − ready."""
+    """What a span took: wall seconds, the thread's CPU seconds, its run-queue seconds; steady = wall − ready,
+    never below cpu (`load_proof`)."""
     wall: float
     cpu: float
     ready: float
 
     @property
     def steady(self) -> float:
-        return max(0.0, self.wall - self.ready)
+        return load_proof(self.wall, self.cpu, self.ready)
+
+
+def load_proof(wall: float, cpu: float, ready: float) -> float:
+    """The steady seconds of a span of `wall` seconds in which the thread computed `cpu` seconds and was charged
+    `ready` seconds of run-queue wait: wall − ready, never below cpu (a wait charged late, above), never above
+    wall."""
+    return max(0.0, min(wall, max(cpu, wall - ready)))
 
 
 def read() -> Reading:
@@ -82,3 +100,62 @@ def between(start: Reading, end: Reading) -> Elapsed:
 def since(start: Reading) -> Elapsed:
     """What passed from `start` to now, on the calling thread."""
     return between(start, read())
+
+
+
+# ---------------------------------------------------------------- a wait on other threads and other ranks
+_PEERS: list[int] = []      # the other processes of this job on this machine (`watch`)
+
+
+def _task_ready_ns(path: str) -> int:
+    try:
+        with open(path, "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def ready_of(thread_name: str) -> float:
+    """Seconds the threads of this process named `thread_name` (`threading.Thread.name`, e.g. "par-comm") have
+    waited in the run queue so far; 0 for none, or without schedstat."""
+    import threading
+    return sum(_task_ready_ns(f"/proc/self/task/{t.native_id}/schedstat") for t in threading.enumerate()
+               if t.name == thread_name and t.native_id is not None) / 1e9
+
+
+def process_ready(pid: int) -> float:
+    """Seconds every thread of process `pid` has waited in the run queue so far (0 where it cannot be read)."""
+    import os
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    return sum(_task_ready_ns(f"/proc/{pid}/task/{t}/schedstat") for t in tasks) / 1e9
+
+
+def watch(pids) -> None:
+    """The processes this one waits for in a collective (the job's other ranks, where they share this machine):
+    `Waiting` counts their run-queue wait. The calling process itself is left out."""
+    import os
+    _PEERS[:] = [int(p) for p in pids if int(p) != os.getpid()]
+
+
+class Waiting:
+    """A wait of the calling thread for others, from its creation to `done()`: for the threads of this process
+    named `thread_name` (a collective on the communication thread) and for the other ranks (`watch`). A thread that
+    blocks has no run-queue wait of its own meanwhile; what the load added to its wait is the run-queue wait of
+    what it waited for, read at both ends: that thread's, plus the most delayed other rank's (every thread of it).
+    For a wait that also computes this can count more than the load added (a peer's wait for a core while this
+    thread ran); a span's steady seconds never go below its CPU seconds (`load_proof`)."""
+
+    def __init__(self, thread_name: str | None = None):
+        self.thread_name, self.ready = thread_name, 0.0
+        self._own = ready_of(thread_name) if thread_name else 0.0
+        self._peers = [(p, process_ready(p)) for p in _PEERS]
+
+    def done(self) -> float:
+        """The run-queue seconds of what was waited for, since the wait began (also kept in `ready`)."""
+        own = ready_of(self.thread_name) - self._own if self.thread_name else 0.0
+        self.ready = own + max((process_ready(p) - before for p, before in self._peers), default=0.0)
+        return self.ready
+

@@ -62,11 +62,15 @@ class Step:
     seconds: float = 0.0     # wall clock, the device's work included
     cpu_s: float = 0.0       # this process's CPU seconds
     ready_s: float = 0.0     # the timing thread's run-queue seconds: waiting for a core other work had
+    thread_cpu_s: float = 0.0   # the timing thread's CPU seconds
+    waited_s: float = 0.0    # set by a CPU job: run-queue seconds of what the timing thread blocked on (the
+                             # communication thread, the other ranks: `par.clock.Waiting`), which ready_s misses
 
     @property
     def steady_s(self) -> float:
-        """The step on a core of its own: wall − ready (`par.clock`); on a GPU, `seconds` (the device's work)."""
-        return max(0.0, self.seconds - self.ready_s)
+        """The step on a core of its own: wall − ready − waited, never below the timing thread's CPU seconds
+        (`par.clock.load_proof`); on a GPU, `seconds` (the device's work)."""
+        return clock.load_proof(self.seconds, self.thread_cpu_s, self.ready_s + self.waited_s)
 
 
 @contextmanager
@@ -83,8 +87,20 @@ def timed_step(device, barrier: bool = False):
     yield step
     sync(device)
     took = clock.since(start)
-    step.seconds, step.cpu_s = took.wall, time.process_time() - c0
+    step.seconds, step.cpu_s, step.thread_cpu_s = took.wall, time.process_time() - c0, took.cpu
     step.ready_s = took.ready if torch.device(device).type != "cuda" else 0.0
+
+
+def watch_ranks() -> None:
+    """Tell `par.clock.Waiting` which processes this rank waits for in a collective: the job's other ranks on
+    this machine (a rank on another machine's run queue cannot be read). Every rank calls it (a collective)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    import os
+    import socket
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, (socket.gethostname(), os.getpid()))
+    clock.watch([pid for host, pid in ranks if host == socket.gethostname()])
 
 
 def slowest(seconds_per_rank) -> list[float]:

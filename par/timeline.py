@@ -62,8 +62,9 @@ class Span:
 
     @property
     def steady(self) -> float:
-        """The span's seconds on a core of its own: duration − ready (`par.clock`)."""
-        return max(0.0, self.duration - self.ready)
+        """The span's seconds on a core of its own: duration − ready, never below its CPU seconds
+        (`par.clock.load_proof`)."""
+        return seconds(asdict(self), "steady")
 
 
 class Mark(float):
@@ -131,15 +132,16 @@ class Recorder:
         reading = clock.read()
         return Mark(reading.wall - self.t0, reading)
 
-    def add(self, name: str, start, end, lane: str = "compute") -> None:
+    def add(self, name: str, start, end, lane: str = "compute", waited: float = 0.0) -> None:
         """Keep a span between two marks: both floats (CPU seconds since reset; two `Mark`s also give its CPU and
-        run-queue seconds) or both CUDA events."""
+        run-queue seconds) or both CUDA events. `waited` (CPU clock): run-queue seconds of what this thread waited
+        for inside the span (another thread, the other ranks: `par.clock.Waiting`), kept in the span's `ready`."""
         numbers = [isinstance(t, (int, float)) for t in (start, end)]
         if all(numbers):
             took = clock.between(start.reading, end.reading) if isinstance(start, Mark) and isinstance(end, Mark) \
                 else None
             self._entries.append(Span(self.rank, name, lane, float(start), float(end),
-                                      took.cpu if took else 0.0, took.ready if took else 0.0))
+                                      took.cpu if took else 0.0, (took.ready if took else 0.0) + waited))
         elif not any(numbers):
             self._entries.append(_EventSpan(name, lane, start, end))
         else:
@@ -179,21 +181,23 @@ class Recorder:
 
 
 def seconds(span: dict, clock_: str = "wall") -> float:
-    """A gathered span's seconds on `clock_`: "wall" (end − start) or "steady" (less its run-queue wait)."""
+    """A gathered span's seconds on `clock_`: "wall" (end − start) or "steady" (less its run-queue wait, never below
+    its CPU seconds: `par.clock.load_proof`)."""
     wall = span["end"] - span["start"]
     if clock_ == "wall":
         return wall
     if clock_ == "steady":
-        return max(0.0, wall - span.get("ready", 0.0))
+        return clock.load_proof(wall, span.get("cpu", 0.0), span.get("ready", 0.0))
     raise ValueError(f"clock must be 'wall' or 'steady', got {clock_!r}")
 
 
 def busy_fraction(spans: list[dict], rank: int, lane: str = "compute", clock_: str = "wall") -> float:
     """Time a rank spent in `lane` spans divided by the makespan of the whole timeline, both on `clock_` ("steady":
-    each span less its run-queue wait, the makespan less the rank's run-queue wait inside its spans)."""
+    each span less its run-queue wait, the makespan less the rank's run-queue wait inside its spans, both as
+    `seconds` counts them)."""
     total = max(s["end"] for s in spans) - min(s["start"] for s in spans)
     mine = [s for s in spans if s["rank"] == rank]
     if clock_ == "steady":
-        total -= sum(s.get("ready", 0.0) for s in mine)
+        total -= sum(seconds(s, "wall") - seconds(s, "steady") for s in mine)
     busy = sum(seconds(s, clock_) for s in mine if s["lane"] == lane)
     return busy / total if total > 0 else 0.0

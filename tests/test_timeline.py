@@ -136,3 +136,56 @@ def test_a_span_under_load_keeps_its_steady_seconds():
     assert span.ready > 0.05 and span.duration > span.cpu + 0.05, f"the machine was not loaded: {span}"
     assert abs(span.steady - span.cpu) <= 0.2 * span.cpu + 0.02, span
     assert busy_fraction([{**asdict(span)}], 0, clock_="steady") == pytest.approx(1.0)
+
+
+def test_a_wait_for_another_thread_counts_that_threads_wait_for_a_core():
+    """The main thread blocks while a thread named "par-test-worker" computes 0.3 CPU-s beside burners:
+    `par.clock.Waiting` reads the worker's run-queue wait, and the span that keeps it (`Recorder.add(...,
+    waited=)`) has about the worker's CPU time as its steady time, not the wall time the load stretched it to.
+    A watched process (a rank's stand-in, here a burner) has its run-queue wait read too."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from par import clock
+    if not clock.available():
+        pytest.skip("this kernel does not tell a thread's run-queue wait (/proc/thread-self/schedstat)")
+    burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range((os.cpu_count() or 1) + 1)]
+
+    go, computed, leave = threading.Event(), threading.Event(), threading.Event()
+
+    def work():                     # alive before and after the wait, as the communication thread is
+        go.wait()
+        stop = time.thread_time() + 0.3
+        while time.thread_time() < stop:
+            pass
+        computed.set()
+        leave.wait()
+    worker = threading.Thread(target=work, name="par-test-worker")
+    worker.start()
+    try:
+        time.sleep(0.3)
+        clock.watch([burners[0].pid, os.getpid()])          # this process itself is left out
+        assert clock._PEERS == [burners[0].pid]
+        peer = clock.Waiting()
+        time.sleep(0.3)
+        peer.done()
+        clock.watch([])
+        rec = Recorder(rank=0, sync=False)
+        start, waiting = rec.mark(), clock.Waiting("par-test-worker")
+        go.set()
+        computed.wait()
+        waited = waiting.done()
+        rec.add("wait", start, rec.mark(), waited=waited)
+        (span,) = rec.spans
+    finally:
+        leave.set()
+        go.set()
+        clock.watch([])
+        for b in burners:
+            b.kill()
+    assert span.duration > 0.3 + 0.05 and waited > 0.05, f"the machine was not loaded: {span}, waited {waited}"
+    assert span.cpu < 0.05 and span.ready >= waited        # the main thread itself only waited
+    assert abs(span.steady - 0.3) <= 0.3 * 0.3 + 0.05, span
+    assert peer.ready > 0.02, "the watched process's run-queue wait was not read"
