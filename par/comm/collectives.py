@@ -123,14 +123,24 @@ def ring_time_from_steps(n: int, reduce_step_s: float, gather_step_s: float) -> 
 
 
 def fit_alpha_beta(samples) -> tuple[float, float]:
-    """alpha and beta of `ring_all_reduce_time` fitted to measured (n, size_bytes, seconds) samples.
+    """alpha and beta of `ring_all_reduce_time` fitted to measured (n, size_bytes, seconds) samples
+    (`fit_steps_bytes` of each all-reduce's 2(N-1) steps and 2(N-1)/N·S bytes)."""
+    rows = [(2 * (n - 1), all_reduce_formula_bytes(s, n), t) for n, s, t in samples if n > 1 and t > 0]
+    if len(rows) < 2:
+        raise ValueError(f"fitting alpha and beta needs at least 2 timed samples with N > 1, got {len(rows)}")
+    return fit_steps_bytes(rows)
+
+
+def fit_steps_bytes(samples) -> tuple[float, float]:
+    """alpha and beta of T = steps·alpha + bytes·beta fitted to measured (steps, bytes, seconds) samples (any
+    collective whose latency steps and bytes per rank are known: `par.train.cost.collective_terms`).
 
     Least squares on the relative error (every sample weighs alike, small or large), with both
     coefficients kept >= 0: a negative one is set to 0 and the other fitted alone.
     """
-    rows = [(2 * (n - 1) / t, all_reduce_formula_bytes(s, n) / t) for n, s, t in samples if n > 1 and t > 0]
+    rows = [(k / t, b / t) for k, b, t in samples if k > 0 and t > 0]
     if len(rows) < 2:
-        raise ValueError(f"fitting alpha and beta needs at least 2 timed samples with N > 1, got {len(rows)}")
+        raise ValueError(f"fitting alpha and beta needs at least 2 timed samples, got {len(rows)}")
     # minimise sum (x*alpha + y*beta - 1)^2 over the rows (x, y) = (latency steps, bytes) / T
     xx = sum(x * x for x, _ in rows)
     yy = sum(y * y for _, y in rows)
@@ -171,7 +181,7 @@ def _pieces(numel: int, piece: int) -> list[tuple[int, int]]:
     return [(a, min(a + piece, numel)) for a in range(0, numel, piece)] or [(0, 0)]
 
 
-def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group, piece: int):
+def exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group, piece: int):
     """Send `send` to one neighbour while receiving `recv` from the other, `piece` elements at a time.
 
     Every piece is posted at once, as its own `batch_isend_irecv` (one send, one receive: under
@@ -219,7 +229,7 @@ def _ring_reduce_scatter(flat: torch.Tensor, ring, group, op: str, on_step=None)
     for k in range(n - 1):
         out, into = reduce_scatter_chunks(me, n, k)
         (s0, s1), (r0, r1) = bounds[out], bounds[into]
-        for a, b in _exchange(flat[s0:s1], right, buf[: r1 - r0], left, group, PIECE):
+        for a, b in exchange(flat[s0:s1], right, buf[: r1 - r0], left, group, PIECE):
             _reduce_(flat[r0 + a:r0 + b], buf[a:b], op)
         sent += (s1 - s0) * flat.element_size()
         if on_step:
@@ -239,7 +249,7 @@ def _ring_all_gather(flat: torch.Tensor, ring, group, on_step=None) -> int:
         out, into = all_gather_chunks(me, n, k)
         (s0, s1), (r0, r1) = bounds[out], bounds[into]
         whole = max(s1 - s0, r1 - r0, 1)   # nothing to add: the chunk goes in one piece, straight into place
-        for _ in _exchange(flat[s0:s1], right, flat[r0:r1], left, group, whole):
+        for _ in exchange(flat[s0:s1], right, flat[r0:r1], left, group, whole):
             pass
         sent += (s1 - s0) * flat.element_size()
         if on_step:

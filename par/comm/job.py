@@ -15,10 +15,15 @@ Each part returns plain data (lists, dicts) that rank 0 saves as JSON:
           (each call from the last rank's entry to the last rank's exit, see `_elapsed`): every repetition (ring_all, torch_all), the
           medians (ring_s, torch_s), the ratio ring / torch of each turn (ratios: a pair of calls run
           back to back, so load drifts hit both alike) and its median (ratio), and [q1, median, q3]
-          of each (ring_q, torch_q, ratio_q);
+          of each (ring_q, torch_q, ratio_q); the same calls on the load-proof clock, the worst rank's
+          (`_elapsed`): every repetition (ring_steady_all, torch_steady_all), [q1, median, q3] (ring_steady_q,
+          torch_steady_q) and the fastest call (ring_steady_min_s, torch_steady_min_s: the one the machine's
+          other work disturbed least);
 * steps:  seconds of one ring step per chunk size (`--step-sizes`): a reduce-scatter step (send a chunk right,
-          receive one from the left, add it) and an all-gather step (store it), the medians and [q1, median, q3]:
-          what `par.comm.collectives.ring_time_from_steps` adds up to simulate rings of more ranks than cores.
+          receive one from the left, add it) and an all-gather step (store it), the medians and [q1, median, q3],
+          and on the load-proof clock the fastest (reduce_scatter_steady_min_s, all_gather_steady_min_s) and
+          [q1, median, q3] (reduce_scatter_steady_q, all_gather_steady_q): what
+          `par.comm.collectives.ring_time_from_steps` adds up to simulate rings of more ranks than cores.
 """
 from __future__ import annotations
 
@@ -26,13 +31,13 @@ import os
 import socket
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 import par.runtime.dist
+from par import clock
 from par.runtime.job_args import JobArgs, arg
 from par.comm import collectives as C
 from par.comm import commlog
@@ -144,17 +149,36 @@ def one_host() -> bool:
         and sys.platform.startswith("linux")
 
 
-def _elapsed(start: float, end: float, env, same_clock: bool) -> float:
-    """A collective's time: from the moment the last rank entered it to the moment the last rank left it.
+def _elapsed(start: clock.Reading, took: clock.Elapsed, env, same_clock: bool) -> tuple[float, float]:
+    """A collective's time, (wall, steady): from the moment the last rank entered it to the moment the last rank left
+    it.
 
     The ranks leave the barrier before it at slightly different times; a rank's own end - start
-    would count that skew as the collective's. With one clock on every rank (one host) the time is
-    max(end) - max(start); across hosts, the slowest rank's own end - start.
-    """
-    t = torch.tensor([start, end] if same_clock else [0.0, end - start], dtype=torch.float64, device=env.device)
+    would count that skew as the collective's. With one clock on every rank (one host) the wall time is
+    max(end) - max(start); across hosts, the slowest rank's own end - start. The steady time is the worst rank's
+    on the load-proof clock (`par.clock`: its span less its run-queue wait, never below its CPU seconds), less
+    the time it spent waiting for the last rank to enter (one host): what the collective took had every rank
+    had a core of its own, except where one rank waited on another that was kept from its core (then the wait
+    stays in, on the rank that waited). On a GPU the steady time is the wall time: the device's work, which the
+    host's run queue does not hold up."""
+    steady = took.wall if torch.device(env.device).type == "cuda" else took.steady
+    if same_clock:
+        t = torch.tensor([start.wall, start.wall + took.wall, start.wall + steady], dtype=torch.float64,
+                         device=env.device)
+    else:
+        t = torch.tensor([0.0, took.wall, steady], dtype=torch.float64, device=env.device)
     with commlog.tag("timing bookkeeping"):
         C.all_reduce(t, op="max", impl="torch")
-    return (t[1] - t[0]).item()
+    return (t[1] - t[0]).item(), max(0.0, (t[2] - t[0]).item())
+
+
+def _timed(fn, env) -> tuple[float, float]:
+    """(wall, steady) seconds of one call of `fn()` on every rank, started together after a barrier (`_elapsed`)."""
+    dist.barrier()
+    start = clock.read()
+    fn()
+    sync(env.device)
+    return _elapsed(start, clock.since(start), env, one_host())
 
 
 def quartiles(xs: list[float]) -> list[float]:
@@ -166,29 +190,31 @@ def quartiles(xs: list[float]) -> list[float]:
 
 def time_all_reduce(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> list[dict]:
     """Times of par's ring and of dist.all_reduce for each size, alternating the two (which goes
-    first alternates too). Each row: every repetition, the medians, the median of the paired ratios."""
+    first alternates too), on the wall and the load-proof clock. Each row: every repetition, the medians, the
+    median of the paired ratios, the fastest call on the load-proof clock."""
     rows = []
     for numel in sizes:
         t = torch.randn(numel, device=env.device)
         times = {"ring": [], "torch": []}
-        same_clock = one_host()
+        steady = {"ring": [], "torch": []}
         for i in range(warmup + reps):
             for impl in (("ring", "torch") if i % 2 == 0 else ("torch", "ring")):
-                dist.barrier()
-                start = time.perf_counter()
-                C.all_reduce(t, impl=impl)
-                sync(env.device)
-                seconds = _elapsed(start, time.perf_counter(), env, same_clock)
+                wall, load_proof = _timed(lambda: C.all_reduce(t, impl=impl), env)
                 if i >= warmup:
-                    times[impl].append(seconds)
+                    times[impl].append(wall)
+                    steady[impl].append(load_proof)
         ring, torch_ = statistics.median(times["ring"]), statistics.median(times["torch"])
         paired = [a / b for a, b in zip(times["ring"], times["torch"])]
         rows.append({"numel": numel, "ring_s": ring, "torch_s": torch_, "ratio": statistics.median(paired),
                      "ratios": paired, "ring_all": times["ring"], "torch_all": times["torch"],
                      "ring_q": quartiles(times["ring"]), "torch_q": quartiles(times["torch"]),
-                     "ratio_q": quartiles(paired)})
+                     "ratio_q": quartiles(paired),
+                     "ring_steady_all": steady["ring"], "torch_steady_all": steady["torch"],
+                     "ring_steady_q": quartiles(steady["ring"]), "torch_steady_q": quartiles(steady["torch"]),
+                     "ring_steady_min_s": min(steady["ring"]), "torch_steady_min_s": min(steady["torch"])})
         par.runtime.dist.print0(f"  {numel:>10,} floats  ring {ring * 1e3:8.2f} ms  torch {torch_ * 1e3:8.2f} ms  "
-                                f"ratio {rows[-1]['ratio']:.2f}")
+                                f"ratio {rows[-1]['ratio']:.2f}  (steady, fastest: ring "
+                                f"{min(steady['ring']) * 1e3:.2f} ms, torch {min(steady['torch']) * 1e3:.2f} ms)")
     return rows
 
 
@@ -200,20 +226,24 @@ def time_ring_steps(env, sizes: list[int], reps: int = 5, warmup: int = 2) -> li
     for numel in sizes:
         send, acc, buf = (torch.randn(numel, device=env.device) for _ in range(3))
         times = {"reduce_scatter": [], "all_gather": []}
+        steady = {"reduce_scatter": [], "all_gather": []}
         for i in range(warmup + reps):
             for phase in times:
-                dist.barrier()
-                start = time.perf_counter()
                 piece = C.PIECE if phase == "reduce_scatter" else max(numel, 1)
-                for a, b in C._exchange(send, right, buf, left, None, piece):
-                    if phase == "reduce_scatter":
-                        acc[a:b].add_(buf[a:b])
-                sync(env.device)
-                seconds = _elapsed(start, time.perf_counter(), env, one_host())
+
+                def step():
+                    for a, b in C.exchange(send, right, buf, left, None, piece):
+                        if phase == "reduce_scatter":
+                            acc[a:b].add_(buf[a:b])
+
+                wall, load_proof = _timed(step, env)
                 if i >= warmup:
-                    times[phase].append(seconds)
+                    times[phase].append(wall)
+                    steady[phase].append(load_proof)
         rows.append({"numel": numel, **{f"{k}_s": statistics.median(v) for k, v in times.items()},
-                     **{f"{k}_q": quartiles(v) for k, v in times.items()}})
+                     **{f"{k}_q": quartiles(v) for k, v in times.items()},
+                     **{f"{k}_steady_min_s": min(v) for k, v in steady.items()},
+                     **{f"{k}_steady_q": quartiles(v) for k, v in steady.items()}})
     return rows
 
 

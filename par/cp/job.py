@@ -15,7 +15,11 @@ the slowest rank's seconds per TP+SP step, per_rank):
     attention_bytes  per kernel (ring, ulysses): the bytes each rank sent in one attention forward and
                 backward at the training shape, counted by `par.comm.commlog`, beside the formulas
     timeline    per layout (balanced, naive): the spans of one ring-attention forward (compute per
-                block, K/V transfers), every rank's, and the scores each rank computes (`computed_pairs`)
+                block, K/V transfers), every rank's; the scores each rank computes (`computed_pairs`) and the
+                FLOPs `FlopCounterMode` counts in its forward (`flops`); and, for `--timeline-repeats` forwards
+                of each layout run in turns (balanced, naive, balanced, ...: load drifts hit both alike), each
+                rank's attention compute per forward on the wall and the steady clock (`compute_s`) and its
+                exposed wait between blocks (`exposed_s`), [forward][rank] seconds
     oversubscribed  more ranks than physical cores (then the timeline's times are not to be trusted)
 """
 from __future__ import annotations
@@ -48,8 +52,9 @@ class Args(JobArgs):
     lr: float = arg(1e-3)
     seqs: tuple[int, ...] = arg((), "sequence lengths of the memory sweep (default: the context × 1, 2, 4, 8)")
     timeline_seq: int = arg(2048, "tokens of the ring-attention timeline")
-    timeline_heads: int = arg(4)
-    timeline_head_dim: int = arg(64)
+    timeline_heads: int = arg(2)
+    timeline_head_dim: int = arg(128, "wide heads: a block's matmuls outweigh its softmax")
+    timeline_repeats: int = arg(7, "timed forwards of each layout, in turns", minimum=1)
     seed: int = arg(0)
 
 
@@ -191,22 +196,61 @@ def attention_bytes(cfg, n: int, r: int, batch: int, device) -> dict:
     return out
 
 
+def _exposed(spans) -> tuple[float, float]:
+    """(wall, steady) seconds one rank waited between consecutive compute spans of one forward: each gap is the wait
+    for the next K/V block, its run-queue and CPU seconds those of the transfer's span less the compute span inside
+    it (`par.clock.load_proof`)."""
+    from par import clock
+    compute = sorted((s for s in spans if s.lane == "compute"), key=lambda s: s.start)
+    comm = [s for s in spans if s.lane == "comm"]
+    wall = steady = 0.0
+    for a, b in zip(compute, compute[1:]):
+        gap = max(0.0, b.start - a.end)
+        around = next((c for c in comm if c.start <= a.start and c.end >= a.end), None)
+        ready = max(0.0, around.ready - a.ready) if around else 0.0
+        cpu = max(0.0, around.cpu - a.cpu) if around else 0.0
+        wall += gap
+        steady += clock.load_proof(gap, min(cpu, gap), ready)
+    return wall, steady
+
+
 def timeline(n: int, r: int, args, device) -> dict:
-    """One ring-attention forward per layout at a size where a block's compute outweighs its transfer."""
+    """Ring-attention forwards per layout at a size where a block's compute outweighs its transfer: one warm-up
+    forward of each, then `timeline_repeats` of each in turns; the spans of the last one are kept for the figure."""
+    from torch.utils.flop_counter import FlopCounterMode
     g = torch.Generator().manual_seed(1)
     shape = (1, args.timeline_heads, args.timeline_seq, args.timeline_head_dim)
     full = [torch.randn(shape, generator=g).to(device) for _ in range(3)]
-    out = {}
-    for layout in cp.LAYOUTS:
-        positions = cp.all_positions(args.timeline_seq, n, layout)
-        q, k, v = (cp.shard_sequence(t, positions[r], dim=2) for t in full)
-        rec = Recorder()
-        for _ in range(2):                      # the first forward warms up; the second is kept
+    qkv = {layout: [cp.shard_sequence(t, p[r], dim=2) for t in full]
+           for layout, p in ((layout, cp.all_positions(args.timeline_seq, n, layout)) for layout in cp.LAYOUTS)}
+    out = {layout: {"compute_s": {"wall": [], "steady": []}, "exposed_s": {"wall": [], "steady": []}}
+           for layout in cp.LAYOUTS}
+    rec = Recorder()
+    for i in range(1 + args.timeline_repeats):          # the first forward of each layout warms up
+        for layout in cp.LAYOUTS:
             rec.reset()
             with torch.no_grad():
-                cp.ring_attention(q, k, v, positions, recorder=rec)
-        out[layout] = {"spans": rec.gather(), "computed_pairs": cp.computed_pairs(args.timeline_seq, n, layout),
-                       "causal_pairs": cp.causal_pairs(args.timeline_seq, n, layout)}
+                cp.ring_attention(*qkv[layout], cp.all_positions(args.timeline_seq, n, layout), recorder=rec)
+            mine = rec.spans
+            if i == 0:
+                continue
+            compute = [s for s in mine if s.lane == "compute"]
+            out[layout]["compute_s"]["wall"].append(sum(s.duration for s in compute))
+            out[layout]["compute_s"]["steady"].append(sum(s.steady for s in compute))
+            for clock_, x in zip(("wall", "steady"), _exposed(mine)):
+                out[layout]["exposed_s"][clock_].append(x)
+            if i == args.timeline_repeats:
+                out[layout]["spans"] = rec.gather()
+    for layout in cp.LAYOUTS:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            cp.ring_attention(*qkv[layout], cp.all_positions(args.timeline_seq, n, layout))
+        flops = par.runtime.dist.gather_object(counter.get_total_flops())
+        timed = par.runtime.dist.gather_object({k: out[layout][k] for k in ("compute_s", "exposed_s")})
+        if timed is not None:       # rank 0: [forward][rank]
+            for k in ("compute_s", "exposed_s"):
+                out[layout][k] = {c: [list(x) for x in zip(*(t[k][c] for t in timed))] for c in timed[0][k]}
+        out[layout] |= {"flops": flops, "computed_pairs": cp.computed_pairs(args.timeline_seq, n, layout),
+                        "causal_pairs": cp.causal_pairs(args.timeline_seq, n, layout)}
     return out
 
 

@@ -16,7 +16,8 @@ autocast (--dtype bf16: bf16 matmuls, fp32 weights) and TF32 setting (--tf32, fe
 up, then timed in rotating turns (a run of `--steps` steps of each, `--repeats` rounds; the device synchronised
 only at each run's ends); the step time is the median of the runs, the fastest and slowest beside it, and the
 process's CPU seconds per step too (on a shared machine the steadier measure of the work). The same device's achievable matmul
-rate and copy bandwidth are measured first (`par.device.roofline`).
+rate and copy bandwidth are measured first (`par.device.roofline`), unless the caller hands in the roof it measured
+(`measure(args, roof=(P, B))`: lecture 10 measures one roof per run and uses it everywhere).
 
     MFU = flops_per_token(cfg, s) · tokens / step_s / peak          (`par.mfu`: full or causal attention)
     HFU = hardware_flops_per_token(cfg, s) · tokens / step_s / peak (the padded head's columns counted too)
@@ -187,8 +188,10 @@ def peak_of_device(device, dtype: str, tf32: bool, measured: float) -> tuple[flo
     return measured, f"measured {dtype} matmul on this device (no datasheet peak)"
 
 
-def measure(args) -> dict:
-    """Every variant at every sequence length (the module docstring); the result as a dict."""
+def measure(args, roof: tuple[float, float] | None = None) -> dict:
+    """Every variant at every sequence length (the module docstring); the result as a dict. `roof`: (matmul FLOP/s,
+    copy bytes/s) already measured on this device in `args.dtype` with `args.threads` threads, used instead of
+    measuring them again."""
     from tqdm.auto import tqdm
     device = torch.device(args.device)
     if args.threads:
@@ -196,8 +199,7 @@ def measure(args) -> dict:
     flops.use_tf32(args.tf32 == "on")
     compile = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")
     cfg0 = preset(args.preset)
-    matmul = roofline.matmul_flops_per_s(device, args.dtype)
-    bandwidth = roofline.copy_bytes_per_s(device)
+    matmul, bandwidth = roof or (roofline.matmul_flops_per_s(device, args.dtype), roofline.copy_bytes_per_s(device))
     peak, peak_source = peak_of_device(device, args.dtype, args.tf32 == "on", matmul)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     result = {"device": name, "device_type": device.type, "torch": torch.__version__, "preset": args.preset,

@@ -1,21 +1,24 @@
 """Lecture 00, distributed basics: the ring all-reduce on `world_size` ranks, then the same job on 2, 3 and 4 ranks
-(the α–β fit needs several world sizes); its key numbers; its figures (the ring step by step, the α–β fit)."""
+(the α–β fit needs several world sizes), every time read on the load-proof clock; its key numbers; its figures (the
+ring step by step, the α–β fit)."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import LogLocator
 
 from par.comm import job as comm_job
 from par.course import plots
 from par.course.batch import cost
 from par.course.batch.launches import launch
-from par.site.numbers import Key, Target, equal
+from par.site.numbers import Key, Target, at_least, equal
 
 NOTEBOOK = "00_distributed_basics"
 CELLS = ("collectives", "world-size sweep")
 
-COLLECTIVE_SIZES = (64, 1024, 16384, 1 << 18, 1 << 20, 1 << 22)   # float32 elements timed: 256 B to 16 MB
+COLLECTIVE_SIZES = (64, 1024, 16384, 1 << 18, 1 << 20)   # float32 elements timed: 256 B to 4 MiB
 COUNTED_SIZES = (1, 5, 7, 1001, 4096, 65536)                      # bytes counted, uneven chunks included
 SWEEP_NUMEL = 4096                                                # bytes counted on every world size
+REPS = 15                    # timed calls per size: the fastest on the load-proof clock is the one kept
 
 
 def ring_step_sizes(sizes=COLLECTIVE_SIZES, ranks=(2, 3, 4)) -> tuple[int, ...]:
@@ -30,7 +33,7 @@ def launches(W, backend, preset, steps):
     itself (the notebook says so)."""
     out = [launch(NOTEBOOK, "collectives", W, comm_job.Args(
         parts=("env", "show", "trace", "bytes", "timing", "steps") if W > 1 else ("env", "trace", "bytes", "timing"),
-        sizes=COLLECTIVE_SIZES, bytes_sizes=COUNTED_SIZES, reps=9, warmup=2, step_sizes=ring_step_sizes()),
+        sizes=COLLECTIVE_SIZES, bytes_sizes=COUNTED_SIZES, reps=REPS, warmup=2, step_sizes=ring_step_sizes()),
         backend)]
     gpus = cost.on_gpus(backend, W)
     for n in cost.sweep_sizes({2, 3, 4}, W, backend):
@@ -38,7 +41,7 @@ def launches(W, backend, preset, steps):
             timed = COLLECTIVE_SIZES if gpus or n <= cost.cores() else (64,)
             out.append(launch(NOTEBOOK, "world-size sweep", n, comm_job.Args(
                 parts=("trace", "bytes", "timing") if n == 4 else ("bytes", "timing"), bytes_sizes=(SWEEP_NUMEL,),
-                reps=9, warmup=2, sizes=timed), backend))
+                reps=REPS, warmup=2, sizes=timed), backend))
     return out
 
 
@@ -49,7 +52,14 @@ KEY_NUMBERS = [
     Key("time per byte β (s/B)", "T = α + β · bytes", "ring_beta_s_per_byte"),
     Key("α–β fit over world sizes", "≥ 3 sizes", "ring_alpha_beta_fit_world_sizes"),
     Key("where the fitted times came from", "measured, or simulated from steps", "ring_alpha_beta_source"),
-    Key("hand-written ring / dist.all_reduce time", "largest message", "ring_over_torch_time_largest"),
+    Key("ring time, 4 KiB / 256 B message (load-proof, fastest call)", "≈ 1: both are 2(N−1)·α",
+        "ring_latency_bound_ratio", target=Target("within 2× (0.5–2)", low=0.5, high=2.0)),
+    Key("ring time, 4 MiB / 256 B message (load-proof, fastest call)", "≥ 2: the bandwidth term has taken over",
+        "ring_bandwidth_over_latency", target=at_least(2)),
+    Key("α–β model / measured ring, every size (N with a core per rank)", "T = 2(N−1)α + 2(N−1)/N·S·β",
+        "ring_model_over_measured", target=Target("within 2× (0.5–2)", low=0.5, high=2.0)),
+    Key("hand-written ring / dist.all_reduce time (load-proof, fastest call)", "largest message",
+        "ring_over_torch_time_largest"),
     Key("simulated / measured ring at N = 2, largest message", "Σ steps timed alone ≈ the whole ring",
         "ring_simulator_over_measured_n2_largest", target=Target("within 2× (0.5–2)", low=0.5, high=2.0)),
 ]
@@ -116,12 +126,13 @@ def alpha_beta_fit(timing: dict, alpha: float, beta: float, cores: int, small: i
     """The ring all-reduce's time against T = 2(N-1)·alpha + 2(N-1)/N·S·beta, fitted on the N <= cores runs
     (and the `simulated` ones).
 
-    `timing`: {N: rows of `par.comm.job` timing part} (each row: numel, ring_q = [q1, median,
-    q3] seconds). Left: time vs message size S for every N with a core per rank, the median
-    with its q1-q3 spread, and the model's curve. Right: the smallest message's time vs N, which is
-    all latency: 2(N-1) steps of alpha. N > cores are drawn hollow, marked oversubscribed, and are
-    not in the fit. `simulated`: {N: rows of numel, ring_s} from `ring_time_from_steps`, drawn as
-    diamonds and labelled simulated. Returns the two axes.
+    `timing`: {N: rows of `par.comm.job` timing part} (each row: numel, ring_steady_min_s = the fastest call on
+    the load-proof clock, ring_s = the wall clock's median). Left: time vs message size S for every N with a
+    core per rank, the load-proof time as filled points, the wall clock's median as grey crosses, and the
+    model's curve. Right: the smallest message's time vs N, which is all latency: 2(N-1) steps of alpha. N >
+    cores are drawn hollow, marked oversubscribed, and are not in the fit. `simulated`: {N: rows of numel,
+    ring_s} from `ring_time_from_steps` (of steps timed on the load-proof clock), drawn as diamonds and
+    labelled simulated. Returns the two axes.
     """
     from par.comm.collectives import ring_all_reduce_time
     if axes is None:
@@ -131,8 +142,10 @@ def alpha_beta_fit(timing: dict, alpha: float, beta: float, cores: int, small: i
     for i, n in enumerate(fitted):
         rows = sorted(timing[n], key=lambda t: t["numel"])
         x = [4 * t["numel"] for t in rows]
-        plots.median_with_spread(left, x, [t["ring_q"] for t in rows], scale=1e3, color=f"C{i}",
-                           label=f"measured, N = {n} (median, q1–q3)")
+        left.plot(x, [t["ring_steady_min_s"] * 1e3 for t in rows], "o", color=f"C{i}",
+                  label=f"measured, N = {n} (load-proof, fastest call)")
+        left.plot(x, [t["ring_s"] * 1e3 for t in rows], "x", color="grey", ms=5,
+                  label="wall clock (median), not fitted" if i == 0 else None)
         grid = [x[0] * (x[-1] / x[0]) ** (k / 60) for k in range(61)]
         left.plot(grid, [ring_all_reduce_time(s, n, alpha, beta) * 1e3 for s in grid], "-", color=f"C{i}",
                   alpha=0.7, label=f"fit, N = {n}")
@@ -144,9 +157,10 @@ def alpha_beta_fit(timing: dict, alpha: float, beta: float, cores: int, small: i
                   label=f"simulated from measured steps, N = {n}")
         grid = [x[0] * (x[-1] / x[0]) ** (k / 60) for k in range(61)]
         left.plot(grid, [ring_all_reduce_time(s, n, alpha, beta) * 1e3 for s in grid], "--", color=f"C{i}",
-                  alpha=0.7, label=f"fit, N = {n}")
+                  alpha=0.7, label=f"the fit's prediction, N = {n}")
     left.set_xscale("log")
     left.set_yscale("log")
+    left.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
     left.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: f"{y:g}"))
     left.yaxis.set_minor_formatter(plt.NullFormatter())
     left.set_xlabel("message size S (bytes)")
@@ -166,9 +180,10 @@ def alpha_beta_fit(timing: dict, alpha: float, beta: float, cores: int, small: i
         if t is None:
             continue
         hollow = n > cores
-        plots.median_with_spread(right, [n], [t["ring_q"]], scale=1e3, color="C3" if hollow else "C0",
-                           mfc="white" if hollow else "C0",
-                           label=("oversubscribed: N > cores, not fitted" if hollow else "measured, a core per rank"))
+        right.plot([n], [t["ring_steady_min_s"] * 1e3], "o", color="C3" if hollow else "C0",
+                   mfc="white" if hollow else "C0",
+                   label=("oversubscribed: N > cores, not fitted" if hollow else
+                          "measured, a core per rank (load-proof, fastest call)"))
     for n, rows in simulated.items():
         t = next((t for t in rows if t["numel"] == small), None)
         if t is not None:
@@ -176,10 +191,10 @@ def alpha_beta_fit(timing: dict, alpha: float, beta: float, cores: int, small: i
                        label="simulated from steps measured with a core per rank")
     handles, labels = right.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    right.legend(unique.values(), unique.keys(), fontsize=7, loc="upper left")
+    right.legend(unique.values(), unique.keys(), fontsize=7, loc="lower right")
     right.set_xticks(grid_n)
     right.set_xlabel("ranks N")
-    right.set_ylabel("ms")
+    right.set_ylabel("ring all-reduce time (ms)")
     right.set_title(f"all-reduce of {small} floats ({4 * small} B): latency steps, {cores} cores", fontsize=9)
     right.set_ylim(bottom=0)
     return axes

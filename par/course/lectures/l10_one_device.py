@@ -1,10 +1,10 @@
-"""Lecture 10, one device used well: the measured roofline, a block's operations placed on it, flash attention's
-tiles, MFU and HFU, par's fast path beside a nanoGPT-style reference, activation checkpointing's bytes and time, what
-compilation fuses; its key numbers. The notebook computes in its own process (one device, no ranks): it launches
-nothing."""
+"""Lecture 10, one device used well: the measured roofline (one per run, one CPU thread), a block's operations at
+their measured rates under it, flash attention's tiles, MFU and HFU, par's fast path beside a nanoGPT-style
+reference, activation checkpointing's bytes and time, what compilation fuses; its key numbers. The notebook
+computes in its own process (one device, no ranks): it launches nothing."""
 from __future__ import annotations
 
-from par.site.numbers import Key, at_least, at_most, equal
+from par.site.numbers import Key, Target, at_least, at_most, equal
 
 NOTEBOOK = "10_one_device"
 CELLS = ()
@@ -16,11 +16,20 @@ def launches(W, backend, preset, steps):
 
 
 KEY_NUMBERS = [
-    Key("measured matmul rate (GFLOP/s)", "2n³ / t", "matmul_gflops_cpu"),
-    Key("measured copy bandwidth (GB/s)", "2·bytes / t", "copy_gb_per_s_cpu"),
+    Key("the roof: matmul rate, one thread (GFLOP/s)", "2n³ / t, n = 1024, fastest of 9, steady clock",
+        "matmul_gflops_cpu"),
+    Key("the roof: copy bandwidth, one thread (GB/s)", "2·2 MiB / t, steady clock", "copy_gb_per_s_cpu"),
     Key("ridge point (FLOP/byte)", "P / B", "ridge_flops_per_byte_cpu"),
     Key("a block's FLOPs listed = FlopCounterMode's", "equal", "block_flops_listed_equal_counted",
         target=equal(True)),
+    Key("linear layers' matmuls: intensity / ridge (smallest)", "≥ 1: compute-bound",
+        "linear_matmul_intensity_over_ridge_min", target=at_least(1.0)),
+    Key("attention's batched matmuls: intensity / ridge", "at the ridge (heads of 16)",
+        "attention_bmm_intensity_over_ridge", target=Target("within 2× (0.5–2)", low=0.5, high=2.0)),
+    Key("a block's operations: measured rate / roof (largest)", "≤ 1: under the measured roof",
+        "block_op_rate_over_roof_max", target=at_most(1.0)),
+    Key("linear layers' matmuls: measured rate / peak (median)", "measured", "linear_matmul_rate_over_peak_median"),
+    Key("memory-bound operations: share of the block's measured time", "measured", "memory_bound_share_of_time"),
     Key("tiled attention vs SDPA (max |Δ|)", "≤ 1e-5", "tiled_vs_sdpa_max_diff", target=at_most(1e-5)),
     Key("par fast / reference (CPU seconds)", "≥ 0.9", "fast_over_reference_cpu_s", target=at_least(0.9)),
     Key("par fast / par eager (CPU seconds)", "> 1", "fast_over_eager_cpu_s", target=at_least(1.0)),
@@ -28,10 +37,10 @@ KEY_NUMBERS = [
         "checkpoint_selective_kept_over_none", target=at_most(0.70)),
     Key("full checkpointing: bytes kept / none's", "h/(16h + a) < 1/16", "checkpoint_full_kept_over_none",
         target=at_most(1 / 16)),
-    Key("selective checkpointing: step time / none's (CPU)", "measured", "checkpoint_step_over_none",
-        part="selective"),
-    Key("full checkpointing: step time / none's (CPU)", "≈ 4/3: one more forward", "checkpoint_step_over_none",
-        part="full"),
+    Key("selective checkpointing: step time / none's (steady clock)", "≥ 1: rebuilding costs time",
+        "checkpoint_step_over_none", part="selective", target=at_least(1.0)),
+    Key("full checkpointing: step time / none's (steady clock)", "≥ 1; 4/3 by FLOPs: one more forward",
+        "checkpoint_step_over_none", part="full", target=at_least(1.0)),
     Key("operations in one block's forward + backward (eager, CPU)", "counted by torch.profiler",
         "block_ops_eager_cpu"),
     Key("kernels in one block's forward + backward (eager, GPU)", "counted by torch.profiler", "block_ops_eager_cuda"),
