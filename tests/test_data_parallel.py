@@ -353,3 +353,21 @@ def test_ddp_beside_par_bucketed_dp():
     assert ddp["dp"] == "ddp" and ddp["bytes_expected"] is None
     assert ddp["max_param_diff_vs_first"] <= 1e-5
     assert max(abs(a - b) for a, b in zip(bucketed["losses"], ddp["losses"])) <= 1e-5
+
+
+def test_step_parts_read_each_part_of_a_recorded_step_on_both_clocks():
+    """`par.dp.wrap.step_parts`: forward, backward and optimizer from their spans; the wait after backward is naive
+    DP's "all-reduce" span and bucketed DP's "sync" span; steady = wall less the span's run-queue seconds."""
+    from par.dp.wrap import step_parts
+    spans = [dict(rank=0, name="F", lane="compute", start=0.0, end=2.0, cpu=2.0, ready=0.0),
+             dict(rank=0, name="B", lane="compute", start=2.0, end=6.0, cpu=3.0, ready=1.0),
+             dict(rank=0, name="sync", lane="compute", start=6.0, end=7.0, cpu=0.0, ready=0.5),
+             dict(rank=0, name="AR0", lane="comm", start=3.0, end=7.0, cpu=0.0, ready=0.0),
+             dict(rank=0, name="step", lane="compute", start=7.0, end=8.0, cpu=1.0, ready=0.0),
+             dict(rank=1, name="F", lane="compute", start=0.0, end=9.0, cpu=9.0, ready=0.0)]
+    parts = step_parts(spans, 0, "bucketed")
+    assert parts["forward"] == {"wall": 2.0, "steady": 2.0} and parts["backward"] == {"wall": 4.0, "steady": 3.0}
+    assert parts["wait"] == {"wall": 1.0, "steady": 0.5} and parts["optimizer"]["wall"] == 1.0
+    assert "wait" not in step_parts(spans, 0, "ddp")
+    naive = [dict(s, name="all-reduce", lane="comm") if s["name"] == "sync" else s for s in spans]
+    assert step_parts(naive, 0, "naive")["wait"] == {"wall": 1.0, "steady": 0.5}

@@ -478,3 +478,29 @@ def test_benchmark_ratios_pair_rounds():
     assert r["par ZeRO-1 (ring)"]["time_ratio"] == 1.0                      # median of 2, 1, 0.5
     assert (r["par ZeRO-1 (ring)"]["time_ratio_min"], r["par ZeRO-1 (ring)"]["time_ratio_max"]) == (0.5, 2.0)
     assert r["par ZeRO-1 (ring)"]["memory_ratio"] == 0.5 and r["par ZeRO-3 (ring)"]["time_ratio"] == 0.5
+
+
+def test_step_parts_separate_compute_the_waits_for_parameters_and_the_copies():
+    """`par.zero.job.step_parts` on a recorded step: compute is the compute lane less the waits; the wait for
+    parameters is every gather the computation waited for (the gathers themselves without prefetch, the "wait AG"
+    spans with it); `ahead_wait` leaves out the first gather of the forward and of the backward, which nothing
+    computes before; the copies are offload's two."""
+    from par.zero.job import step_parts
+
+    def span(name, start, end, lane="compute", ready=0.0):
+        return {"rank": 0, "name": name, "lane": lane, "start": start, "end": end, "cpu": 0.0, "ready": ready}
+    plain = [span("AG embed", 0, 1, "comm"), span("F embed", 1, 2), span("AG head", 2, 4, "comm", ready=1.0),
+             span("F head", 4, 5), span("AG head", 5, 8, "comm"), span("B head", 8, 10),
+             span("AG embed", 10, 14, "comm"), span("B embed", 14, 15), span("update", 15, 16),
+             span("grads to host", 16, 17, "comm")]
+    p = step_parts(plain, 0, prefetch=False)
+    assert p["compute"] == {"wall": 6, "steady": 6}
+    assert p["parameter_wait"] == {"wall": 10, "steady": 9}       # the ready second is the load's
+    assert p["ahead_wait"]["wall"] == 2 + 4                        # AG head (forward), AG embed (backward)
+    assert p["copies"]["wall"] == 1
+    pre = [span("wait AG embed", 0, 1), span("AG embed", 0, 1, "comm"), span("F embed", 1, 2),
+           span("wait AG head (prefetched)", 2, 2.5), span("F head", 2.5, 3), span("wait AG head", 3, 5),
+           span("B head", 5, 6), span("wait AG embed (prefetched)", 6, 6.25), span("B embed", 6.25, 7)]
+    q = step_parts(pre, 0, prefetch=True)
+    assert q["parameter_wait"]["wall"] == 1 + 0.5 + 2 + 0.25 and q["ahead_wait"]["wall"] == 0.5 + 0.25
+    assert q["compute"]["wall"] == 1 + 0.5 + 1 + 0.75

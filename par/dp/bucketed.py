@@ -23,10 +23,12 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
+from par import clock
 from par.comm import collectives, thread as comm_thread
 from par.dp.naive import broadcast_parameters, trainable_parameters
 
 DEFAULT_BUCKET_BYTES = 25 * 2 ** 20  # DDP's bucket_cap_mb=25
+COMM_THREAD = "par-comm"             # the name of par.comm.thread's communication thread
 
 
 def assign_buckets(nbytes: list[int], cap: int) -> list[list[int]]:
@@ -111,8 +113,10 @@ class BucketedDP(nn.Module):
     CUDA stream of its own, so they overlap backward on the device, not only on the host. `compression` (see
     `par.dp.compression`) replaces each bucket's exact average by a lossy one. `recorder` (a
     `par.timeline.Recorder`) gets spans "B" (backward compute), "sync" (waiting at its end) and "AR<i>"
-    (bucket i's all-reduce, lane "comm"), every time read from the recorder's own clock (on a GPU, AR<i>
-    between CUDA events on the comm stream).
+    (bucket i's all-reduce, lane "comm"), every time read from the recorder's own marks (on the CPU with the
+    thread's CPU and run-queue clocks, `par.clock`; on a GPU, CUDA events, AR<i>'s on the comm stream).
+    `waited` adds up the run-queue seconds of what backward's end waited for (the communication thread, the other
+    ranks: `par.clock.Waiting`; "sync" keeps them in its `ready`): what the load added to that wait.
     """
 
     def __init__(self, module: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES, impl: str = "ring",
@@ -131,6 +135,7 @@ class BucketedDP(nn.Module):
         self._sync = True
         self._in_backward = False
         self.launched_in_backward = 0   # of the last synchronizing backward (see `_grad_ready`)
+        self.waited = 0.0               # run-queue seconds of what the waits at backward's end waited for
         self._next = 0                  # the next bucket to launch: buckets go out strictly in order
         self._backward_start = None
         self._backward_start_mark = self._backward_done_mark = None   # the recorder's marks (`_mark`)
@@ -169,10 +174,10 @@ class BucketedDP(nn.Module):
         return self.recorder.now() if self.recorder is not None else time.perf_counter()
 
     def _mark(self, seconds):
-        """The recorder's mark for a span: a CUDA event on a GPU (the CPU clock would time the launch, not
-        the work), else `seconds` itself (`_clock()`'s reading)."""
+        """The recorder's mark for a span (`Recorder.mark()`: a CUDA event on a GPU, where the CPU clock would
+        time the launch, not the work; on the CPU the seconds with the thread's clocks), else `seconds`."""
         rec = self.recorder
-        return rec.mark() if rec is not None and rec.clock == "cuda" else seconds
+        return rec.mark() if rec is not None else seconds
 
     def _backward_starts(self, grad):
         self._backward_start = self._clock()
@@ -229,19 +234,23 @@ class BucketedDP(nn.Module):
                 if slot not in b.ready:  # no gradient this backward: whatever accumulated, else zeros
                     b.put(slot, p.grad)
         self._launch_ready_buckets()
+        waiting = clock.Waiting(COMM_THREAD)      # for the comm thread, and through it the other ranks
         for b in self.buckets:
             b.pending.wait()
             b.write_back()
+        synced = self._mark(self._clock())        # before reading the waiting's end: no part of the wait
+        waited = waiting.done()
+        self.waited += waited
         self._in_backward = False
-        self._record_spans()
+        self._record_spans(synced, waited)
 
-    def _record_spans(self) -> None:
+    def _record_spans(self, synced, waited: float) -> None:
         rec = self.recorder
         if rec is None:
             return
         if self._backward_start_mark is not None:
             rec.add("B", self._backward_start_mark, self._backward_done_mark)
-        rec.add("sync", self._backward_done_mark, rec.mark())
+        rec.add("sync", self._backward_done_mark, synced, waited=waited)
         for i, b in enumerate(self.buckets):     # marks: CUDA events on a GPU (par.timeline.Recorder)
             p = b.pending
             if p.started is not None and p.ended is not None:

@@ -9,12 +9,16 @@ for comparison). Rank 0 saves {"world_size", "backend", "runs": [...]} (the job 
 `par.measure`), one entry per run with:
 
     losses                  loss of the global batch per step (the mean over ranks)
-    step_s                  seconds per step, the slowest rank's
-    per_rank                each rank's losses, step times, bytes sent per step and parameter fingerprint
+    step_s, step_steady_s   seconds per step, the slowest rank's, on the wall clock and the load-proof one
+                            (less the run-queue wait, `par.clock`; on a GPU both the device's time)
+    per_rank                each rank's losses, step times, bytes sent per step, parameter fingerprint, and
+                            `parts`: per step its forward, backward, optimizer and wait after backward, each
+                            {"wall", "steady"} seconds from its recorded spans (`par.dp.wrap.step_parts`)
     bytes_sent_per_step     rank 0's, counted by par.comm.commlog (0 for ddp: torch's own traffic is not logged)
     bytes_expected          the exact ring count and the formula 2(N-1)/N · gradient bytes
     memory                  model states measured and predicted, plus the wrapper's own buffers
-    timeline, overlap       one step's recorded spans, and the share of communication hidden behind backward
+    timeline, overlap       one step's recorded spans (every step is recorded, each started together after a
+                            barrier), and each rank's share of communication hidden behind backward
     launched_in_backward    buckets the last step sent from a gradient hook, before backward ended (bucketed)
     max_param_diff_vs_first with --compare: max |parameters - the first run's parameters| over every rank
     profile_traces          with --profile-dir: the torch.profiler traces of step --profile-step, one per rank
@@ -35,10 +39,10 @@ from par.memory import accounting as memory
 from par.dp.batch_size import resolve_batch
 from par.comm.collectives import all_reduce_formula_bytes, ring_all_reduce_bytes
 from par.data import CharDataset
-from par.dp.wrap import (VARIANTS, overlap_fraction, shard_loader, split_micro, train_step, wrap,
-                               wrapper_buffer_bytes)
+from par.dp.wrap import (VARIANTS, overlap_fraction, shard_loader, split_micro, step_parts, train_step, wrap,
+                         wrapper_buffer_bytes)
 from par.dp.bucketed import bucket_all_reduce_bytes
-from par.measure import JobResult, RankResult, RunResult, merge_ranks, timed_step
+from par.measure import JobResult, RankResult, RunResult, merge_ranks, timed_step, watch_ranks
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer, param_hash
 from par.timeline import Recorder
@@ -70,12 +74,15 @@ class Args(JobArgs):
 
 @dataclass(frozen=True, kw_only=True)
 class RankResult(RankResult):
-    """One rank's own losses, step times, bytes sent per step, parameter fingerprint and profiler traces."""
+    """One rank's own losses, step times, bytes sent per step, parameter fingerprint, profiler traces and the parts
+    of each step."""
     losses: list
     step_s: list
+    step_steady_s: list | None = None
     bytes_sent_per_step: list
     param_hash: str
     traces: list
+    parts: list | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +99,7 @@ class RunResult(RunResult):
     numel: int
     losses: list
     step_s: list
+    step_steady_s: list | None = None
     bytes_sent_per_step: list
     bytes_expected: dict | None = None
     n_buckets: int | None = None
@@ -156,25 +164,30 @@ def train_one(args, variant: str, comp_name: str, env) -> dict:
         raise ValueError(f"{args.steps} steps of {sizes.train_batch_size} sequences need more data than the "
                          f"{len(data)} windows of the corpus: lower --steps or --batch")
     tl_step = min(args.timeline_step if args.timeline_step is not None else 2, args.steps - 1)
-    losses, times, sent, timeline, traces = [], [], [], None, []
+    losses, times, steady, sent, parts, timeline, traces = [], [], [], [], [], None, []
+    if hasattr(dp, "recorder"):
+        dp.recorder = rec
     for step, (x, y) in zip(range(args.steps), loader):
-        recording = step == tl_step
-        if recording:
-            rec.reset()  # a barrier, so every rank's clock starts together
-        if hasattr(dp, "recorder"):
-            dp.recorder = rec if recording else None
+        rec.reset()  # a barrier: every rank starts the step, and its recorded clock, together
         micro = split_micro(x.to(env.device), y.to(env.device), sizes.grad_accum)
+        waited = getattr(dp, "waited", 0.0)
         with profile.step(args.profile_dir, f"dp_{variant}_rank{env.rank}", on=step == args.profile_step) as trace, \
                 timed_step(env.device) as clock, commlog.capture() as log:
-            losses.append(train_step(dp, opt, micro, lm_loss, rec if recording else None))
+            losses.append(train_step(dp, opt, micro, lm_loss, rec))
         traces += [str(trace.path)] if trace.path else []
         times.append(clock.seconds)
+        if env.device.type != "cuda":      # the run-queue wait of what the step waited for (comm thread, ranks)
+            clock.waited_s = getattr(dp, "waited", 0.0) - waited
+        steady.append(clock.steady_s)
         sent.append(log.total_bytes())
-        if recording:
+        spans = [asdict(s) for s in rec.spans]
+        parts.append(step_parts(spans, env.rank, variant))
+        if step == tl_step:
             timeline = rec.gather()
     numel = sum(p.numel() for p in model.parameters())
-    per_rank = par.runtime.dist.gather_object({"losses": losses, "step_s": times, "bytes_sent_per_step": sent,
-                                               "param_hash": param_hash(model), "traces": traces})
+    per_rank = par.runtime.dist.gather_object({"losses": losses, "step_s": times, "step_steady_s": steady,
+                                               "bytes_sent_per_step": sent, "param_hash": param_hash(model),
+                                               "traces": traces, "parts": parts})
     result = {
         "dp": variant, "compression": comp_name, "impl": args.impl, "world_size": n, "backend": env.backend,
         "batch": asdict(sizes) | {"per_rank": sizes.per_rank}, "preset": args.preset, "numel": numel,
@@ -189,6 +202,7 @@ def train_one(args, variant: str, comp_name: str, env) -> dict:
     }
     if per_rank is not None:
         result.update(merge_ranks(per_rank))
+        result["step_steady_s"] = merge_ranks(per_rank, step_s="step_steady_s")["step_s"]
         result["per_rank"] = per_rank
         result["replicas_identical"] = len({r["param_hash"] for r in per_rank}) == 1
         result["profile_traces"] = [t for r in per_rank for t in r["traces"]]
@@ -207,6 +221,7 @@ def largest_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 def main(argv=None):
     args = Args.parse(argv)
     env = par.runtime.dist.init()
+    watch_ranks()      # a step's steady seconds count the other ranks' run-queue wait while it waited for them
     runs, first = [], None
     for v, c in itertools.product(args.dp, args.compression):
         result, final = train_one(args, v, c, env)

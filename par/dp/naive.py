@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from par import clock
 from par.comm import collectives, commlog
 from par.dp.batch_size import BatchSizeError
 
@@ -95,7 +96,8 @@ class NaiveDP(nn.Module):
     `compression` (see `par.dp.compression`) replaces the exact average by a lossy one over a single
     flat gradient. `recorder` (a `par.timeline.Recorder`) gets a "B" span per backward and an
     "all-reduce" span (lane "comm") per sync, between its marks (`Recorder.mark()`: CUDA events on a GPU,
-    where the CPU clock would time the kernels' launch, not their work).
+    where the CPU clock would time the kernels' launch, not their work). `waited` adds up the other ranks'
+    run-queue seconds while the all-reduces ran (`par.clock.Waiting`; the span keeps them in its `ready`).
     """
 
     def __init__(self, module: nn.Module, impl: str = "ring", group=None, compression=None, recorder=None):
@@ -103,6 +105,7 @@ class NaiveDP(nn.Module):
         self.module, self.impl, self.group = module, impl, group
         self.compression, self.recorder = compression, recorder
         self.params = trainable_parameters(module)
+        self.waited = 0.0     # run-queue seconds of the other ranks during the all-reduces, so far
         broadcast_parameters(module, 0, group)
 
     def forward(self, *args, **kwargs):
@@ -125,6 +128,7 @@ class NaiveDP(nn.Module):
 
     def sync_gradients(self) -> None:
         """Average the gradients across ranks (exactly, or through the compressor)."""
+        waiting = clock.Waiting()      # for the other ranks; read outside the span
         start = self.recorder.mark() if self.recorder else None
         if self.compression is None:
             average_gradients(self.params, self.impl, self.group)
@@ -132,5 +136,7 @@ class NaiveDP(nn.Module):
             flat = flatten_grads(self.params)
             self.compression.average(flat, key="all", group=self.group, impl=self.impl)
             unflatten_into_grads(flat, self.params)
+        end = self.recorder.mark() if self.recorder else None
+        self.waited += waiting.done()
         if self.recorder:
-            self.recorder.add("all-reduce", start, self.recorder.mark(), lane="comm")
+            self.recorder.add("all-reduce", start, end, lane="comm", waited=waiting.ready)

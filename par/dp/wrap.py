@@ -96,6 +96,23 @@ def overlap_fraction(spans: list[dict], rank: int = 0) -> float:
     return hidden / total if total > 0 else 0.0
 
 
+WAIT_SPAN = {"naive": "all-reduce", "bucketed": "sync"}   # the wrapper's span of the wait after backward
+
+
+def step_parts(spans: list[dict], rank: int, variant: str) -> dict:
+    """One recorded step of `rank` under `variant`, each part on both clocks ({"wall": s, "steady": s},
+    `par.timeline.seconds`): forward, backward and optimizer (its "F", "B" and "step" spans), and for par's
+    wrappers the wait after backward (`WAIT_SPAN`: naive DP's all-reduces, bucketed DP's wait for what is still in
+    flight when backward ends)."""
+    from par.timeline import seconds
+    mine = [s for s in spans if s["rank"] == rank]
+    names = {"forward": "F", "backward": "B", "optimizer": "step"}
+    if variant in WAIT_SPAN:
+        names["wait"] = WAIT_SPAN[variant]
+    return {part: {clock_: sum(seconds(s, clock_) for s in mine if s["name"] == name) for clock_ in ("wall", "steady")}
+            for part, name in names.items()}
+
+
 def wrapper_buffer_bytes(model: nn.Module) -> int:
     """Extra memory a wrapper keeps: bucket buffers and compression residuals."""
     total = sum(b.nbytes for b in getattr(model, "buckets", []))

@@ -44,11 +44,13 @@ the 16-bit partition that the all-gather spreads.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from par import clock
 from par.comm import coalesced, collectives, thread as comm_thread, commlog
 from par.precision import mixed_precision
 from par.zero import units
@@ -58,6 +60,7 @@ from par.memory.accounting import cuda_peak_bytes, tensor_bytes
 from par.zero.updaters import CPUOffload, DeviceUpdate
 
 STAGES = (0, 1, 2, 3)
+COMM_THREAD = "par-comm"     # the name of par.comm.thread's communication thread
 
 
 def unit_modules(model: nn.Module, stage: int = 0) -> list[nn.Module]:
@@ -121,7 +124,8 @@ class Zero:
     optimizer: "adam", "adamw", "sgd", "momentum" (par.reference.make_optimizer), built over this
     rank's partitions only. group: the data-parallel process group (default: everyone).
     impl: "ring" (par's hand-written ring) or "torch" for the collectives. recorder: a
-    par.timeline.Recorder to note gathers, reduce-scatters, forward and backward per unit.
+    par.timeline.Recorder to note gathers, reduce-scatters, forward and backward per unit (with prefetch also
+    "wait <collective>": how long the computation waited for one on the communication thread).
     precision: "fp32", "fp16" or "bf16"; scaler: a par.precision.loss_scaler scaler (default:
     `loss_scaler.default_scaler(precision)`); max_grad_norm: clip the global gradient norm.
     prefetch (stage 3): start gathering the next unit (in the order the last forward ran them;
@@ -141,6 +145,7 @@ class Zero:
         if prefetch and stage != 3:
             raise ValueError(f"prefetch gathers parameters ahead of use, which only stage 3 does (stage {stage})")
         self.prefetch = prefetch
+        self.waited = 0.0   # run-queue seconds of what the computation waited for (`_blocked`), so far
         self.n = dist.get_world_size(group) if dist.is_initialized() else 1
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         if self.rank < 0:
@@ -214,14 +219,25 @@ class Zero:
         return DeviceUpdate(masters or self.param_partitions(), optimizer, lr, copies=masters is not None, **kw)
 
     # ------------------------------------------------------------ collectives, logged and timed
+    @contextmanager
+    def _blocked(self, name: str, lane: str, thread: str | None = None):
+        """A block in which the computation waits for the other ranks (and for `thread`, the communication
+        thread): the run-queue seconds of what it waited for (`par.clock.Waiting`) add up in `waited`, and a
+        recorded step keeps the block as a span with them in its `ready` (on a GPU: between events on the
+        current stream)."""
+        waiting = clock.Waiting(thread)        # read outside the span: the reads are no part of the wait
+        start = self.rec.mark() if self.rec is not None else None
+        yield
+        end = self.rec.mark() if self.rec is not None else None
+        self.waited += waiting.done()
+        if self.rec is not None:
+            self.rec.add(name, start, end, lane=lane, waited=waiting.ready)
+
     def _comm(self, name: str, fn, *args, **kw):
         if self.prefetch:   # one talker per process: everything goes through the communication thread
             return self._wait(self._comm_async(name, fn, *args, **kw))
-        with commlog.tag(name):
-            if self.rec is None:
-                return fn(*args, group=self.group, impl=self.impl, **kw)
-            with self.rec.span(name, lane="comm"):
-                return fn(*args, group=self.group, impl=self.impl, **kw)
+        with commlog.tag(name), self._blocked(name, "comm"):
+            return fn(*args, group=self.group, impl=self.impl, **kw)
 
     def _comm_async(self, name: str, fn, *args, **kw):
         """Run a collective on the communication thread (recorded there, on the comm lane, as it runs; on a GPU
@@ -236,12 +252,14 @@ class Zero:
                     with self.rec.span(name, lane="comm"):
                         out.append(fn(*args, group=self.group, impl=self.impl, **kw))
         pending = comm_thread.run_async(job, tensors=[a for a in args if isinstance(a, torch.Tensor)])
-        pending.result = out
+        pending.result, pending.name = out, name
         return pending
 
-    @staticmethod
-    def _wait(pending):
-        pending.wait()
+    def _wait(self, pending):
+        """Wait for a collective on the communication thread, as the span "wait <collective>" of the compute lane
+        (what the computation waited for; on a GPU the stall of the compute stream)."""
+        with self._blocked(f"wait {pending.name}", "compute", COMM_THREAD):
+            pending.wait()
         return pending.result[0]
 
     def _reduce(self, u: Unit) -> None:

@@ -7,18 +7,25 @@ One launch trains the same model from the same seed once per run in `--runs`
 gathering the next unit while this one computes, `fsdp2` = torch's `fully_shard` on the same
 units, `par.zero.torch_api.fsdp2`). Each run starts from a clean slate: the previous engine's hooks
 are removed and its memory released before the next is built, so a CUDA peak is that run's own.
+`--interleave` trains the runs step by step in turn instead (every run's step 1, then every run's step 2, ...):
+what else the machine runs then falls on each run alike, which a comparison of their step times needs (every
+model is alive at once, so a CUDA peak is the launch's).
 
 Result (the job contract of `par.measure`): {"world_size", "backend", "device", "preset", "precision",
 "numel", "runs": [...]}, each run with
     label, stage, offload, prefetch
     losses      the global batch's loss per step (the mean of the ranks' equal shards)
-    step_s      per step, the slowest rank's wall-clock seconds
+    step_s      per step, the slowest rank's wall-clock seconds; step_steady_s the same on the load-proof clock
+                (less each rank's run-queue wait, `par.clock`; on a GPU both are the device's time)
     per_rank    per rank: memory (model-state bytes after backward of step 1, `Zero.memory()`),
                 bytes (sent in the last step, by collective), cuda_peak, offload_bytes_per_step
     memory      the rank with the most model-state bytes; formula: `par.memory.accounting.model_state_bytes`
     bytes, bytes_total, bytes_formula   rank 0's last step beside 2(N-1)/N·Ψ·itemsize (3(N-1)/N: stage 3)
     collectives_per_step   how many collectives rank 0 issued in its last step (`collectives_issued`)
-    timeline    (`--timeline-runs`) every rank's spans of the last step
+    timeline    (`--timeline-runs`) every rank's spans of the last step; such a run records every step, and each
+                rank's per_rank entry keeps `parts`: per step its compute, its wait for parameters (the all-gathers
+                the computation waited for; `ahead_wait`: those prefetch can start ahead) and the offload copies,
+                each {"wall", "steady"} seconds (`step_parts`)
     offload: offload_bytes_per_step, placement, transfer_s_formula (the same bytes over PCIe)
     fsdp2: max_diff_vs_stage3 (max |parameter difference| from the "3" run of the same launch)
 `--checkpoint DIR --checkpoint-step K` saves the last run's sharded checkpoint after K steps (and
@@ -27,7 +34,7 @@ goes on); `--resume DIR` loads it into every run first and trains the steps afte
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -37,7 +44,7 @@ from par.zero import checkpoint, offload, torch_api as torch_zero
 from par.comm import commlog
 from par.memory import accounting as memory
 from par.data import CharDataset, global_batches
-from par.measure import JobResult, RankResult, RunResult, merge_ranks, timed_step
+from par.measure import JobResult, RankResult, RunResult, merge_ranks, timed_step, watch_ranks
 from par.model import build, lm_loss, preset
 from par.timeline import Recorder
 from par.zero.engine import Zero, zero_bytes_per_step
@@ -106,6 +113,8 @@ class Args(JobArgs):
     checkpoint_step: int = arg(0, "save after this many steps (default: the end)")
     checkpoint_run: ZeroRun | None = arg(None, "the run whose state is saved (default: the last)")
     resume: str = arg("", "the checkpoint the '+resume' runs load (any N_d, any stage)")
+    interleave: bool = arg(False, "train the runs step by step in turn, so that the machine's other work falls on "
+                                  "each alike (for timing; every run's model is then alive at once)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +124,7 @@ class RankResult(RankResult):
     bytes: dict
     cuda_peak: int | None
     offload_bytes_per_step: dict | None
+    parts: list | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +139,7 @@ class RunResult(RunResult):
     start_step: int
     losses: list
     step_s: list
+    step_steady_s: list | None = None
     memory: dict
     cuda_peak: int | None
     formula: dict
@@ -190,6 +201,29 @@ class FSDP2Engine:
         pass
 
 
+COPIES = ("grads to host", "params to device")     # offload's two copies (`par.zero.updaters.CPUOffload`)
+
+
+def step_parts(spans: list[dict], rank: int, prefetch: bool) -> dict:
+    """One recorded step of `rank`, each part on both clocks ({"wall": s, "steady": s}, `par.timeline.seconds`):
+    compute (forward, backward and update spans); the wait for parameters, that is the all-gathers the computation
+    waited for (without prefetch the gathers themselves, which it runs; with prefetch its "wait AG ..." spans, what
+    was left of each gather when its unit needed it); of those, the ones prefetch can start ahead (`ahead_wait`:
+    every gather but the first of the forward and the first of the backward, before which nothing computes); and
+    the offload copies."""
+    from par.timeline import seconds
+    mine = sorted((s for s in spans if s["rank"] == rank), key=lambda s: s["start"])
+    gathers = [s for s in mine if s["name"].startswith("wait AG " if prefetch else "AG ")]
+    forward_end = max((s["end"] for s in mine if s["name"].startswith("F ")), default=float("inf"))
+    forward = [s for s in gathers if s["start"] < forward_end]
+    backward = [s for s in gathers if s["start"] >= forward_end]
+    picks = {"compute": [s for s in mine if s["lane"] == "compute" and not s["name"].startswith("wait ")],
+             "parameter_wait": gathers, "ahead_wait": forward[1:] + backward[1:],
+             "copies": [s for s in mine if s["name"] in COPIES]}
+    return {part: {clock_: sum(seconds(s, clock_) for s in chosen) for clock_ in ("wall", "steady")}
+            for part, chosen in picks.items()}
+
+
 def release(device) -> None:
     """Free what the previous run left (its engine must be closed and dropped) and restart the CUDA peak."""
     gc.collect()
@@ -198,8 +232,9 @@ def release(device) -> None:
     memory.reset_cuda_peak(device)
 
 
-def train_run(run: ZeroRun, args: Args, env, batches, finals: dict) -> dict:
-    """One run on this rank; returns this rank's numbers (rank 0 merges them)."""
+def train_run(run: ZeroRun, args: Args, env, batches, finals: dict):
+    """One run on this rank, a step at a time: a generator that yields after each step and returns this rank's
+    numbers (rank 0 merges them) when its steps are done (`run_all` drives it)."""
     release(env.device)
     model = build(preset(args.preset), seed=args.seed).to(env.device)
     rec = Recorder() if run in args.timeline_runs else None
@@ -210,12 +245,13 @@ def train_run(run: ZeroRun, args: Args, env, batches, finals: dict) -> dict:
                       impl=args.impl, recorder=rec, precision=run.precision or args.precision, prefetch=run.prefetch)
     start = checkpoint.load(engine, args.resume)["step"] if run.resume else 0
     n, r = env.world_size, env.rank
-    losses, times, mem, step_bytes = [], [], {}, {}
+    losses, times, steady, parts, mem, step_bytes = [], [], [], [], {}, {}
     for s in range(start, len(batches)):
         x, y = batches[s]
         x, y = x[r::n].to(env.device), y[r::n].to(env.device)
-        if rec is not None and s == len(batches) - 1:
-            rec.reset()
+        if rec is not None:
+            rec.reset()      # a barrier: the ranks start the step, and the recorder's clock, together
+        waited = getattr(engine, "waited", 0.0)
         with timed_step(env.device, barrier=True) as clock, commlog.capture() as log:
             loss = lm_loss(engine.model(x).float(), y)
             engine.backward(loss)
@@ -224,7 +260,12 @@ def train_run(run: ZeroRun, args: Args, env, batches, finals: dict) -> dict:
             engine.step()
             engine.zero_grad()
         times.append(clock.seconds)
+        if env.device.type != "cuda":      # the run-queue wait of what the step waited for (comm thread, ranks)
+            clock.waited_s = getattr(engine, "waited", 0.0) - waited
+        steady.append(clock.steady_s)
         losses.append(loss.item())
+        if rec is not None:
+            parts.append(step_parts([asdict(x) for x in rec.spans], r, run.prefetch))
         step_bytes, calls = {}, collectives_issued(log.events)
         for e in log.events:   # the model's traffic; the 4-byte overflow flag of mixed precision is apart
             key = "overflow flag" if "overflow flag" in e.tag else e.kind
@@ -232,10 +273,12 @@ def train_run(run: ZeroRun, args: Args, env, batches, finals: dict) -> dict:
         if args.checkpoint and run == (args.checkpoint_run or args.runs[-1]) and \
                 s + 1 == (args.checkpoint_step or len(batches)):
             checkpoint.save(engine, args.checkpoint, step=s + 1)
-    out = {"losses": losses, "times": times, "memory": mem, "cuda_peak": memory.cuda_peak_bytes(env.device),
+        yield
+    out = {"losses": losses, "times": times, "steady": steady, "memory": mem,
+           "cuda_peak": memory.cuda_peak_bytes(env.device),
            "bytes": step_bytes, "calls": calls, "start_step": start}
     if rec is not None:     # the last step only: before the full-state gathers below, which are no part of it
-        out["timeline"] = rec.gather()
+        out["timeline"], out["parts"] = rec.gather(), parts
     if run == ZeroRun(3) and any(r.fsdp2 for r in args.runs):
         finals["3"] = engine.full_state_dict()
     if run.fsdp2:
@@ -254,6 +297,34 @@ def train_run(run: ZeroRun, args: Args, env, batches, finals: dict) -> dict:
     return out
 
 
+def run_all(args: Args, env, batches) -> list[dict]:
+    """Every run of `args.runs` on this rank, its numbers in order: one run after the other, or with
+    `args.interleave` step by step in turn (each run's step 1, then each run's step 2, ...), so that whatever
+    else the machine runs falls on every run alike (a timing comparison's runs)."""
+    finals: dict = {}
+    if not args.interleave:
+        return [_finish(train_run(run, args, env, batches, finals)) for run in args.runs]
+    runs = [train_run(run, args, env, batches, finals) for run in args.runs]
+    out: list = [None] * len(runs)
+    while any(o is None for o in out):
+        for i, run in enumerate(runs):
+            if out[i] is None:
+                try:
+                    next(run)
+                except StopIteration as done:
+                    out[i] = done.value
+    return out
+
+
+def _finish(run) -> dict:
+    """Drive a run (`train_run`) through all its steps; its numbers."""
+    while True:
+        try:
+            next(run)
+        except StopIteration as done:
+            return done.value
+
+
 def merge(run: ZeroRun, ranks: list[dict], args: Args, n: int, numel: int) -> dict:
     """Rank 0: one run's result from every rank's numbers."""
     mine = ranks[0]
@@ -263,9 +334,9 @@ def merge(run: ZeroRun, ranks: list[dict], args: Args, n: int, numel: int) -> di
     flag_bytes = mine["bytes"].pop("overflow flag", 0)
     out = {"label": run.label, "stage": run.stage, "offload": run.offload, "prefetch": run.prefetch,
            "precision": precision, "start_step": mine["start_step"],
-           **merge_ranks(ranks, step_s="times"),
-           "per_rank": [{k: r.get(k) for k in ("memory", "bytes", "cuda_peak", "offload_bytes_per_step")}
-                        for r in ranks],
+           **merge_ranks(ranks, step_s="times"), "step_steady_s": merge_ranks(ranks, step_s="steady")["step_s"],
+           "per_rank": [{k: r.get(k) for k in ("memory", "bytes", "cuda_peak", "offload_bytes_per_step", "parts")
+                         if k != "parts" or "parts" in r} for r in ranks],
            "memory": worst["memory"], "cuda_peak": max((r["cuda_peak"] or 0) for r in ranks) or None,
            "formula": memory.model_state_bytes(numel, n, run.stage, "fp32" if precision == "fp32" else "mixed",
                                                args.optimizer).to_dict(),
@@ -286,6 +357,7 @@ def main(argv=None) -> None:
     if args.checkpoint:
         checkpoint.check_directory(args.checkpoint)   # a read-only folder refused before the training, not after
     env = par.runtime.dist.init()
+    watch_ranks()      # a step's steady seconds count the other ranks' run-queue wait while it waited for them
     if args.batch % env.world_size:
         raise SystemExit(f"--batch {args.batch} is not a multiple of the world size {env.world_size}: "
                          f"use e.g. --batch {env.world_size * max(1, args.batch // env.world_size)}")
@@ -298,10 +370,9 @@ def main(argv=None) -> None:
     data = CharDataset(block_size=cfg.block_size)
     batches = list(global_batches(data, args.batch, args.steps, seed=args.seed))
     numel = memory.param_count(cfg)
-    finals: dict = {}
     runs = []
-    for run in args.runs:
-        ranks = par.runtime.dist.gather_object(train_run(run, args, env, batches, finals))
+    for run, mine in zip(args.runs, run_all(args, env, batches)):
+        ranks = par.runtime.dist.gather_object(mine)
         if env.is_rank0:
             runs.append(merge(run, ranks, args, env.world_size, numel))
     par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "device": str(env.device),

@@ -1,8 +1,10 @@
-"""Lecture 06, ZeRO: every stage on W ranks and on the other data-parallel degrees, ZeRO-R, the recomputation
-timing the notebook runs in its own kernel; its key numbers; its figures (a stage's timeline, memory against N_d)."""
+"""Lecture 06, ZeRO: every stage on W ranks and on the other data-parallel degrees, the stages timed side by side,
+ZeRO-R, the recomputation timing the notebook runs in its own kernel; its key numbers; what a timed run shows (step
+times, waits, paired ratios); its figures (a stage's timeline, step times on two clocks, memory against N_d)."""
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import replace
 
 import matplotlib.pyplot as plt
@@ -10,21 +12,27 @@ import matplotlib.pyplot as plt
 from par.course import plots
 from par.course.batch import cost
 from par.course.batch.launches import launch, sized
+from par.measure import Measured
+from par.memory.accounting import param_count
 from par.model import preset as model_preset
 from par.site.numbers import Key, at_most, near
 from par.tp.layers import tp_degree
 from par.zero import activations_job, job as zero_job
 
 NOTEBOOK = "06_zero"
-CELLS = ("stages", "ZeRO-R")
+CELLS = ("stages", "timing", "ZeRO-R")
 ZERO_STAGES = (0, 1, 2, 3)
+TIMED = ("0", "1", "2", "3", "3+prefetch", "3+offload")     # the runs of the timing launch, by label
+TIMING_STEPS = 12                                           # the first is left out of every median
 
 
 def launches(W, backend, preset, steps):
     """ZeRO on `W` ranks (every stage in fp32 and 16 bits, prefetch, offload, FSDP2), then on the other
     data-parallel degrees 2-4: one global batch they all divide, so every degree trains the same thing.
     The 4-rank job saves a sharded checkpoint (`{checkpoint}`: the notebook fills in a directory) that
-    the 2-rank job resumes."""
+    the 2-rank job resumes. The timing launch: the runs of TIMED interleaved step by step, every step recorded,
+    on a model where compute dominates a step (at least 'small', 16 sequences per rank on a CPU) and at most
+    one rank per core."""
     cfg = model_preset(preset)
     long = cfg.block_size > 256
     half = "bf16"        # the CPU, and the GPUs of a course server (Ampere or newer), compute in bf16
@@ -36,13 +44,19 @@ def launches(W, backend, preset, steps):
         runs = (*(Run(st) for st in ZERO_STAGES), *(Run(st, precision=half) for st in ZERO_STAGES),
                 *((Run(3, prefetch=True), Run(3, offload=True), Run(3, fsdp2=True)) if main else ()))
         n_steps = steps if main else 3
-        args = zero_job.Args(runs=runs, preset=preset, steps=n_steps, batch=batch,
-                             timeline_runs=(Run(3), Run(3, prefetch=True), Run(3, offload=True)) if main else ())
+        args = zero_job.Args(runs=runs, preset=preset, steps=n_steps, batch=batch, timeline_runs=())
         if n == 4:
             args = replace(args, checkpoint="{checkpoint}", checkpoint_run=Run(3), checkpoint_step=2)
         if n == 2 and 4 in degrees:
             args = replace(args, runs=(*runs, Run(3, resume=True)), resume="{checkpoint}")
         out.append(launch(NOTEBOOK, "stages", n, args, backend))
+    gpus = cost.on_gpus(backend, W)
+    timed_preset = preset if param_count(cfg) >= param_count(model_preset("small")) else "small"
+    timed_ranks = W if gpus else min(W, cost.cores())
+    timed = tuple(Run.parse(label) for label in TIMED)
+    out.append(launch(NOTEBOOK, "timing", timed_ranks, zero_job.Args(
+        runs=timed, preset=timed_preset, steps=TIMING_STEPS, batch=timed_ranks * (1 if long else 16),
+        timeline_runs=tuple(r for r in timed if r.stage == 3), interleave=True), backend))
     out.append(launch(NOTEBOOK, "ZeRO-R", tp_degree(cfg, W), activations_job.Args(preset=preset, batch=4), backend))
     return out
 
@@ -65,7 +79,44 @@ KEY_NUMBERS = [
     Key("par ZeRO-3 vs FSDP2 fully_shard (max |Δ|)", "≤ 1e-5", "torch_api_max_diff", "fsdp2", target=at_most(1e-5)),
     Key("stage 3 / stage 2 model states, measured / formula", "(w+g+K)Ψ/N ÷ (w + (g+K)Ψ/N)",
         "zero_stage3_over_stage2_memory_vs_formula", target=near(1.0, 0.01, "1 ± 0.01")),
+    Key("wait for the gathers prefetch starts ahead, prefetch / no prefetch (steady, worst rank)",
+        "exposed = max(0, gather − compute): → 0", "zero_prefetch_parameter_wait_ratio", target=at_most(0.5)),
+    Key("step time, offload / ZeRO-3 (steady, median of paired steps)",
+        "1 + copies / step (a CPU: host = device)", "zero_offload_over_stage3_time",
+        target=near(1.0, 0.1, "1 ± 0.1")),
 ]
+
+
+# ---------------------------------------------------------------- what the timing launch shows
+def median(xs) -> float:
+    xs = list(xs)
+    return statistics.median(xs[1:] or xs)      # the first step (allocations, warm-up) left out
+
+
+def step_ms(run) -> Measured:
+    """A run's median step in ms on both clocks, the slowest rank's each step: `.wall`, `.steady`."""
+    return Measured({"wall": median(run.step_s) * 1e3, "steady": median(run.step_steady_s) * 1e3})
+
+
+def paired_ratio(a, b, clock: str = "steady") -> float:
+    """The median over the steps of a's step time / b's, step by step: the timing launch interleaves its runs, so
+    step i of each ran at about the same time, under the same load."""
+    key = "step_steady_s" if clock == "steady" else "step_s"
+    return median(x / y for x, y in zip(getattr(a, key), getattr(b, key)))
+
+
+def shorter_steps(a, b, clock: str = "steady") -> tuple[int, int]:
+    """In how many of the paired steps (the first left out) a's step was shorter than b's, and of how many."""
+    key = "step_steady_s" if clock == "steady" else "step_s"
+    pairs = list(zip(getattr(a, key), getattr(b, key)))[1:]
+    return sum(x < y for x, y in pairs), len(pairs)
+
+
+def part_ms(run, part: str) -> list[Measured]:
+    """Per rank, the median over its recorded steps of one part of the step (`par.zero.job.step_parts`: compute,
+    parameter_wait, ahead_wait, copies), in ms on both clocks (`.wall`, `.steady`)."""
+    return [Measured({c: median(getattr(getattr(p, part), c) for p in rank.parts) * 1e3 for c in ("wall", "steady")})
+            for rank in run.ranks]
 
 
 # ---------------------------------------------------------------- figures
@@ -80,6 +131,7 @@ ZERO_KINDS = {  # span name prefix -> (legend label, lane, colour)
     "AR": ("all-reduce gradients", "comm", "#C44E52"),
     "grads to host": ("gradients device → host", "comm", "#937860"),
     "params to device": ("parameters host → device", "comm", "#DA8BC3"),
+    "wait": ("computation waits for a collective", "compute", "#BBBBBB"),
 }
 
 
@@ -91,6 +143,32 @@ def zero_span_kind(name: str) -> str:
     if head == "AG" and "prefetched" in name:
         return "AG*"
     return head if head in ZERO_KINDS else "update"
+
+
+def step_times(runs: dict, notes: dict | None = None, ax=None, title: str = ""):
+    """Each run's step (`runs` {label: RunResult}) on the wall clock and on the steady clock side by side: bars at
+    the median step, whiskers from the fastest to the slowest (the first step left out), in ms; `notes` {label:
+    text} under a run's label."""
+    ax = plots.axis(ax, (max(7, 1.4 * len(runs) + 2), 3.6))
+    colours = {"wall": "#C7C7C7", "steady": "#4C72B0"}
+    labels = list(runs)
+    for k, (clock, key) in enumerate((("wall", "step_s"), ("steady", "step_steady_s"))):
+        samples = [[t * 1e3 for t in (getattr(runs[l], key)[1:] or getattr(runs[l], key))] for l in labels]
+        med = [statistics.median(x) for x in samples]
+        xs = [i + (k - 0.5) * 0.38 for i in range(len(labels))]
+        ax.bar(xs, med, 0.36, color=colours[clock], label=f"{clock} clock (median)")
+        spread = [[m - min(x) for m, x in zip(med, samples)], [max(x) - m for m, x in zip(med, samples)]]
+        ax.errorbar(xs, med, yerr=spread, fmt="none", ecolor="black", capsize=2, lw=0.8)
+    ax.errorbar([], [], yerr=[], fmt="none", ecolor="black", label="fastest … slowest step")
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels([f"{l}\n{notes[l]}" if notes and l in notes else l for l in labels], fontsize=8)
+    ax.set_xlabel("ZeRO stage (run)")
+    ax.set_ylabel("ms per step (slowest rank)")
+    ax.legend(fontsize=7, loc="upper left", ncol=3)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
+    if title:
+        ax.set_title(title)
+    return ax
 
 
 def _short_unit(name: str) -> str:
