@@ -89,7 +89,8 @@ class _EventSpan:
 def _default_device() -> torch.device:
     """The device of this rank (`par.runtime.dist.env()`), the CPU before `par.runtime.dist.init()`."""
     from par.runtime import dist as pdist
-    return pdist._ENV.device if pdist._ENV is not None else torch.device("cpu")
+    here = pdist.current()
+    return here.device if here is not None else torch.device("cpu")
 
 
 class Recorder:

@@ -129,6 +129,11 @@ def set_collective_timeout() -> None:
         setter(timedelta(seconds=seconds))
 
 
+def current() -> Env | None:
+    """The Env of this process, None before `init()`."""
+    return _ENV
+
+
 def env() -> Env:
     """The Env of this process (call `init()` first)."""
     if _ENV is None:

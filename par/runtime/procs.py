@@ -7,6 +7,7 @@ everything below it, its open files; and a job's reaper, which takes over what a
     become_subreaper()     orphans below this process are reparented to it, not to init (PR_SET_CHILD_SUBREAPER)
     reap_orphans(keep)     SIGKILL and reap every child of this process but `keep`: what a job's ranks left behind
     open_files(pid)        (file descriptors open, the soft limit RLIMIT_NOFILE)
+    members(...)           the processes of a pid namespace, of a session, or naming a text in their command line
     kill_tree(proc)        SIGKILL a started process (a Popen, or an agent's handle) and everything below it
     started(proc)          the block during which `proc` is one of this process's running children, which
                            `stop_all()` (Ctrl-C in the grader) kills with all below them
@@ -97,6 +98,37 @@ def descendants(pid: int) -> list[int]:
         frontier = [child for child, parent in pairs if parent in frontier]
         found += frontier
     return found
+
+
+def pid_namespace(pid: int) -> str | None:
+    """The pid namespace of `pid` ("pid:[4026531836]"), None where it cannot be read."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def members(namespace: str | None = None, session: int | None = None, naming: bytes | None = None) -> list[int]:
+    """Every process (this one aside) in the pid namespace `namespace`, or in the session `session`, or whose
+    command line holds `naming`: a sandbox's processes, a session's, those still using a folder."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        pid = int(name)
+        try:
+            if namespace is not None:
+                found = pid_namespace(pid) == namespace
+            elif session is not None:
+                found = os.getsid(pid) == session
+            else:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    found = naming is not None and naming in f.read()
+        except OSError:
+            continue
+        if found:
+            out.append(pid)
+    return out
 
 
 def become_subreaper() -> bool:

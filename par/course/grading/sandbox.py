@@ -55,6 +55,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from par.runtime import procs
 from par.runtime.checks import env_number
 from par.runtime.paths import ROOT
 
@@ -274,26 +275,11 @@ class ProcessCap:
         self._stop.set()
 
     def _namespace(self) -> str | None:
-        try:
-            children = open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read().split()
-            return os.readlink(f"/proc/{children[0]}/ns/pid") if children else None
-        except OSError:
-            return None
+        children = procs.children(self.proc.pid)
+        return procs.pid_namespace(children[0]) if children else None
 
     def _members(self, ns: str | None) -> list[int]:
-        out = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                if ns is not None:
-                    if os.readlink(f"/proc/{name}/ns/pid") == ns:
-                        out.append(int(name))
-                elif os.getsid(int(name)) == self.proc.pid:
-                    out.append(int(name))
-            except OSError:
-                continue
-        return out
+        return procs.members(namespace=ns) if ns is not None else procs.members(session=self.proc.pid)
 
     def _watch(self) -> None:
         if not os.path.isdir("/proc"):
@@ -342,15 +328,12 @@ def kill_processes_of(folder: Path) -> list[int]:
     that bwrap behind: as root, bwrap changes credentials during its set-up, which clears the parent-death signal
     until it arms its own, so a death in those milliseconds is missed (1 start in 20 when the kill lands in the
     first 0.3 s after the start)."""
-    mark, killed = str(folder).encode(), []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
+    killed = []
+    for pid in procs.members(naming=str(folder).encode()):
         try:
-            if mark in (proc / "cmdline").read_bytes():
-                os.kill(int(proc.name), signal.SIGKILL)
-                killed.append(int(proc.name))
-        except (OSError, ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (ProcessLookupError, PermissionError):
             continue
     return killed
 
