@@ -23,20 +23,18 @@ with a `PRELOAD` of its own, `preload_of`) and forks the ranks from itself:
 each child starts a session, points its stdin at /dev/null and its stdout and stderr at the agent's pipe, takes
 the rank's environment, names itself `par-rank<N>` (the process name `ps` shows; `par.runtime.launch` finds
 the ranks by it) and runs the module as `__main__` (`runpy`), so a rank's exit code, traceback and exit handlers
-are a fresh interpreter's. The imports are the cost of starting a rank: one process's worth instead of one per
-rank (measured: `import torch` about 1.4 s of one core, torch._dynamo 1.1 s more). The trade, measured with
-farm-bench on 2 idle cores for a 2-rank DP job of 3 steps (median of 5): 3.5 s of CPU instead of 5.0, and 3.4 s
-of wall instead of 2.7, since the imports no longer run side by side. Where the cores are busy (the test suite,
-a class graded 2 notebooks at a time, the batch) the CPU is the time; on idle cores a launch waits about 0.7 s
-more. `par.runtime.launch` asks for `--fork` for gloo jobs only: a process that may have touched CUDA cannot be
-forked safely, so NCCL jobs get fresh interpreters. The agent forks only while it is a single thread; otherwise
-it starts fresh interpreters.
+are a fresh interpreter's. The imports are then paid once per job, not once per rank (the measured trade is in
+docs/instructor.md, "what a launch costs"). `par.runtime.launch` asks for `--fork` for gloo jobs only: a process
+that may have touched CUDA cannot be forked safely, so NCCL jobs get fresh interpreters. The agent forks only
+while it is a single thread; otherwise it starts fresh interpreters.
 
-Why the agent exists: torchrun's agent imports torch before it starts a rank, about 1.3 s of one core on the
-critical path of every launch (measured: a 2-rank job that all-reduces one number takes 2.9-3.0 s under
-torchrun, 1.6-1.9 s with the same ranks started directly). The test suite and the grader launch several
-hundred jobs. Several nodes, restarts and rendezvous backends stay torchrun's
-(`par.runtime.launch.run(max_restarts=...)`, `MultiNode`).
+What the ranks leave. The agent is their subreaper (`par.runtime.procs.become_subreaper`): a process a rank forks
+or daemonises is reparented to the agent when its parent exits, and the agent ends every such orphan when the job
+ends (`procs.reap_orphans`), so nothing of a job outlives it with parent 1.
+
+Why the agent exists: torchrun's agent imports torch before it starts a rank, on the critical path of every
+launch, and the test suite and the grader launch several hundred jobs. Several nodes, restarts and rendezvous
+backends stay torchrun's (`par.runtime.launch.run(max_restarts=...)`, `MultiNode`).
 """
 from __future__ import annotations
 

@@ -11,10 +11,12 @@ becomes what `python -m par.runtime.agent ARGV` would have been: the launch's wo
 its stdout and stderr on the pipe the launcher handed over (SCM_RIGHTS), stdin /dev/null, a session of its own,
 the process name par-agent, and SIGTERM when the zygote dies (PR_SET_PDEATHSIG). The agent's exit code comes
 back over the socket, where the launcher's handle waits for it. After its imports the zygote calls gc.freeze(),
-so that an agent's garbage collections do not touch, and copy, the pages of the imported objects. Measured on
-2 idle cores, five launches of a 2-rank DP job of 3 steps from one process: 15.1 s of CPU and 16.5 s of wall with
-fresh agents (PAR_ZYGOTE=0), about 9 s of CPU (the zygote's 2.8 included) and 8.1-9.3 s of wall with the zygote.
-A process's first launch gets no zygote: one that launches once imports torch once either way.
+so that an agent's garbage collections do not touch, and copy, the pages of the imported objects (what it saves
+is measured in docs/instructor.md, "what a launch costs"). A process's first launch gets no zygote: one that
+launches once imports torch once either way.
+
+A zygote that cannot report (stopped, SIGSTOP) never holds a launch: an agent's exit is read from /proc when the
+zygote does not say it (`Agent.wait`), and a stopped zygote serves no later launch (`Zygote.alive`).
 
 What a zygote serves. torch reads some variables when it is imported (OpenMP's thread count, TORCH_* switches),
 and Python others when it starts (PYTHONPATH, PYTHONFAULTHANDLER, ...). A zygote serves only the launches

@@ -376,10 +376,10 @@ def _refused(grade: Grade, reason: str, start: float) -> Grade:
     return grade
 
 
-def find_submissions(targets: list[str]) -> tuple[list[Path], list[Path]]:
-    """(files to grade, files skipped) for files and folders (searched recursively). Every file gets a row:
-    one that is not a notebook is graded `error` with the reason; only hidden files and checkpoints are skipped."""
-    found, skipped = [], []
+def find_submissions(targets: list[str]) -> list[Path]:
+    """The files to grade in `targets`, files and folders (searched recursively). Every file gets a row: one that is
+    not a notebook is graded `error` with the reason; only hidden files and notebook checkpoints are passed over."""
+    found = []
     for target in map(Path, targets):
         if target.is_dir():
             for p in sorted(target.rglob("*")):
@@ -391,7 +391,7 @@ def find_submissions(targets: list[str]) -> tuple[list[Path], list[Path]]:
             found.append(target)
         else:
             raise SubmissionError(f"no such file or folder: {target}")
-    return found, skipped
+    return found
 
 
 def student_key(path: Path, exercise: str) -> tuple[str, str]:
@@ -573,10 +573,7 @@ def main(argv=None) -> int:
         ap.error("--resume needs --report")
     check_outputs(args.report, args.feedback)       # before any grading: a grade is never lost at the end
     course = load_course(args.solutions, args.practice)
-    paths, skipped = find_submissions(args.submissions)
-    if skipped:
-        print(f"note: {len(skipped)} file(s) that are not notebooks skipped: "
-              + ", ".join(str(p) for p in skipped[:10]) + (" ..." if len(skipped) > 10 else ""))
+    paths = find_submissions(args.submissions)
     if not paths:
         raise SubmissionError(f"no file to grade in {' '.join(args.submissions)}")
     if args.report is None and len(paths) == 1:

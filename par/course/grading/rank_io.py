@@ -1,8 +1,7 @@
 """The raw inputs and outputs of a real-rank exercise job: what lets the grader judge the ranks' numbers itself.
 
-A rank of a real-rank exercise (`exercise_ring`, `exercise_tp`, `exercise_alltoall`,
-`exercise_ring_attention`) imports the student's
-module, so anything that rank reports is the student's to write. The grader therefore trusts no result the
+A rank of a real-rank exercise (the runner modules `exercise_*` whose record names them: `par.course.grading.exercise`)
+imports the student's module, so anything that rank reports is the student's to write. The grader therefore trusts no result the
 ranks report. It draws the inputs itself, at random for this run, and judges the outputs itself:
 
     grader                                            every rank (`--io DIR`)
