@@ -364,6 +364,35 @@ def test_bubble_of_spans_matches_the_definition():
     assert sim.bubble_ratio(spans) == pytest.approx((2 * 4 - 4) / 4)
 
 
+def test_a_step_rebuilt_from_its_own_spans_is_the_step():
+    """`as_executed` replays the plan with each action's own cost and the time after it: fed a simulated step's
+    spans it gives that step back, on every clock; a rank that spends time between its actions delays the other."""
+    s = schedules.make("zb_h1", 3, 5)
+    t = sim.simulate(s, forward=[1.0, 1.2, 0.9], backward_input=[1.1, 1.0, 1.3], backward_weight=[0.7, 0.8, 0.6])
+    spans = [dict(x, cpu=x["end"] - x["start"], cpu_s=x["end"] - x["start"], ready=0.0) for x in t.spans]
+    for clock in ("wall", "steady", "cpu"):
+        again = sim.as_executed(spans, s, clock=clock)
+        assert again.bubble_fraction == pytest.approx(t.bubble_fraction) and again.makespan == pytest.approx(t.makespan)
+    busy = [dict(x, cpu_s=2 * (x["end"] - x["start"])) for x in spans]             # every action twice as costly
+    assert sim.as_executed(busy, s).makespan == pytest.approx(2 * t.makespan)
+    late = [dict(x, after_s={"cpu": 0.5 if x["rank"] == 0 else 0.0}) for x in spans]   # rank 0 idles 0.5 after each
+    slow = sim.as_executed(late, s)
+    assert slow.makespan > t.makespan and slow.bubble_fraction > t.bubble_fraction
+    with pytest.raises(ValueError, match="unknown clock"):
+        sim.as_executed(spans, s, clock="cuda")
+
+
+def test_replay_takes_each_actions_own_cost():
+    s = schedules.one_f_one_b(2, 3)
+    plan = p2p_plan.build(s)
+    same = sim.replay(plan, cost_of=lambda r, a: 1.0 if a.kind == "F" else 2.0)
+    assert same.makespan == pytest.approx(sim.simulate(s).makespan)
+    def cost(slow):
+        return lambda r, a: (3.0 if (r, str(a)) == slow else 1.0) if a.kind == "F" else 2.0
+    assert sim.replay(plan, cost_of=cost((0, "F0"))).makespan == pytest.approx(same.makespan + 2.0)  # all wait for it
+    assert sim.replay(plan, cost_of=cost((0, "F1"))).makespan == pytest.approx(same.makespan)   # 1F1B's slack takes it
+
+
 # ---------------------------------------------------------------- partitioning
 def test_partition_uniform_and_by_parameters():
     layers = build("tiny").to_layers()             # embedding, 4 blocks, head

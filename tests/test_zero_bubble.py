@@ -363,6 +363,9 @@ def test_the_square_timing_model_trains_equal_to_the_single_process_under_every_
     for r in res["runs"]:
         assert r["max_grad_diff"] <= 1e-6 and r["max_diff"] <= 1e-5 and r["max_loss_diff"] <= 1e-6, r["schedule"]
         assert r["bubble_formula"] is not None and 0 <= r["bubble"] < 1
+        assert 0 <= r["bubble_load_proof"] < 1 and 0 <= r["bubble_simulated"] < 1
+        assert len(r["bubble_load_proof_steps"]) == 3
+        assert all(set(s["after_s"]) == {"wall", "steady", "cpu"} for s in r["spans"] if s["lane"] == "compute")
 
 
 # ---------------------------------------------------------------- launched: equal to 1F1B on 2, 3, 4 ranks

@@ -22,13 +22,24 @@ parameters at the end (max_diff). The reference runs the batch in the pipeline's
 accumulates their gradients (loss_i / m), so it never holds more than one micro-batch's activations.
 
 Rank 0 saves {"world_size", "backend", "config", "runs": [...]}; each run follows the job result
-contract (losses, step_s, per_rank) and adds: schedule, m, v, dp, batch, micro_batch_size, text,
-bounds, spans (every action of the last timed step, wall clock, with its cost `cpu_s`: CPU time, on a GPU
-CUDA-event time, `par.pp.pipeline.ActionCosts`), bubble (median over the timed steps of the measured idle
-fraction) and bubble_steps, bubble_formula, costs (median `cpu_s` of each stage's forward and backward, for
-the simulator), action_costs (the same for F, B, I, W: the zero-bubble schedules split B), memory (per rank: activation peak, micro-batches in flight), bytes (per rank and step, by
-kind: pipeline sends, data-parallel gradients) and the max_*diff of --check; with --profile-dir, profile_traces:
-the torch.profiler traces of the first timed step, one per rank.
+contract (losses, step_s, per_rank) and adds: schedule, m, v, dp, batch, micro_batch_size, text, bounds,
+step_steady_s (the slowest rank's steady seconds per step, `par.measure.timed_step`), spans (every action of the
+last timed step, wall clock, with its cost `cpu_s`: CPU time, on a GPU CUDA-event time,
+`par.pp.pipeline.ActionCosts`, and `after_s`, what its rank spent before its next action without waiting,
+`Pipeline.after_s`), and three bubbles, each the median over the timed steps of idle / step time:
+
+    bubble              the executed timeline on the wall clock (bubble_steps: every step's)
+    bubble_load_proof   the step rebuilt from each rank's own CPU time, the waits for the other ranks replayed from
+                        the plan (`par.pp.sim.as_executed(..., clock="cpu")`; on a GPU the CUDA-event timeline
+                        itself); bubble_load_proof_steps: every step's
+    bubble_simulated    `par.pp.sim.simulate` with this run's median `cpu_s` of F, B, I, W on every stage
+
+beside bubble_formula (ZB-H1's with this run's median F, I, W) and bubble_replayed_wall (the last step rebuilt from
+its wall-clock durations, on the CPU: the executed bubble again when the run's waits were the plan's). costs and
+action_costs hold those medians over every timed step's actions (F and B; F, B, I, W), memory (per rank: activation peak,
+micro-batches in flight), bytes (per rank and step, by kind: pipeline sends, data-parallel gradients) and the
+max_*diff of --check; with --profile-dir, profile_traces: the torch.profiler traces of the first timed step, one
+per rank.
 """
 from __future__ import annotations
 
@@ -115,10 +126,16 @@ class RunResult(RunResult):
     median_step_s: float | None
     memory: list
     bubble_formula: float
+    step_steady_s: list | None = None
+    median_step_steady_s: float | None = None
     profile_traces: list | None = None
     spans: list | None = None
     bubble_steps: list | None = None
     bubble: float | None = None
+    bubble_load_proof_steps: list | None = None
+    bubble_load_proof: float | None = None
+    bubble_replayed_wall: float | None = None
+    bubble_simulated: float | None = None
     costs: dict | None = None
     action_costs: dict | None = None
     max_diff: float | None = None
@@ -251,7 +268,8 @@ def run_one(args, cfg, kind, m, env, warmup):
         engine, opt = None, make_optimizer(pipe.parameters(), "adam", args.lr)
     ref = Reference(args, cfg, env.device, args.dp * m) if args.check else None
     rec = Recorder()
-    losses, times, bubbles, steps_bytes, traces = [], [], [], [], []
+    losses, times, steadies, bubbles, proof_bubbles, steps_bytes, traces = [], [], [], [], [], [], []
+    timed_spans = []                                  # every timed step's compute spans (the costs' medians)
     loss_diff = grad_diff = 0.0
     for step, (x, y) in enumerate(batches(args, cfg, batch, warmup + args.steps)):
         x, y = x.to(env.device), y.to(env.device)
@@ -277,23 +295,30 @@ def run_one(args, cfg, kind, m, env, warmup):
             traces.append(str(trace.path))
         if timed:
             times.append(clock.seconds)
+            steadies.append(clock.steady_s)
             steps_bytes.append({k: e["bytes_sent"] for k, e in _bytes_by_tag(log).items()})
             if engine is None:
                 spans = _with_cpu(rec, pipe)
                 if spans is not None:
                     bubbles.append(pipeline_sim.bubble_fraction(spans))
+                    proof_bubbles.append(bubbles[-1] if env.device.type == "cuda" else     # the GPU's own time
+                                         pipeline_sim.as_executed(spans, sched, clock="cpu").bubble_fraction)
+                    timed_spans += [s for s in spans if s["lane"] == "compute"]
     diff = ref.max_diff(pipe.named_parameters(), grads=False) if ref is not None else None
-    mine = {"losses": losses, "times": times, "memory": pipe.memory, "diff": diff, "grad_diff": grad_diff,
-            "loss_diff": loss_diff, "bounds": pipe.bounds, "cpu_s": pipe.cpu_s,
+    mine = {"losses": losses, "times": times, "steady": steadies, "memory": pipe.memory, "diff": diff,
+            "grad_diff": grad_diff, "loss_diff": loss_diff, "bounds": pipe.bounds, "cpu_s": pipe.cpu_s,
             "bytes": steps_bytes[-1] if steps_bytes else {}, "traces": traces}
     parts = par.runtime.dist.gather_object(mine)
     if parts is None:
         return None
     step_s = slowest(p["times"] for p in parts)
+    step_steady_s = slowest(p["steady"] for p in parts)
     record = {"schedule": kind, "m": m, "v": sched.virtual, "dp": args.dp, "pp": pp, "batch": batch,
               "micro_batch_size": batch // (args.dp * m), "text": sched.text(), "bounds": parts[0]["bounds"],
               "losses": next((p["losses"] for p in parts if p["losses"]), []),   # from a last stage
               "step_s": step_s, "median_step_s": statistics.median(step_s) if step_s else None,
+              "step_steady_s": step_steady_s,
+              "median_step_steady_s": statistics.median(step_steady_s) if step_steady_s else None,
               "per_rank": [{k: p[k] for k in ("memory", "bytes", "cpu_s")} for p in parts],
               "memory": [p["memory"] for p in parts],
               "bubble_formula": pipeline_sim.bubble_formula(pp, m)}     # ZB-H1/ZB-V: theirs, below
@@ -303,10 +328,18 @@ def run_one(args, cfg, kind, m, env, warmup):
         record["spans"] = spans
         record["bubble_steps"] = bubbles
         record["bubble"] = statistics.median(bubbles) if bubbles else None
-        record["costs"] = dict(zip(("forward", "backward"), pipeline_sim.stage_costs(spans, sched, clock="cpu")))
-        record["action_costs"] = pipeline_sim.action_costs(spans, sched, clock="cpu")   # F, B, I, W per stage
+        record["bubble_load_proof_steps"] = proof_bubbles
+        record["bubble_load_proof"] = statistics.median(proof_bubbles) if proof_bubbles else None
+        if env.device.type != "cuda":      # the time between actions is the CPU's (a GPU's actions are its events)
+            record["bubble_replayed_wall"] = pipeline_sim.as_executed(spans, sched, clock="wall").bubble_fraction
+        costs = pipeline_sim.action_costs(timed_spans, sched, clock="cpu")     # F, B, I, W per stage
+        record["costs"] = {"forward": costs["F"], "backward": costs["B"]}
+        record["action_costs"] = costs
+        record["bubble_simulated"] = pipeline_sim.simulate(sched, forward=costs["F"], backward=costs["B"],
+                                                           backward_input=costs["I"],
+                                                           backward_weight=costs["W"]).bubble_fraction
         if kind in ("zb_h1", "zb_v", "dualpipe_v"):    # the schedule's own formula, with this run's F, I, W
-            f, i, w = (statistics.median(record["action_costs"][k]) for k in "FIW")
+            f, i, w = (statistics.median(costs[k]) for k in "FIW")
             record["bubble_formula"] = pipeline_sim.bubble_formula_of(kind, pp, m, f, i, w)
     if args.check:
         record.update({"max_diff": max(p["diff"] for p in parts), "max_grad_diff": max(p["grad_diff"] for p in parts),
@@ -325,14 +358,16 @@ def _bytes_by_tag(log) -> dict:
 
 
 def _with_cpu(rec: Recorder, pipe: Pipeline):
-    """The step's spans on rank 0 (None elsewhere), each compute span with its CPU seconds `cpu_s`."""
+    """The step's spans on rank 0 (None elsewhere), each compute span with its CPU seconds `cpu_s` and the steady
+    seconds its rank spent after it before its next action, not waiting, by clock (`after_s`, `Pipeline.after_s`)."""
     spans = rec.gather()
-    cpu = par.runtime.dist.gather_object(pipe.cpu_s)
+    own = par.runtime.dist.gather_object({"cpu_s": pipe.cpu_s, "after_s": pipe.after_s})
     if spans is None:
         return None
     for s in spans:
         if s["lane"] == "compute":
-            s["cpu_s"] = cpu[s["rank"]][s["name"]]
+            for key in ("cpu_s", "after_s"):
+                s[key] = own[s["rank"]][key][s["name"]]
     return spans
 
 

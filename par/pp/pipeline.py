@@ -43,7 +43,11 @@ A `par.timeline.Recorder` passed to `step` gets one span per action ("F3", "B3@1
 every rank (and, with `record_comm`, one "wait" span per blocking wait in lane "comm"); its
 `gather()` brings the timeline to rank 0. `cpu_s` holds what each action of the last step cost
 (`ActionCosts`): on the CPU its thread's CPU time (`time.thread_time()`), what the action cost when ranks
-share cores and wall time does not tell; on a GPU the seconds between CUDA events around it.
+share cores and wall time does not tell; on a GPU the seconds between CUDA events around it. `after_s` holds,
+for each action, what the rank spent from its end to the start of its next action less what it spent blocked
+waiting for a group (0 after the last), on the CPU clocks of `par.clock` ({"wall", "steady", "cpu"}): the time a
+rank spends between actions on its own (posting messages, Python), which `par.pp.sim.as_executed` adds back when
+it rebuilds the step from each rank's own time.
 """
 from __future__ import annotations
 
@@ -57,11 +61,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from par import clock
 from par.comm import collectives, commlog
 from par.memory.accounting import saved_tensors_seen
 from par.pp import partition, sim as pipeline_sim
 from par.pp.p2p_plan import Group, message_in
 from par.pp.schedules import Action, Schedule, from_lists, parse_action
+from par.timeline import Mark
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32]
 MAX_DIMS = 8
@@ -161,6 +167,7 @@ class Pipeline:
         self.memory = {}
         self.executed = []   # the last step's groups as posted: [[(kind, peer, message), ...], ...]
         self.cpu_s = {}      # the last step's cost per action (`ActionCosts`): {"F3": 0.012, ...}
+        self.after_s = {}    # the last step's seconds after each action, before the next, not waiting, by clock
 
     # ------------------------------------------------------------ bookkeeping
     @property
@@ -226,24 +233,41 @@ class Pipeline:
         run = _Step(self, split_microbatches(x, self.m), split_microbatches(y, self.m))
         span = recorder.span if recorder is not None else (lambda *a, **k: nullcontext())
         run.waiting = (lambda: span("wait", lane="comm")) if record_comm else nullcontext
+        done = None                                   # (the last action, the rank's clocks when it ended)
         with commlog.tag("pipeline"):
             for item in self.plan.ranks[self.rank]:
                 if isinstance(item, Group):
                     run.post(item)
                     continue
                 run.wait_for(item)
-                with span(str(item)), run.costs.action(str(item)):
+                start = recorder.mark() if recorder is not None else None
+                if done is not None:          # from the last action's span to this one's
+                    run.after(*done, _reading(start))
+                run.waited = (0.0, 0.0, 0.0)
+                with run.costs.action(str(item)):
                     {"F": run.forward, "B": run.backward, "I": run.backward_input, "W": run.backward_weight}[
                         item.kind](item)
+                end = recorder.mark() if recorder is not None else None
+                done = (str(item), _reading(end))
+                if recorder is not None:
+                    recorder.add(str(item), start, end)
             run.wait()
+        if done is not None:
+            run.after_s[done[0]] = {"wall": 0.0, "steady": 0.0, "cpu": 0.0}
         if run.saved or run.inbox or run.outbox or run.weights_owed:
             raise RuntimeError(f"rank {self.rank}: step ended with work left: saved {sorted(run.saved)}, "
                                f"weight gradients owed {sorted(run.weights_owed)}, "
                                f"unread messages {sorted(run.inbox)}, unsent {sorted(run.outbox)}")
         self.executed, self.cpu_s = run.executed, run.costs.seconds()
+        self.after_s = run.after_s
         if run.mem:
             self.memory = run.mem.summary()
         return float(run.loss) if run.loss is not None else None
+
+
+def _reading(mark) -> clock.Reading:
+    """The thread's clocks at a recorder's mark (a CPU `par.timeline.Mark`), else now (no recorder, a CUDA event)."""
+    return mark.reading if isinstance(mark, Mark) else clock.read()
 
 
 class _Step:
@@ -261,6 +285,8 @@ class _Step:
         self.in_flight = None             # (works, {message: buffer}, tensors sent) of the group posted last
         self.executed, self.costs = [], ActionCosts(pipe.device)
         self.waiting = nullcontext
+        self.waited = (0.0, 0.0, 0.0)     # (wall, cpu, ready) seconds in `wait` since the last action ended
+        self.after_s = {}                 # action -> {clock: seconds after it, before the next action, not waiting}
         self.loss = None
         self.mem = _MemoryMeter(pipe.parameters()) if pipe.track_memory else None
 
@@ -281,11 +307,22 @@ class _Step:
         if self.in_flight is None:
             return
         works, buffers, _ = self.in_flight
+        start = clock.read()
         with self.waiting():
             for work in works:
                 work.wait()
+        took = clock.since(start)
+        self.waited = (self.waited[0] + took.wall, self.waited[1] + took.cpu, self.waited[2] + took.ready)
         self.inbox.update(buffers)
         self.in_flight = None
+
+    def after(self, action: str, ended: clock.Reading, began: clock.Reading) -> None:
+        """Keep the seconds from `action`'s end to the next action's start, less those spent in `wait` for a group:
+        what this rank spent between two actions on its own (posting messages, Python), on the wall, steady and
+        CPU clocks."""
+        took, (wall, cpu, ready) = clock.between(ended, began), self.waited
+        self.after_s[action] = {"wall": max(0.0, took.wall - wall), "cpu": max(0.0, took.cpu - cpu),
+                                "steady": max(0.0, (took.wall - took.ready) - (wall - ready))}
 
     def wait_for(self, a) -> None:
         """Before action `a`: wait for the group in flight if it brings `a`'s input."""

@@ -18,6 +18,8 @@
 
 `simulate(schedule, forward, backward)` is the same replay with costs and returns the timeline
 (`backward_input`, `backward_weight`: the costs of I and W, by default half of `backward` each).
+`as_executed(spans, schedule)` replays an executed step with each action's own recorded cost and the time its
+rank spent between actions: the step on the load-proof clock.
 With equal costs f, b on every stage, GPipe and 1F1B both idle
 
     bubble = (p-1)/(m+p-1)      of the step (p stages, m micro-batches),
@@ -44,7 +46,7 @@ __all__ = ["ScheduleError", "check", "check_complete", "verified_plan", "replay"
            "zb_v_bubble_formula",
            "action_costs", "step_time_formula", "best_microbatches", "fit_step_time", "p2p_bytes_formula",
            "peak_in_flight_formula", "peak_in_flight", "peak_in_flight_per_rank", "peak_bytes_per_rank",
-           "step_time", "busy_times", "bubble_fraction", "bubble_ratio", "stage_costs"]
+           "step_time", "busy_times", "bubble_fraction", "bubble_ratio", "stage_costs", "as_executed"]
 
 
 # ---------------------------------------------------------------- formulas
@@ -324,9 +326,11 @@ def _partners(plan: Plan) -> dict:
 
 
 def replay(plan: Plan, forward=1.0, backward=2.0, latency: float = 0.0, backward_input=None,
-           backward_weight=None) -> Timeline:
+           backward_weight=None, cost_of=None, after_of=None) -> Timeline:
     """Run `plan` under NCCL's rule with per-stage `forward`/`backward` costs (numbers or lists, one per stage);
     `backward_input`/`backward_weight`, the costs of I and W, default to half of `backward` each.
+    `cost_of(rank, action)`, where given, is each action's own cost instead, and `after_of(rank, action)` the
+    seconds its rank spends after it before its next item, outside the span (`as_executed`).
 
     A group completes `latency` after the last of its peers posted the matching operations.
     Raises ScheduleError if the plan deadlocks, pairs messages wrongly, sends what was not
@@ -385,10 +389,10 @@ def replay(plan: Plan, forward=1.0, backward=2.0, latency: float = 0.0, backward
                         if not wait(r):
                             break
                     s = schedule.stage(r, x)
-                    end = clock[r] + cost[x.kind][s]
+                    end = clock[r] + (cost_of(r, x) if cost_of is not None else cost[x.kind][s])
                     spans.append({"rank": r, "name": str(x), "lane": "compute", "start": clock[r], "end": end,
                                   "stage": s, "microbatch": x.microbatch})
-                    clock[r] = end
+                    clock[r] = end + (after_of(r, x) if after_of is not None else 0.0)
                     out = message_out(schedule, r, x)
                     if out is not None:
                         have[r].add(out[0])
@@ -435,6 +439,43 @@ def simulate(schedule: Schedule, forward=1.0, backward=2.0, latency: float = 0.0
     check_complete(schedule)
     return replay(p2p_plan.build(schedule), forward, backward, latency, backward_input, backward_weight)
 
+
+def _steady(span: dict) -> float:
+    """A recorded span's steady seconds: wall less its run-queue wait, never below its CPU seconds (`par.clock`)."""
+    from par.clock import load_proof
+    return load_proof(span["end"] - span["start"], span.get("cpu", 0.0), span.get("ready", 0.0))
+
+
+def as_executed(spans: list[dict], schedule: Schedule, clock: str = "cpu") -> Timeline:
+    """An executed step (the spans `par.pp.job` gathers) rebuilt from what each rank spent itself: every action
+    at its own seconds on `clock`, and after it what its rank spent before its next action without waiting for
+    another rank (the span's `after_s[clock]`, recorded by `par.pp.pipeline.Pipeline.step`; 0 where a span has
+    none); the waits for the other ranks are the plan's, replayed under NCCL's rule (`replay`), each message
+    arriving the moment its group completes (no latency).
+
+    clock  "wall"    each span's start to end: rebuilds the recorded timeline itself (how close it comes checks
+                     that the waits were the plan's and the messages' own time small)
+           "steady"  each span less its run-queue wait (`par.clock`)
+           "cpu"     each action's own cost (`cpu_s`, `par.pp.pipeline.ActionCosts`): its thread's CPU time, on
+                     a GPU the time between CUDA events around it
+
+    On a busy CPU, "cpu" is the load-proof one: a rank kept from its core loses no CPU time, whether it waited in
+    the run queue (what "steady" takes out) or elsewhere (a span neither computing nor queued: wall − ready − cpu
+    > 0, which "steady" keeps), and the waits it caused on the other ranks are replayed from the others' own
+    times. Its `bubble_fraction` is the step's bubble on that clock."""
+    if clock not in ("wall", "steady", "cpu"):
+        raise ValueError(f"unknown clock {clock!r}: use 'wall', 'steady' or 'cpu'")
+    cost, after = {}, {}
+    for x in spans:
+        if x["lane"] == "compute":
+            key = (x["rank"], x["name"])
+            cost[key] = x["cpu_s"] if clock == "cpu" else x["end"] - x["start"] if clock == "wall" else _steady(x)
+            after[key] = (x.get("after_s") or {}).get(clock, 0.0)
+    check_complete(schedule)
+    return replay(p2p_plan.build(schedule), cost_of=lambda r, a: cost[(r, str(a))],
+                  after_of=lambda r, a: after[(r, str(a))])
+
+
 # ---------------------------------------------------------------- measures (simulated or recorded spans)
 def step_time(spans: list[dict], lane: str = "compute") -> float:
     """From the first span's start to the last span's end."""
@@ -470,7 +511,8 @@ def stage_costs(spans: list[dict], schedule: Schedule, clock: str = "wall") -> t
     `clock="wall"` uses each span's start and end; `clock="cpu"` the action's own cost (`cpu_s`, recorded
     by `par.pp.pipeline.ActionCosts`): on the CPU the time the rank's thread spent in it
     (`time.thread_time()`), which does not count the time a rank waited for a core when ranks share
-    cores; on a GPU the time between CUDA events around it. Feed them to
+    cores; on a GPU the time between CUDA events around it; `clock="steady"` the span less its run-queue
+    wait (`par.clock`: what it took on a core of its own; the span's duration on a GPU). Feed them to
     `simulate` to get the timeline the schedule would have with those costs and nothing else
     (no waiting for messages, no noise): simulated next to executed.
     """
@@ -483,13 +525,14 @@ def action_costs(spans: list[dict], schedule: Schedule, clock: str = "wall") -> 
     `simulate(forward=c["F"], backward=c["B"], backward_input=c["I"], backward_weight=c["W"])` replays
     the schedule with the measured costs. `clock` as in `stage_costs`."""
     from par.pp.schedules import parse_action
-    if clock not in ("wall", "cpu"):
-        raise ValueError(f"unknown clock {clock!r}: use 'wall' or 'cpu'")
+    if clock not in ("wall", "cpu", "steady"):
+        raise ValueError(f"unknown clock {clock!r}: use 'wall', 'cpu' or 'steady'")
     sums = {k: defaultdict(list) for k in KINDS}
     for x in spans:
         if x["lane"] == "compute":
             a = parse_action(x["name"])
-            sums[a.kind][schedule.stage(x["rank"], a)].append(x["cpu_s"] if clock == "cpu" else x["end"] - x["start"])
+            sums[a.kind][schedule.stage(x["rank"], a)].append(
+                x["cpu_s"] if clock == "cpu" else _steady(x) if clock == "steady" else x["end"] - x["start"])
 
     def median(xs):  # robust to an action that was descheduled half-way
         return statistics.median(xs) if xs else 0.0
