@@ -185,24 +185,58 @@ def test_speedups_compare_timed_rows_of_single_precision_with_their_ranks():
     assert layouts_matching_reference([{**rows[4], "max_param_diff": float("nan")}]) == []
 
 
-def test_predicted_step_times_are_calibrated_on_single():
-    """The planner's FLOP/s is single's (its ratio is 1); a row measured at its prediction has ratio 1, one twice
-    as slow 2; the planner's own time for a 2-rank DDP row is compute / 2 plus the all-reduce over the link."""
-    from par.train import planner
+CALIBRATION = {"ranks": 2, "threads_per_rank": 1, "cores": 2, "seconds": 1.0,
+               "gemms": [[128, 96, 32, 1, 2e-5], [32, 32, 8, 8, 1e-6], [128, 32, 32, 1, 5e-6], [128, 128, 32, 1, 2e-5],
+                         [128, 32, 128, 1, 2e-5], [128, 65, 32, 1, 1e-5]],
+               "null_block_s": 30 * 2e-5, "memory": [[3e6, 1e-3 + 3e-4, 3e-4]], "optimizer": [1e6, 28, 28e6 / 5e9],
+               "host_copy": [5e5, 8 * 5e5 / 4e9],
+               "collectives": {kind: [[2, s, a + s / 1e9] for s in (1e5, 1e6, 1e7)]
+                               for kind, a in (("all_reduce", 2e-4), ("reduce_scatter", 1e-4), ("all_gather", 1e-4),
+                                               ("p2p", 5e-5))}}
+
+
+def test_a_launchs_calibration_is_the_hardware_its_rows_are_predicted_on():
+    """What a launch measured (`par.train.calibration.measure`'s dict) becomes a Hardware: its GEMM table, launch
+    per operation (the null block over the operations the cost model charges a block), memory-bound and optimizer
+    bytes/s, the host copies, and each collective kind's own α and bandwidth fitted to its formula."""
+    from par.train import calibration
+    hw = calibration.hardware(CALIBRATION)
+    assert hw.launch == pytest.approx(2e-5 * 30 / calibration.launches_per_block())
+    assert calibration.launches_per_block() == 30        # 6 GEMMs and 4 memory-bound kinds, forward and backward
+    assert hw.hbm == pytest.approx(3e6 / 1e-3) and hw.optimizer_bw == pytest.approx(5e9)
+    assert hw.host_optimizer_bw == hw.optimizer_bw and hw.bw_host == pytest.approx(4e9)
+    link = hw.link(True)
+    for kind, alpha in (("all_reduce", 2e-4), ("reduce_scatter", 1e-4), ("p2p", 5e-5)):
+        steps, moved = cost.collective_terms(kind, 2, 1e6)
+        assert cost.collective_seconds(kind, 2, 1e6, link) == pytest.approx(alpha + 1e6 / 1e9, rel=1e-6), kind
+        assert link.of(kind).alpha == pytest.approx(alpha / steps, rel=1e-6)
+    with pytest.raises(ValueError, match="without 'gemms'"):
+        calibration.hardware({"ranks": 1})
+
+
+def test_predicted_step_times_predict_every_row_on_its_own_launchs_calibration():
+    """Every timed row, single included, is predicted on the Hardware its launch measured: single's ratio is a
+    measurement (here 1 only where the row took the predicted time), a row twice as slow as predicted has 2, and
+    the DDP row's prediction is the planner's on that Hardware; a row without a calibration is refused in one line."""
+    from par.train import calibration, planner
     from par.train.config import parse
     from par.train.suite import config_for, predicted_step_times
     rows = []
     for name in ("single", "DDP"):
         cfg, n = config_for(name, 2, {"preset": "tiny"}, 2, 3)
         rows.append({"name": name, "nproc": n, "config": cfg, "timed": True, "precision": "fp32",
-                     "grad_accum": parse(cfg, n).grad_accum, "median_step_s": 0.4})
-    first = predicted_step_times(rows)
-    assert first["single"] == {"predicted_s": pytest.approx(0.4), "measured_s": 0.4, "ratio": 1.0}
-    ddp = planner.from_config(parse(rows[1]["config"], 2), planner.HARDWARE["cpu"])
-    assert ddp.time["pp"] == 0.0 and ddp.time["dp"] > 0     # no pipeline, no pipeline traffic
-    assert first["DDP"]["predicted_s"] == pytest.approx(0.2 + ddp.time["dp"])
-    rows[1]["median_step_s"] = 2 * first["DDP"]["predicted_s"]
-    assert predicted_step_times(rows)["DDP"]["ratio"] == 2.0
+                     "grad_accum": parse(cfg, n).grad_accum, "median_step_s": 0.4,
+                     "calibration": {**CALIBRATION, "ranks": n}})
+    hw = calibration.hardware(CALIBRATION)
+    want = {r["name"]: planner.from_config(parse(r["config"], r["nproc"]), hw).time["total"] for r in rows}
+    rows[0]["median_step_s"] = want["single"]
+    rows[1]["median_step_s"] = 2 * want["DDP"]
+    got = predicted_step_times(rows)
+    assert got["single"]["predicted_s"] == pytest.approx(want["single"]) and got["single"]["ratio"] == 1.0
+    assert got["DDP"]["ratio"] == 2.0 and got["DDP"]["parts"]["dp"] > 0 and "pp" not in got["DDP"]["parts"]
+    del rows[1]["calibration"]
+    with pytest.raises(ValueError, match="'DDP' carries no calibration"):
+        predicted_step_times(rows)
 
 
 def test_single_is_launched_before_and_after_the_rows_and_keeps_its_faster_run(monkeypatch):

@@ -13,9 +13,11 @@ compute (`Compute`, a roofline per device)
     device reaches (calibrated on one published run per GPU type, `GPUS`). A measured `table` of
     (intensity, FLOP/s) points replaces η·min(P, I·B) by the points, interpolated in log-log (clamped at its ends):
     that is where lecture 10's roofline measurement on this machine goes (`gemm_table`). Memory-bound work
-    (LayerNorm, softmax, dropout, GeLU, residual adds, the optimizer step) takes launch + Q / (η·B). `Compute.flat(rate)` is one
-    achieved FLOP/s for every GEMM and nothing for the memory-bound work (what the planner did before the
-    roofline; the CPU preset still is, until it is measured).
+    (LayerNorm, softmax, dropout, GeLU, residual adds) takes launch + Q / (η·B), and the optimizer step
+    launch + Q / (η·B_opt), B_opt its own measured bytes/s where one is given (`optimizer_bandwidth`), else B.
+    `Compute.flat(rate)` is one achieved FLOP/s for every GEMM and nothing for the memory-bound work (what the
+    planner did before the roofline; the "cpu" preset still is: `par.train.calibration` measures this machine's
+    GEMMs, launch, bandwidths and collectives into a Hardware of its own).
 
     `layer_gemms` lists the GEMMs of one transformer block per micro-batch (QKV, attention scores, attention
     over V, output projection, MLP in, MLP out; the logits apart, `head_gemm`) with their shapes on one rank of
@@ -28,9 +30,13 @@ communication (`Link`: α + β·bytes, β = 1 / bandwidth, per direction and dev
     reduce-scatter         (n-1)·α + (n-1)/n · S·β
     all-gather             (n-1)·α + (n-1)/n · S·β
     all-to-all             (n-1)·α + (n-1)/n · S·β          (S: what one rank holds before and after)
-    send / receive         α + S·β
-    S is the whole buffer's bytes (for all-gather and all-to-all too: the gathered or exchanged total). `fitted_link`
-    makes a Link of measured all-reduces (lecture 00's, on this machine).
+    send / receive         α + S·β                          (p2p: one rank's send while it receives as much)
+    S is the whole buffer's bytes (for all-gather and all-to-all too: the gathered or exchanged total);
+    `collective_terms` gives each kind's (steps, bytes), the one home of this table. A Link may carry its own
+    (α, bandwidth) per collective kind (`Link.kinds`, measured: `fitted_link(samples, kind)` fits one kind's
+    measured calls to its own row of the table, `par.comm.collectives.fit_steps_bytes`), so a collective that
+    costs more than its formula's bytes on some backend (par's ring on gloo adds the received chunks on the CPU)
+    is charged what it was measured to cost; a kind without its own pair uses the Link's α and bandwidth.
 
 overlap (`exposed`)
     communication that runs beside computation costs only what the computation leaves:
@@ -51,7 +57,7 @@ pipelines (`pipeline_bubble`)
 
 GPU types (`GPUS`): A100, H100 and H200 rooflines from their datasheets (peak: `par.mfu.PEAK`), each η calibrated
 on one published run (`par.train.planner.calibrate`, par/train/published_runs.json): A100 0.7173 on Megatron-LM SC21
-Table 1's first row, H100 0.6384 on Llama 3 Table 4's first row, H200 the H100's (no H200 run is published here).
+Table 1's first row, H100 0.6554 on Llama 3 Table 4's first row, H200 the H100's (no H200 run is published here).
 """
 from __future__ import annotations
 
@@ -64,18 +70,22 @@ from dataclasses import dataclass, replace
 @dataclass(frozen=True)
 class Compute:
     """One device's roofline: peak matmul FLOP/s `peak`, memory bandwidth `bandwidth` (bytes/s), the fraction
-    `efficiency` (η) of both it reaches, `launch` seconds per operation, and optionally a measured `table` of
-    (intensity FLOP/byte, achieved FLOP/s) for GEMMs; `source` says where the numbers come from."""
+    `efficiency` (η) of both it reaches, `launch` seconds per operation, optionally a measured `table` of
+    (intensity FLOP/byte, achieved FLOP/s) for GEMMs and the optimizer step's own bytes/s `optimizer_bandwidth`
+    (0: the memory bandwidth); `source` says where the numbers come from."""
     peak: float
     bandwidth: float = math.inf
     efficiency: float = 1.0
     launch: float = 0.0
     table: tuple = ()
     source: str = ""
+    optimizer_bandwidth: float = 0.0
 
     def __post_init__(self):
-        if not (self.peak > 0 and self.bandwidth > 0 and 0 < self.efficiency <= 1 and self.launch >= 0):
-            raise ValueError(f"a Compute needs peak, bandwidth > 0, 0 < efficiency <= 1, launch >= 0: got {self}")
+        if not (self.peak > 0 and self.bandwidth > 0 and 0 < self.efficiency <= 1 and self.launch >= 0
+                and self.optimizer_bandwidth >= 0):
+            raise ValueError(f"a Compute needs peak, bandwidth > 0, 0 < efficiency <= 1, launch >= 0, "
+                             f"optimizer_bandwidth >= 0: got {self}")
         if any(i <= 0 or r <= 0 for i, r in self.table) or list(self.table) != sorted(self.table):
             raise ValueError(f"a GEMM table is (intensity, FLOP/s) pairs > 0, by rising intensity: {self.table}")
 
@@ -112,59 +122,107 @@ class Compute:
         """ops·launch + bytes / (η·B): memory-bound work that moves `nbytes` in `ops` kernels."""
         return ops * self.launch + nbytes / (self.efficiency * self.bandwidth)
 
+    def optimizer_seconds(self, nbytes: float) -> float:
+        """launch + bytes / (η·B_opt): an optimizer step that moves `nbytes` (`optimizer_bytes_per_param` × its
+        partition), B_opt = `optimizer_bandwidth` where measured, else the memory bandwidth."""
+        if nbytes == 0:
+            return 0.0
+        return self.launch + nbytes / (self.efficiency * (self.optimizer_bandwidth or self.bandwidth))
+
 
 # ---------------------------------------------------------------- communication: α + β·bytes
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "p2p")
+
+
 @dataclass(frozen=True)
 class Link:
-    """A link per device and direction: `bandwidth` bytes/s, `alpha` seconds per message step."""
+    """A link per device and direction: `bandwidth` bytes/s, `alpha` seconds per message step; `kinds`, where
+    measured, ((kind, alpha, bandwidth), ...): a collective kind's own pair, which replaces the Link's for it."""
     bandwidth: float
     alpha: float = 0.0
+    kinds: tuple = ()
 
     def __post_init__(self):
         if not (self.bandwidth > 0 and self.alpha >= 0):
             raise ValueError(f"a Link needs bandwidth > 0 and alpha >= 0: got {self}")
+        bad = [k for k in self.kinds if len(k) != 3 or k[0] not in COLLECTIVES or not (k[1] >= 0 and k[2] > 0)]
+        if bad:
+            raise ValueError(f"a Link's kinds are (collective, alpha >= 0, bandwidth > 0), collective one of "
+                             f"{', '.join(COLLECTIVES)}: got {bad}")
 
     def seconds(self, nbytes: float, steps: int = 1) -> float:
         """steps·α + bytes / bandwidth."""
         return steps * self.alpha + nbytes / self.bandwidth
 
+    def of(self, kind: str) -> "Link":
+        """The Link a collective of `kind` sees: its own measured (α, bandwidth) where `kinds` has them."""
+        for k, alpha, bandwidth in self.kinds:
+            if k == kind:
+                return Link(bandwidth, alpha)
+        return Link(self.bandwidth, self.alpha)
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "p2p")
 
-
-def collective_seconds(kind: str, n: int, nbytes: float, link: Link) -> float:
-    """Seconds of one collective of `nbytes` (the whole buffer) over n ranks (module docstring's table)."""
+def collective_terms(kind: str, n: int, nbytes: float) -> tuple[float, float]:
+    """(latency steps, bytes on each rank's link) of one collective of `nbytes` (the whole buffer) over n ranks:
+    the module docstring's table (all-reduce: `par.comm.collectives.all_reduce_formula_bytes`)."""
     if kind not in COLLECTIVES:
         raise ValueError(f"unknown collective {kind!r}: one of {', '.join(COLLECTIVES)}")
     if kind == "p2p":
-        return link.seconds(nbytes) if nbytes else 0.0
+        return (1, nbytes) if nbytes else (0, 0.0)
     if n <= 1 or nbytes == 0:
-        return 0.0
+        return 0, 0.0
     if kind == "all_reduce":
-        from par.comm.collectives import ring_all_reduce_time
-        return ring_all_reduce_time(nbytes, n, link.alpha, 1 / link.bandwidth)
-    return link.seconds((n - 1) / n * nbytes, steps=n - 1)
+        from par.comm.collectives import all_reduce_formula_bytes
+        return 2 * (n - 1), all_reduce_formula_bytes(nbytes, n)
+    return n - 1, (n - 1) / n * nbytes
 
 
-def fitted_link(samples) -> Link:
-    """The Link of measured ring all-reduces, (n, bytes, seconds) samples: α and 1/β fitted by
-    `par.comm.collectives.fit_alpha_beta` (lecture 00's measurement on this machine becomes data)."""
-    from par.comm.collectives import fit_alpha_beta
-    alpha, beta = fit_alpha_beta(samples)
+def collective_seconds(kind: str, n: int, nbytes: float, link: Link) -> float:
+    """Seconds of one collective of `nbytes` (the whole buffer) over n ranks: steps·α + bytes·β of
+    `collective_terms`, with the (α, β) of `link.of(kind)` (for an all-reduce `ring_all_reduce_time`)."""
+    steps, moved = collective_terms(kind, n, nbytes)
+    return link.of(kind).seconds(moved, steps) if steps else 0.0
+
+
+def fitted_link(samples, kind: str = "all_reduce") -> Link:
+    """The Link of measured collectives of one `kind`, (n, bytes, seconds) samples: α and 1/β fitted to the
+    kind's row of the table (`collective_terms`) by `par.comm.collectives.fit_steps_bytes` (for ring all-reduces
+    what `fit_alpha_beta` fits: lecture 00's measurement on this machine becomes data)."""
+    from par.comm.collectives import fit_steps_bytes
+    alpha, beta = fit_steps_bytes([(*collective_terms(kind, n, s), t) for n, s, t in samples
+                                   if collective_terms(kind, n, s)[0]])
     if beta <= 0:
-        raise ValueError("the samples fit no bandwidth (all latency): time larger all-reduces")
+        raise ValueError(f"the {kind} samples fit no bandwidth (all latency): time larger ones")
     return Link(1 / beta, alpha)
 
 
-def gemm_table(samples, e: int = 2) -> tuple:
+def fitted_links(samples: dict) -> Link:
+    """One Link of measured collectives of several kinds, {kind: [(n, bytes, seconds), ...]}: each kind with its
+    own fitted (α, bandwidth) in `kinds`; the Link's own pair is the all-reduce's (or the first kind's)."""
+    fits = {kind: fitted_link(rows, kind) for kind, rows in samples.items()}
+    if not fits:
+        raise ValueError("no measured collectives to fit a Link to")
+    base = fits.get("all_reduce", next(iter(fits.values())))
+    return Link(base.bandwidth, base.alpha, tuple((k, f.alpha, f.bandwidth) for k, f in fits.items()))
+
+
+def gemm_table(samples, e: int = 2, combine: str = "fastest") -> tuple:
     """A `Compute.table` from measured GEMMs, (m, n, k, seconds) samples (lecture 10's roofline on this machine):
-    ((intensity, FLOP/s), ...) by rising intensity, the fastest kept where two shapes share an intensity."""
-    best = {}
+    ((intensity, FLOP/s), ...) by rising intensity. Shapes that share an intensity (m, n, k in any order) keep
+    the fastest (`combine="fastest"`) or their FLOPs over their seconds together (`"mean"`: what a step that runs
+    them all gets)."""
+    if combine not in ("fastest", "mean"):
+        raise ValueError(f"combine must be 'fastest' or 'mean', got {combine!r}")
+    best, flops, secs = {}, {}, {}
     for m, n, k, seconds in samples:
         if seconds <= 0:
             raise ValueError(f"a GEMM {m}x{n}x{k} cannot take {seconds} s")
         intensity = 2 * m * n * k / (e * (m * k + k * n + m * n))
         best[intensity] = max(best.get(intensity, 0.0), 2 * m * n * k / seconds)
+        flops[intensity] = flops.get(intensity, 0.0) + 2 * m * n * k
+        secs[intensity] = secs.get(intensity, 0.0) + seconds
+    if combine == "mean":
+        return tuple(sorted((i, flops[i] / secs[i]) for i in flops))
     return tuple(sorted(best.items()))
 
 
@@ -197,6 +255,13 @@ class ModelDims:
     @property
     def kv_width(self) -> int:
         return self.kv_heads * self.head_dim
+
+    @property
+    def block_tensors(self) -> int:
+        """Parameter tensors of one block: 2 norms (weight, + bias for a LayerNorm), the attention's matrices (a
+        GPT's fused QKV and its projection; a Llama's q, k, v, o) and the MLP's, each with its bias if any."""
+        mats = (2 if self.biases else 4) + self.mlp_mats
+        return 2 * (2 if self.norm_params == 2 else 1) + mats * (2 if self.biases else 1)
 
 
 def dims_of(cfg) -> ModelDims:
@@ -316,6 +381,29 @@ def layer_seconds(compute: Compute, dims: ModelDims, b: int, s: int, tp: int = 1
     return LayerSeconds(forward, gemm_f + 2 * mem_s, gemm_f, again[recompute], gemm_f, mem_s)
 
 
+def gradient_buffers(psi: float, tensors: int, units: int, n: int, zero_stage: int, m: int, g: int = 2,
+                     w: int = 2) -> tuple[float, int]:
+    """(bytes, operations) of one step's memory-bound work on one rank's gradient and gathered-parameter
+    buffers, beside the GEMMs and the collectives, for Ψ = `psi` parameters in `tensors` tensors and `units`
+    flat units (ZeRO's), over n data-parallel ranks and m micro-batches, g and w bytes per gradient and weight:
+
+        ZeRO-0/1  each micro-batch after the first adds its gradients into the accumulated ones (autograd's
+                  AccumulateGrad: read both, write one): (m-1)·3g·Ψ bytes, one operation per tensor
+        ZeRO-2    per micro-batch: the units' flat buckets zeroed (g·Ψ), every gradient copied in (2g·Ψ), the
+                  reduced shard added into the partition (3g·Ψ/n): one operation per tensor, two per unit
+        ZeRO-3    ZeRO-2's, and per micro-batch two gathers of every unit (forward, backward), each writing the
+                  freshly allocated buffer (w·Ψ) and copying the rank's shard into it (2w·Ψ/n): one per unit
+
+    What `par.zero.engine` and `par.train.parallel3d` do (and, bucket for bucket, DeepSpeed's and FSDP's flat
+    buffers); Megatron-LM's fused accumulation into the weight-gradient GEMM would have none of ZeRO-0/1's."""
+    if zero_stage <= 1:
+        return (m - 1) * 3 * g * psi, (m - 1) * tensors
+    nbytes, ops = m * (3 * g * psi + 3 * g * psi / n), m * (tensors + 2 * units)
+    if zero_stage == 3:
+        nbytes, ops = nbytes + m * 2 * (w * psi + 2 * w * psi / n), ops + m * 2 * units
+    return nbytes, ops
+
+
 def optimizer_bytes_per_param(precision: str = "mixed", optimizer: str = "adam") -> int:
     """Bytes the optimizer step moves per parameter of its partition: every optimizer state read and written
     (K of `par.memory.accounting.bytes_per_param`, the fp32 master included), the fp32 weights too when they are
@@ -386,7 +474,7 @@ class GPU:
 # `par.train.planner.calibrate`): A100 on Megatron-LM SC21 Table 1's first row, H100 on Llama 3 Table 4's first
 # row; the H200 is the H100's chip with faster memory, so it keeps the H100's η until a run of its own calibrates it.
 A100_ETA = 0.7173
-H100_ETA = 0.6384
+H100_ETA = 0.6554
 GPUS = {
     "A100": GPU("A100-SXM4-80GB", Compute(312e12, 2.039e12, A100_ETA,
                                           source="peak: par.mfu.PEAK (A100 datasheet, dense bf16); HBM2e 2.039 TB/s "

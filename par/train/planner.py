@@ -44,12 +44,19 @@ step time (seconds), `par.train.cost`:
     bubble     m·(f + b)·r, r the schedule's bubble over compute for the busiest rank's per-micro-batch costs
                (`cost.pipeline_bubble`: 1F1B (p-1)/m, interleaved (p-1)/(v·m), ZB-H1 and ZB-V theirs)
     dp         the gradients over the dp·cp ranks (`zero_bytes_per_step`, + one more gather per micro-batch for
-               ZeRO-3 with full recomputation): ZeRO-0/1 one all-reduce, ZeRO-2 a reduce-scatter per micro-batch and
-               one all-gather, ZeRO-3 two all-gathers and a reduce-scatter per micro-batch; with overlap (bucketed
-               DDP, ZeRO-3 prefetch) hidden behind backward up to what it leaves, `cost.exposed`: ZeRO-0/1 behind the
-               last micro-batch's backward, ZeRO-2's reduce-scatters behind every backward, ZeRO-3 behind every
+               ZeRO-3 with full recomputation): ZeRO-0/1 one all-reduce (every unit in one coalesced ring), ZeRO-2
+               a reduce-scatter per unit and micro-batch and one all-gather, ZeRO-3 two all-gathers and a
+               reduce-scatter per unit and micro-batch (the units: the busiest rank's layers, embedding, blocks,
+               head, each its own collective, so each pays its α); with overlap (bucketed DDP, ZeRO-3 prefetch)
+               hidden behind backward up to what it leaves, `cost.exposed`: ZeRO-0/1 behind the last
+               micro-batch's backward, ZeRO-2's reduce-scatters behind every backward, ZeRO-3 behind every
                forward and backward
-    optimizer  the step's bytes (`cost.optimizer_bytes_per_param` × the partition) at the memory bandwidth
+    buffers    the gradient and gathered-parameter buffers (`cost.gradient_buffers`): ZeRO-0/1 accumulating each
+               micro-batch's gradients into the last's, ZeRO-2/3 copying them into the units' flat buckets and
+               adding the reduced shard, ZeRO-3 filling every gathered unit twice per micro-batch; at the memory
+               bandwidth, a launch per operation
+    optimizer  the step's bytes (`cost.optimizer_bytes_per_param` × the partition) at the optimizer's bytes/s
+               (`cost.Compute.optimizer_seconds`); with offload on the host, at `host_optimizer_bw`
     offload    gradient partition down, parameters up, over the host link (`par.zero.offload`)
     A group's link is the node's (NVLink) when its ranks fit in one node under the grid's layout
     rank = t + tp·(d + dp·s) (`par.runtime.grid`; cp beside tp), the network's otherwise; every link α + β·bytes.
@@ -63,15 +70,15 @@ gemm_table) or, with peak = 0, one flat FLOP/s for every GEMM (`flops`). HARDWAR
 Measured against published runs (`published_error()`, par/train/published_runs.json, tests/test_published_runs.py;
 TFLOP/s per GPU as each paper counts them, predicted / published − 1), η calibrated on one run per GPU type only:
     Megatron-LM SC21 Table 1, A100 (η = 0.717 from the 1.7B row, 137.0 / 137):
-        3.6B +1.6%   7.5B +4.0%   18.4B +6.9%   39.1B +1.9%   76.1B +10.4%
-        145.6B +5.8%   310.1B +8.4%   529.6B +6.9%   1008.0B +2.0%
-        predicted 137 → 166 as the model grows, published 137 → 163 (rank correlation held >= 0.8)
-    Megatron-LM SC21 Table 2: PTD-P rows +2.8% to +7.8%; ZeRO-3 rows +6.2% to +51.0% (the planner hides ZeRO-3's
+        3.6B +1.6%   7.5B +4.0%   18.4B +6.5%   39.1B +1.1%   76.1B +8.3%
+        145.6B +3.7%   310.1B +3.9%   529.6B +2.2%   1008.0B -2.5%
+        predicted 137 → 159 as the model grows, published 137 → 163 (rank correlation held >= 0.8)
+    Megatron-LM SC21 Table 2: PTD-P rows -1.5% to +3.4%; ZeRO-3 rows +4.0% to +47.8% (the planner hides ZeRO-3's
         gathers behind compute up to what compute leaves; at 384 and 640 GPUs, micro-batch 4, the paper measured
-        far less hidden: +41.1%, +51.0%)
+        far less hidden: +38.3%, +47.8%)
     Megatron-LM SC21 Figure 13 (162B on 64 A100s, (p, t) from (2, 32) to (32, 2)): (8, 8) ranked first at
         both batch sizes, as published
-    Llama 3 405B Table 4, H100 (η = 0.638 from row 1, 430 / 430): 16K GPUs DP128 -10.3%, CP16 at 131k tokens -0.4%
+    Llama 3 405B Table 4, H100 (η = 0.655 from row 1, 430 / 430): 16K GPUs DP128 -9.9%, CP16 at 131k tokens +1.1%
     memory: the ZeRO paper's Tables 1-2 to their printed digits, its bold cells where the states first fit 32 GB;
         DeepSpeed's estimate_zero2/3_model_states_mem_needs exactly (states="deepspeed"); every Megatron-LM and
         OPT-175B layout that ran fits its 80 GB; not resolved: Llama 3 405B without checkpointing (115 GB and
@@ -108,8 +115,12 @@ from par.runtime.grid import Layout, groups_in_node, layout_label
 class Hardware:
     """One device of a cluster and its links (bytes/s per device and direction). Compute: the roofline of `peak`
     matmul FLOP/s and `hbm` bytes/s reached at `efficiency`, `launch` seconds per kernel, an optional measured
-    `gemm_table` of (intensity, FLOP/s) (`par.train.cost.Compute`); with peak = 0, `flops` achieved FLOP/s for
-    every GEMM and memory-bound work free. Links: α `alpha_node` / `alpha_network` seconds per message step."""
+    `gemm_table` of (intensity, FLOP/s) and optimizer step's bytes/s `optimizer_bw` (0: the memory bandwidth)
+    (`par.train.cost.Compute`); with peak = 0, `flops` achieved FLOP/s for every GEMM and memory-bound work free.
+    Links: α `alpha_node` / `alpha_network` seconds per message step; `collectives`, where measured, each
+    collective kind's own (kind, α, bandwidth) inside the node (`par.train.cost.Link.kinds`). The host: `bw_host`
+    for offload's copies, `host_optimizer_bw` the bytes/s of the optimizer step offload runs there (inf: not
+    charged, the GPU presets state no host CPU)."""
     name: str = "A100-80GB"
     memory: float = 80e9
     flops: float = 150e12          # the flat rate (peak = 0): about half of the 312 TFLOP/s bf16 peak
@@ -124,17 +135,23 @@ class Hardware:
     gemm_table: tuple = ()         # measured ((intensity FLOP/byte, FLOP/s), ...), replaces the GEMM roofline
     alpha_node: float = 0.0        # seconds per message step inside a node
     alpha_network: float = 0.0     # and across nodes
+    optimizer_bw: float = 0.0      # the optimizer step's bytes/s on the device (0: `hbm`)
+    host_optimizer_bw: float = math.inf    # the optimizer step's bytes/s on the host, with offload (inf: free)
+    collectives: tuple = ()        # measured ((kind, alpha, bandwidth), ...) inside the node (`cost.Link.kinds`)
 
     @property
     def compute(self) -> cost.Compute:
         """The device's `par.train.cost.Compute`."""
         if self.peak <= 0:
-            return replace(cost.Compute.flat(self.flops), launch=self.launch, table=self.gemm_table)
-        return cost.Compute(self.peak, self.hbm, self.efficiency, self.launch, self.gemm_table)
+            return replace(cost.Compute.flat(self.flops), launch=self.launch, table=self.gemm_table,
+                           optimizer_bandwidth=self.optimizer_bw)
+        return cost.Compute(self.peak, self.hbm, self.efficiency, self.launch, self.gemm_table,
+                            optimizer_bandwidth=self.optimizer_bw)
 
     def link(self, inside_node: bool) -> cost.Link:
-        return cost.Link(self.bw_node, self.alpha_node) if inside_node else cost.Link(self.bw_network,
-                                                                                        self.alpha_network)
+        if inside_node:
+            return cost.Link(self.bw_node, self.alpha_node, self.collectives)
+        return cost.Link(self.bw_network, self.alpha_network)
 
 
 def gpu_hardware(gpu: str, network: float, gpus_per_node: int = 8, bw_host: float = 20e9, name: str = "") -> Hardware:
@@ -496,13 +513,16 @@ def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microba
     p2p_msg = msg / (tp if (w.scatter_gather or w.sequence_parallel) else 1)
     p2p = virtual * cost.collective_seconds("p2p", 2, p2p_msg, group_link("pp", lay_cp, hw)) if pp > 1 else 0.0
     costs = []
-    for _, blocks, _, has_head in ranks:
+    for _, blocks, has_embedding, has_head in ranks:
         f_c = blocks * layer.forward + (head_f if has_head else 0.0)
         i_c = blocks * (layer.backward_input + layer.recompute) + (head_f if has_head else 0.0)
         w_c = blocks * layer.backward_weight + (head_f if has_head else 0.0)
         comm_f, comm_b = blocks * (tp_f + cp_f) + p2p, blocks * (tp_b + cp_b) + p2p
-        costs.append((f_c + i_c + w_c + comm_f + comm_b, f_c, i_c, w_c, comm_f, comm_b, blocks))
-    _, f_c, i_c, w_c, comm_f, comm_b, blocks = max(costs)
+        units = blocks + has_embedding + has_head                   # ZeRO's units: the rank's layers
+        tensors = (blocks * dims.block_tensors + has_embedding * (1 + (dims.positions > 0))
+                   + has_head * ((2 if dims.norm_params == 2 else 1) + (not dims.tied or not has_embedding)))
+        costs.append((f_c + i_c + w_c + comm_f + comm_b, f_c, i_c, w_c, comm_f, comm_b, blocks, units, tensors))
+    _, f_c, i_c, w_c, comm_f, comm_b, blocks, units, tensors = max(costs)
     f, bwd = f_c + comm_f, i_c + w_c + comm_b
     ratio = cost.pipeline_bubble(schedule, pp, m, virtual, f, i_c + comm_b, w_c)
     t = {"compute": m * (f_c + i_c + w_c), "bubble": m * (f + bwd) * ratio,
@@ -521,18 +541,21 @@ def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microba
         plan.bytes["cp"] = m * blocks * cp_bytes
     plan.bytes["total"] = sum(plan.bytes.values())
     rs = functools.partial(cost.collective_seconds, n=group, nbytes=grads, link=dp_link)
-    if zero_stage <= 1:
+    per_unit = lambda kind: units * cost.collective_seconds(kind, group, grads / units, dp_link)  # noqa: E731
+    if zero_stage <= 1:                       # one coalesced ring of every unit's gradients (`par.comm.coalesced`)
         hidden, shown = rs("all_reduce"), 0.0
         behind = bwd
-    elif zero_stage == 2:
-        hidden, shown = m * rs("reduce_scatter"), rs("all_gather")
+    elif zero_stage == 2:                     # each unit reduce-scattered as backward completes it
+        hidden, shown = m * per_unit("reduce_scatter"), rs("all_gather")
         behind = m * bwd
-    else:
-        hidden, shown = m * ((3 if extra else 2) * rs("all_gather") + rs("reduce_scatter")), 0.0
+    else:                                     # each unit gathered and reduce-scattered on its own
+        hidden, shown = m * ((3 if extra else 2) * per_unit("all_gather") + per_unit("reduce_scatter")), 0.0
         behind = m * (f + bwd)
     t["dp"] = (cost.exposed(hidden, behind) if w.overlap else hidden) + shown
-    t["optimizer"] = 0.0 if offload else compute.memory_seconds(
-        cost.optimizer_bytes_per_param(w.precision, w.optimizer) * (psi / group if zero_stage >= 1 else psi))
+    buf_bytes, buf_ops = cost.gradient_buffers(psi, tensors, units, group, zero_stage, m, bp.grads, bp.weights)
+    t["buffers"] = compute.memory_seconds(buf_bytes, buf_ops) if buf_ops else 0.0
+    step_bytes = cost.optimizer_bytes_per_param(w.precision, w.optimizer) * (psi / group if zero_stage >= 1 else psi)
+    t["optimizer"] = step_bytes / hw.host_optimizer_bw if offload else compute.optimizer_seconds(step_bytes)
     t["offload"] = (bp.grads + bp.weights) * math.ceil(psi / dp) / hw.bw_host if offload else 0.0
     t["total"] = sum(t.values())
     plan.time = t
@@ -621,10 +644,12 @@ def largest_model(w: Workload, dp: int, pp: int, tp: int, zero_stage: int, micro
     return cfg, memory.param_count(cfg)
 
 
-def from_config(tc, hw: Hardware = Hardware()) -> Plan:
-    """The prediction for a `par.train.config.TrainConfig` (what `python -m par train` would run)."""
+def from_config(tc, hw: Hardware = Hardware(), overlap: bool = False) -> Plan:
+    """The prediction for a `par.train.config.TrainConfig` (what `python -m par train` would run); `overlap`:
+    its data-parallel communication runs beside backward (`Workload.overlap`)."""
     from par.train.config import model_config
-    w = Workload(model_config(tc), tc.train_batch_size, "fp32" if tc.precision == "fp32" else "mixed", tc.optimizer)
+    w = Workload(model_config(tc), tc.train_batch_size, "fp32" if tc.precision == "fp32" else "mixed", tc.optimizer,
+                 overlap=overlap)
     m = tc.grad_accum
     return predict(w, tc.dp, tc.pp, tc.tp, tc.zero_stage, m, hw, tc.offload)
 
@@ -858,7 +883,7 @@ def published_error(kind: str = "tflops_per_gpu") -> list[dict]:
         if kind not in run.get("published", {}):
             continue
         got, want = predicted_tflops(run), run["published"][kind]
-        rows.append({"run": run["id"], "where": f"{run['source']}, {run['where']}", "predicted": round(got, 1),
+        rows.append({"run": run["id"], "where": f"{run['source']}, {run['where']}", "predicted": round(got, 2),
                      "published": want, "error": round(got / want - 1, 4), "calibrates": run.get("calibrates", "")})
     return rows
 

@@ -10,6 +10,12 @@ the speed-up over `single`, average and peak memory per rank, bytes sent per ran
 (`par.comm.commlog`), beside the planner's prediction for the same config (`par.train.planner`); and the largest
 GPT-lite (same depth and heads, wider) whose predicted memory fits `--memory` bytes per device.
 
+Every timed launch first measures this machine (`par.train.calibration`: the rows' GEMMs, the per-operation
+launch cost, the memory-bound and optimizer bytes/s, the host copies and, on more than one rank, par's
+collectives), and each row keeps its launch's `calibration`: `predicted_step_times` predicts every timed row,
+single included, on the Hardware of its own launch (`calibrated`), so a ratio measured / predicted is a test of
+the planner on numbers it was not fitted to.
+
 What makes the timings honest:
 
 * every row pays the same per step: one loop (`par.train.loop`), the same micro-batch size, no activation meter in a
@@ -180,8 +186,10 @@ def launch_order(rows: dict) -> list[tuple[tuple[int, bool], list[str]]]:
 
 
 def launch_args(rows: dict, group: list[str]) -> job.Args:
-    """The arguments of `par.train.job` for one launch: every row's config, checked when the rows are."""
-    return job.Args(config=tuple(json.dumps(rows[name]["config"]) for name in group), check=rows[group[0]]["checked"])
+    """The arguments of `par.train.job` for one launch: every row's config, checked when the rows are, and a
+    launch of timed rows calibrated (`par.train.calibration`: the machine measured before its rows run)."""
+    return job.Args(config=tuple(json.dumps(rows[name]["config"]) for name in group), check=rows[group[0]]["checked"],
+                    calibrate=all(rows[name]["timed"] for name in group))
 
 
 def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: int = 2, steps: int = 6,
@@ -194,7 +202,8 @@ def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
     Single's launch runs first and again last (`launch_order`), and single keeps the faster of its two runs
     (both medians in `reference_medians`): other programs on the machine only ever slow a run down, so a burst
     of load during the reference's launch would make every row look faster than it is; the faster run is the
-    nearer to single's time on a machine of its own, and a speed-up can only come out lower for it.
+    nearer to single's time on a machine of its own, and a speed-up can only come out lower for it. Each row
+    keeps the `calibration` its launch measured (single: that of the run it keeps).
     `strict`: raise `BenchmarkError` at the first row that cannot run instead of recording it in the row."""
     from par.runtime.launch import LaunchError, run
     rows = plan_rows(names, nproc, preset, micro_batch, steps, timing_slots(backend, nproc), model, check, memory,
@@ -222,7 +231,11 @@ def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
             for name in group:
                 rows[name]["error"] = e.root_cause
             continue
+        got = dict(got)
+        calibration = got.pop("calibration", None)
         runs = got["runs"] if "runs" in got else [got]
+        if calibration is not None:
+            runs = [{**r, "calibration": calibration} if "error" not in r else r for r in runs]
         for name, measured in zip(group, runs):
             if "error" in measured:      # a configuration this device cannot run (fp16 without fp16 kernels)
                 rows[name]["skipped"] = measured["error"]
@@ -277,30 +290,36 @@ def speedups(rows: list[dict]) -> dict:
             for name, r in ran.items() if r["timed"] and r["precision"] == ran["single"]["precision"]}
 
 
-def calibrated(rows: list[dict], hardware: str = "cpu") -> planner.Hardware:
-    """`hardware` with its FLOP/s set to what `single` achieved here: the planner's FLOPs of single's step
-    (`planner.step_flops`) over its measured median step time. The planner's links stay `hardware`'s."""
-    single = next(r for r in measured(rows) if r["name"] == "single")
-    tc = parse(plain(single["config"]), single["nproc"])
-    w = planner.Workload(model_config(tc), tc.train_batch_size, "fp32", tc.optimizer)
-    return replace(planner.HARDWARE[hardware], flops=planner.step_flops(w) / single["median_step_s"])
+def calibrated(row: dict, hardware: str = "cpu") -> planner.Hardware:
+    """The Hardware a row is predicted on: what its own launch measured on this machine
+    (`par.train.calibration.hardware` of the row's `calibration`), memory and links between nodes `hardware`'s."""
+    from par.train import calibration
+    if not row.get("calibration"):
+        raise ValueError(f"row {row['name']!r} carries no calibration: run it with par.train.suite.run_suite "
+                         f"(its timed launches measure this machine first)")
+    return calibration.hardware(plain(row["calibration"]), hardware)
 
 
 def predicted_step_times(rows: list[dict], hardware: str = "cpu") -> dict:
-    """{row: {"predicted_s", "measured_s", "ratio": measured / predicted}} for the timed rows of single's
-    precision: the planner's step time (`planner.from_config`: compute / N, the bubble, the bytes over the
-    links, nothing overlapped) on `calibrated(rows, hardware)`, so single's ratio is 1 by construction and the
-    others test how the planner shares the work out and what it charges for communication."""
+    """{row: {"predicted_s", "measured_s", "ratio": measured / predicted, "parts": the prediction's seconds by
+    part}} for every timed row of single's precision, single included: the planner's step time
+    (`planner.from_config`) on the Hardware its own launch measured (`calibrated`), data-parallel communication
+    overlapped with backward only where the engine overlaps (ZeRO-3 with prefetch) and a core is free for it
+    (ranks < the machine's cores)."""
     sp = speedups(rows)
     if not sp:
         return {}
-    hw = calibrated(rows, hardware)
     out = {}
     for r in measured(rows):
         if r["name"] in sp:
-            t = planner.from_config(parse(plain(r["config"]), r["nproc"]), hw).time["total"]
+            tc = parse(plain(r["config"]), r["nproc"])
+            cal = plain(r.get("calibration") or {})
+            overlap = tc.prefetch and tc.zero_stage == 3 and r["nproc"] < cal.get("cores", r["nproc"])
+            plan = planner.from_config(tc, calibrated(r, hardware), overlap=overlap)
+            t = plan.time["total"]
             out[r["name"]] = {"predicted_s": t, "measured_s": r["median_step_s"],
-                              "ratio": round(r["median_step_s"] / t, 3)}
+                              "ratio": round(r["median_step_s"] / t, 3),
+                              "parts": {k: v for k, v in plan.time.items() if k != "total" and v > 0}}
     return out
 
 
