@@ -48,6 +48,7 @@ def test_pipeline_equals_single_process(run):
     assert set(res) == expected_cases(p)
     for name, r in res.items():
         assert r["grad"] <= 1e-5, (name, r["grad"])
+        assert r.get("grad_whole_batch", 0.0) <= 1e-5 and ("grad_whole_batch" in r or name == "dp2 x pp2"), name
         assert r["loss"] <= 1e-5, (name, r["loss"])
         assert r["param"] <= 1e-5, (name, r["param"])
         assert len(r["losses"]) == 3 or name == "dp2 x pp2", name   # the last stage reported every step's loss
@@ -175,6 +176,9 @@ def test_a_pipeline_step_reports_each_actions_cost():
     pipe = Pipeline(build(cfg, seed=3).to_layers(), schedules.gpipe(1, 2), lm_loss)
     pipe.step(x, y)
     assert set(pipe.cpu_s) == {"F0", "F1", "B0", "B1"} and all(s > 0 for s in pipe.cpu_s.values())
+    assert set(pipe.after_s) == set(pipe.cpu_s) and pipe.after_s["B1"] == {"wall": 0.0, "steady": 0.0, "cpu": 0.0}
+    assert all(0 <= t[c] for t in pipe.after_s.values() for c in ("wall", "steady", "cpu"))   # the time between actions
+    assert all(t["cpu"] <= t["wall"] + 1e-3 for t in pipe.after_s.values())
 
 
 @pytest.mark.gpu

@@ -249,7 +249,8 @@ def reap_main(cmd: list[str]) -> int:
     code = child.wait()
     reap_orphans()
     if code < 0:                                   # killed by a signal: die by it too, as the launcher expects
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):    # neither can be given a handler (EINVAL)
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code if code >= 0 else 128 - code
 
