@@ -23,7 +23,7 @@ list twice (forward, then reversed). A layout's throughput is its fastest timed 
 disturbed estimate of what the layout can do.
 
 When. `par.course.grading.grade` calls `measured()` before any submission of the batch runs (its
-its record's `prepare`), so no student's kernel or process shares the cores with the measurement; the check cells then
+record's `prepare`), so no student's kernel or process shares the cores with the measurement; the check cells then
 find it cached, and every student is ranked on the same numbers. Anything else measures on its first call.
 
 The judgement (`check_fastest`): the student's layout, if it fits, is within BAND of the measured best
