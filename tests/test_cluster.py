@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from tiers import slow
 
-from par.runtime.launch import MultiNode, MultiNodeError
+from par.runtime.multinode import MultiNode, MultiNodeError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,7 +91,7 @@ def test_train_with_nodes_refuses_bad_input_in_one_line(args, says):
 
 def test_the_slurm_template_runs_the_printed_command_on_every_node(tmp_path):
     """configs/slurm/train.sbatch under fake `scontrol`/`srun`: it checks the config, then starts on every node
-    exactly the torchrun command of par.runtime.launch.MultiNode."""
+    exactly the torchrun command of par.runtime.multinode.MultiNode."""
     for tool, body in (("scontrol", 'printf "gpu-a\\ngpu-b\\n"'), ("srun", 'printf "%s\\n" "$@" > "$SRUN_ARGS"')):
         (tmp_path / tool).write_text(f"#!/bin/sh\n{body}\n")
         (tmp_path / tool).chmod(0o755)

@@ -807,18 +807,23 @@ def test_the_ledger_keeps_every_record_sent_and_no_more_connections(tmp_path):
     from par.course.grading import ledger
     book = ledger.Ledger(tmp_path, 3)
 
-    def rank(r, records, hello=True):
+    def rank(r, records, hello=True, may_be_dropped=False):
         s = socket.socket(socket.AF_UNIX)
         s.connect(str(ledger.path(tmp_path)))
-        if hello:
-            s.sendall(ledger.HELLO.pack(r))
-        for rec in records:
-            s.sendall(ledger.RECORD.pack(*rec))
+        try:
+            if hello:
+                s.sendall(ledger.HELLO.pack(r))
+            for rec in records:
+                s.sendall(ledger.RECORD.pack(*rec))
+        except (BrokenPipeError, ConnectionResetError):
+            if not may_be_dropped:
+                raise
         return s
     a = rank(0, [(1, 2, 3), (4, 5, 6)])
     b = rank(1, [(7, 8, 9)])
     a.sendall(ledger.RECORD.pack(10, 11, 12))          # later: kept; what was sent cannot be taken back
-    c = rank(1, [(0, 0, 0)])                            # a second connection naming rank 1: spoils rank 1
+    # a second connection naming rank 1 spoils rank 1; the ledger may hang up on it before its record is sent
+    c = rank(1, [(0, 0, 0)], may_be_dropped=True)
     time.sleep(0.3)
     with pytest.raises(OSError):                       # three connections made: the ledger takes no more
         rank(2, [(1, 1, 1)])

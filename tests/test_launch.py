@@ -23,7 +23,7 @@ import pytest
 from tiers import slow
 
 from par.runtime import agent as agent_module
-from par.runtime import launch, procs, zygote
+from par.runtime import failure, launch, procs, zygote
 from par.runtime.preflight import BackendError
 
 WORKER = str(Path(__file__).parent / "workers" / "launch_modes.py")
@@ -174,11 +174,11 @@ def test_ranks_do_not_outlive_a_killed_starter(starter):
     ranks, agent = [], []
     while len(ranks) < 2 and time.monotonic() < deadline:   # both ranks started; their parent is the starter
         time.sleep(0.5)
-        ranks = [p for p in procs.descendants(os.getpid()) if launch.rank_number(p, launch._environ(p)) is not None]
+        ranks = [p for p in procs.descendants(os.getpid()) if launch.rank_number(p, procs.environ(p)) is not None]
         agent = sorted({procs.parent_of(p) for p in ranks})
     assert len(agent) == 1 and len(ranks) == 2, "the job did not start within 90 s"
     assert starter.encode() in open(f"/proc/{agent[0]}/cmdline", "rb").read() or \
-        launch._comm(agent[0]) == zygote.AGENT_NAME, "the ranks' parent is not the process that starts them"
+        procs.comm(agent[0]) == zygote.AGENT_NAME, "the ranks' parent is not the process that starts them"
     time.sleep(2)   # let the launcher see the ranks once
     os.kill(agent[0], signal.SIGKILL)
     t.join(60)
@@ -298,7 +298,7 @@ def test_a_gloo_job_forks_its_ranks_and_they_are_found_by_name(monkeypatch):
     again = launch.run(WORKER, nproc=2, args=["ok"], timeout=120, quiet=True)     # the same zygote forks its agent
     assert {r["parent"] for r in result["ranks"] + again["ranks"]} == {zygote.AGENT_NAME}, "no agent of the zygote"
     grandparents = {r["grandparent"] for r in result["ranks"] + again["ranks"]}
-    assert len(grandparents) == 1 and launch._comm(grandparents.pop()) == zygote.NAME
+    assert len(grandparents) == 1 and procs.comm(grandparents.pop()) == zygote.NAME
 
 
 # ---------------------------------------------------------------- torchrun's report, read back (no launch)
@@ -329,28 +329,28 @@ def test_the_cause_leads_not_its_consequences():
     reset = "RuntimeError: [gloo/pair.cc:537] Read error: Connection reset by peer. GLHF"
     # torchrun saw rank 0's connection error first; rank 2 really failed
     lines = traceback_of(0, reset) + traceback_of(2, "KeyError: 'w'") + report((0, 1), (2, 1), (1, -15))
-    head, ranks, crashed, _ = launch.describe_failure(lines)
+    head, ranks, crashed, _ = failure.describe_failure(lines)
     assert (head, ranks, crashed) == ("rank 2 failed: KeyError: 'w'", [2], False)
     # a rank killed from outside is the cause, whatever the others said afterwards
     lines = traceback_of(0, reset) + report((0, 1), (1, -9), (2, -15))
-    head, ranks, crashed, _ = launch.describe_failure(lines)
+    head, ranks, crashed, _ = failure.describe_failure(lines)
     assert head.startswith("rank 1 was killed by SIGKILL") and ranks == [1] and crashed
 
 
 def test_exception_line_skips_the_source_line_and_markers():
     said = ["Traceback (most recent call last):\n", '  File "a.py", line 1, in f\n', "    x = y[0]\n",
             "        ~^^^\n", "IndexError: list index out of range\n"]
-    assert launch.exception_line(said) == "IndexError: list index out of range"
-    assert launch.exception_line(["no traceback here\n"]) is None
+    assert failure.exception_line(said) == "IndexError: list index out of range"
+    assert failure.exception_line(["no traceback here\n"]) is None
 
 
 def test_where_a_rank_was():
     waiting = [("/v/torch/distributed/c10d.py", 10, "wait"), ("/w/par/comm/collectives.py", 112, "all_reduce"),
                ("/w/job.py", 46, "main"), ("/w/job.py", 60, "<module>")]
-    assert launch.where(waiting) == (True, "waiting in all_reduce at job.py:46")
-    assert launch.where([("/w/job.py", 44, "compute"), ("/w/job.py", 60, "<module>")]) == \
+    assert failure.where(waiting) == (True, "waiting in all_reduce at job.py:46")
+    assert failure.where([("/w/job.py", 44, "compute"), ("/w/job.py", 60, "<module>")]) == \
         (False, "busy in compute at job.py:44")
-    assert launch.where([])[0] is False
+    assert failure.where([])[0] is False
 
 
 def test_the_agents_report_reads_back_as_torchruns():
@@ -363,10 +363,10 @@ def test_the_agents_report_reads_back_as_torchruns():
         return SimpleNamespace(rank=r, exit_seen_at=seen, proc=SimpleNamespace(returncode=code, pid=100 + r))
     text = agent.report("par.comm.job", [rank(0, -15, 12.0), rank(2, 1, 10.0), rank(3, -9, 11.0)])
     lines = [line + "\n" for line in text.splitlines()]
-    assert launch.failures(lines) == [{"rank": 2, "exitcode": 1}, {"rank": 0, "exitcode": -15},
+    assert failure.failures(lines) == [{"rank": 2, "exitcode": 1}, {"rank": 0, "exitcode": -15},
                                       {"rank": 3, "exitcode": -9}]
-    assert [f["rank"] for f in launch.cause_first(launch.failures(lines), lines)] == [3, 2, 0]
-    assert launch.left_early(lines, 4) == [1]
+    assert [f["rank"] for f in failure.cause_first(failure.failures(lines), lines)] == [3, 2, 0]
+    assert failure.left_early(lines, 4) == [1]
     assert "exitcode  : -15 (pid: 100) (SIGTERM)" in text and "Signal 15 (SIGTERM) received by PID 100" in text
 
 

@@ -34,7 +34,7 @@ ends (`procs.reap_orphans`), so nothing of a job outlives it with parent 1.
 
 Why the agent exists: torchrun's agent imports torch before it starts a rank, on the critical path of every
 launch, and the test suite and the grader launch several hundred jobs. Several nodes, restarts and rendezvous
-backends stay torchrun's (`par.runtime.launch.run(max_restarts=...)`, `MultiNode`).
+backends stay torchrun's (`par.runtime.launch.run(max_restarts=...)`, `par.runtime.multinode.MultiNode`).
 """
 from __future__ import annotations
 

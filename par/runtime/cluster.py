@@ -11,7 +11,7 @@ Nothing is created outside the namespaces this module names (`<prefix>-h0`, `<pr
 deleting them deletes every link and address.
 
 `Cluster.run(target, args)` starts one torchrun per host, exactly the command of
-`par.runtime.launch.MultiNode` (c10d rendezvous at h0, `--local-addr` the host's address, gloo bound to
+`par.runtime.multinode.MultiNode` (c10d rendezvous at h0, `--local-addr` the host's address, gloo bound to
 eth0 with GLOO_SOCKET_IFNAME), streams every line prefixed with its host, and returns what rank 0
 saved. Ranks of one host talk over that host's own stack (loopback), ranks of different hosts
 over the shaped links: the bandwidth hierarchy of a real cluster.
@@ -39,7 +39,8 @@ import threading
 import time
 
 from par.runtime import lifeline
-from par.runtime.launch import MultiNode, describe_failure, signal_name
+from par.runtime.failure import describe_failure, signal_name
+from par.runtime.multinode import MultiNode
 
 PREFIX = "parc"                  # every namespace this module creates starts with it
 SUBNET = "10.213.0"              # host i is SUBNET.(i+1); only inside our namespaces

@@ -157,7 +157,7 @@ class Watch:
         return bool(waited) and spun and len(idle) >= self.nproc or self.waiting_for_gone()
 
     def confirmed(self, places: dict[int, tuple[bool, str]]) -> bool:
-        """Whether the stacks the ranks gave (`places`: {rank: launch.where(stack)}) make `hung` a hang: a stopped
+        """Whether the stacks the ranks gave (`places`: {rank: par.runtime.failure.where(stack)}) make `hung` a hang: a stopped
         rank, or every rank idle; else every idle rank waits in a collective and a rank is gone or one that is
         busy is outside a collective (it spins). When they do not, `hung` stays quiet for hang_s."""
         idle = self.idle()
@@ -177,7 +177,7 @@ def describe(stopped: dict[int, float], idle: dict[int, float], places: dict[int
              vanished: dict[int, float] | None = None, busy: dict[int, float] | None = None,
              files: dict[int, tuple[int, int]] | None = None) -> tuple[str, list[int]]:
     """(one line, [culprit ranks]) of a hung job, from `Watch.stopped()`, `Watch.idle()`, `places`:
-    {rank: launch.where(its stack)} of the ranks that answered, `Watch.vanished()` and `Watch.busy()`.
+    {rank: par.runtime.failure.where(its stack)} of the ranks that answered, `Watch.vanished()` and `Watch.busy()`.
 
     The culprits are the stopped ranks, else the ranks that are gone, else the ranks that have used up their file
     descriptors (`files`: {rank: (open, limit)}, `exhausted`: a rank that can open no socket or file waits for ever
@@ -218,6 +218,6 @@ def exhausted(files: dict[int, tuple[int, int]], margin: int = 8) -> list[int]:
 
 
 def _last(text: str) -> str:
-    """', last in step at job.py:12' for launch.where's 'busy in step at job.py:12' (a hung rank is rarely busy);
+    """', last in step at job.py:12' for par.runtime.failure.where's 'busy in step at job.py:12' (a hung rank is rarely busy);
     ' (no stack: ...)' when it could not say."""
     return f", last {text[len('busy '):]}" if text.startswith("busy in ") else f" ({text})"

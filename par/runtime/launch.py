@@ -41,14 +41,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
 from par.runtime import agent, hang, lifeline, procs, zygote
+from par.runtime.failure import (PEER_GONE, describe_failure, describe_unfinished, failures, left_early, main_stack,
+                                 rank_lines, signal_name, where)
 
 EXIT_GRACE_S = 10.0              # a starter that closed its output must exit within the timeout and this
 STACK_SIGNAL = signal.SIGUSR1     # "print your stack": par.runtime.dist.init registers faulthandler for it
-COMM_FILES = ("torch/distributed/", "par/comm/collectives.py", "par/comm/coalesced.py", "par/comm/thread.py",
-              "par/runtime/nccl_emulation.py", "par/runtime/dist.py")
 
 
 class LaunchError(RuntimeError):
@@ -96,175 +95,14 @@ def agent_command(target: str, nproc: int, args=(), port: int | None = None, for
             f"--master-port={port or free_port()}", *program, *map(str, args)]
 
 
-# ---------------------------------------------------------------- reading what the ranks said
-PREFIX = re.compile(r"^\[default(\d+)\]:(?:\[rank\d+\]: ?)?")
-
-
-def rank_lines(lines: list[str], rank: int | None = None) -> list[str]:
-    """What `rank` (None: any rank) printed, prefixes removed (the agent and torchrun write `[defaultN]:`, torch adds
-    `[rankN]: `)."""
-    out = []
-    for line in lines:
-        m = PREFIX.match(line)
-        if m and (rank is None or int(m.group(1)) == rank):
-            out.append(line[m.end():])
-    return out
-
-
-def failures(lines: list[str]) -> list[dict]:
-    """torchrun's failure report (the agent prints the same), root cause first: [{rank, exitcode}] (empty when it
-    printed none)."""
-    text = "".join(lines)
-    found = []
-    for section in (r"Root Cause \(first observed failure\):(.*?)(?:={10,}|$)", r"Failures:(.*?)-{10,}"):
-        m = re.search(section, text, re.S)
-        if m:
-            for rank, code in re.findall(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", m.group(1), re.S):
-                if int(rank) not in [f["rank"] for f in found]:
-                    found.append({"rank": int(rank), "exitcode": int(code)})
-    return found
-
-
-def exception_line(said: list[str]) -> str | None:
-    """`Type: message` of the last Python traceback in a rank's output (None without one)."""
-    starts = [i for i, line in enumerate(said) if line.startswith("Traceback (most recent call last)")]
-    if not starts:
-        return None
-    block = said[starts[-1]:]
-    frames = [i for i, line in enumerate(block) if line.startswith('  File "')]
-    i = (frames[-1] + 1) if frames else 1
-    while i < len(block) and block[i].startswith(" "):   # the frame's source line and its ^^^ markers
-        i += 1
-    return block[i].strip() if i < len(block) else None
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused")
-
-
-def cause_first(found: list[dict], lines: list[str]) -> list[dict]:
-    """torchrun's failures reordered so the cause leads, not its consequences: a rank killed by a
-    signal the launcher did not send (SIGTERM is how the agent and torchrun stop the others), then a rank with an
-    exception of its own, then ranks that only saw a peer vanish (gloo's connection errors)."""
-    def rank_of(f):
-        if f["exitcode"] < 0:
-            return 0 if -f["exitcode"] != signal.SIGTERM else 3
-        exc = exception_line(rank_lines(lines, f["rank"])) or ""
-        return 2 if any(p in exc for p in PEER_GONE) else 1
-    return sorted(found, key=rank_of)   # stable: torchrun's order within a kind
-
-
-def left_early(lines: list[str], nproc: int) -> list[int]:
-    """The ranks of a failed job that exited with code 0: absent from torchrun's failure report, which lists every
-    rank that failed or that it stopped."""
-    failed = {f["rank"] for f in failures(lines)}
-    return [r for r in range(nproc) if r not in failed] if failed else []
-
-
-def describe_failure(lines: list[str]) -> tuple[str, list[int], bool, str]:
-    """(first line naming the root cause, [rank], crashed, details) of a job that exited non-zero."""
-    found = cause_first(failures(lines), lines)
-    if not found:   # torchrun failed by itself, or printed no report: the last traceback anyone printed
-        exc = exception_line(rank_lines(lines)) or exception_line(lines)
-        return (exc or "the job failed without a traceback"), [], False, "".join(lines[-40:])
-    rank, code = found[0]["rank"], found[0]["exitcode"]
-    said = rank_lines(lines, rank)
-    exc = exception_line(said)
-    if code < 0 and exc is None:
-        head = (f"rank {rank} was killed by {signal_name(-code)} (signal {-code}) without a Python exception; "
-                f"the others were then stopped")
-        return head, [rank], True, f"rank {rank}'s last output:\n" + "".join(said[-30:])
-    refused = [l.strip() for l in said if l.startswith("error: ")]
-    if exc is None and refused:        # a job that refused its input (`SystemExit("error: ...")`): that line
-        return f"rank {rank}: {refused[-1]}", [rank], False, f"rank {rank}'s last output:\n" + "".join(said[-30:])
-    if exc is None:
-        return (f"rank {rank} exited with code {code} without a Python traceback", [rank], False,
-                f"rank {rank}'s last output:\n" + "".join(said[-30:]))
-    start = max(i for i, l in enumerate(said) if l.startswith("Traceback (most recent call last)"))
-    died = f" (then died by {signal_name(-code)})" if code < 0 else ""
-    return (f"rank {rank} failed: {exc}{died}", [rank], code < 0,
-            f"rank {rank}'s traceback:\n" + "".join(said[start:][:80]))
-
-
-def main_stack(said: list[str]) -> list[tuple[str, int, str]]:
-    """The main thread's frames (file, line, function), innermost first, from the last faulthandler dump.
-
-    faulthandler lists the threads newest first, so the main thread is the last block of a dump."""
-    heads = [i for i, line in enumerate(said) if re.match(r"(Current thread|Thread) 0x[0-9a-f]+", line)]
-    if not heads:
-        return []
-    frames = []
-    for line in said[heads[-1] + 1:]:
-        m = re.match(r'\s+File "(.*)", line (\d+) in (.*)', line)
-        if not m:
-            break
-        frames.append((m.group(1), int(m.group(2)), m.group(3).strip()))
-    return frames
-
-
-def where(frames: list[tuple[str, int, str]]) -> tuple[bool, str]:
-    """(waiting in a collective?, 'all_reduce at job.py:46') for one rank's main-thread stack."""
-    def comm(frame):
-        return any(part in frame[0].replace(os.sep, "/") for part in COMM_FILES)
-    if not frames:
-        return False, "no stack (it had not reached par.runtime.dist.init)"
-    inner = 0
-    while inner < len(frames) and comm(frames[inner]):
-        inner += 1
-    if inner == 0:
-        file, line, fn = frames[0]
-        return False, f"busy in {fn} at {os.path.basename(file)}:{line}"
-    called = frames[inner - 1][2]
-    if inner == len(frames):
-        return True, f"waiting in {called}"
-    file, line, fn = frames[inner]
-    return True, f"waiting in {called} at {os.path.basename(file)}:{line}"
-
-
-def describe_unfinished(lines: list[str], ranks: list[int], stopped=()) -> str:
-    """'ranks 0, 1 did not finish: rank 1 busy in main at job.py:44; rank 0 waiting in all_reduce at job.py:46'.
-
-    A rank in `stopped` (SIGSTOP) cannot print its stack: it is said to be stopped."""
-    if not ranks:
-        return "no rank process was left (the process that started them did not finish)"
-    status = {r: (False, "is stopped (SIGSTOP: process state T)") if r in stopped else
-              where(main_stack(rank_lines(lines, r))) for r in ranks}
-    busy = [f"rank {r} {text}" for r, (waiting, text) in status.items() if not waiting]
-    waiting = [f"rank {r} {text}" for r, (waiting, text) in status.items() if waiting]
-    who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
-    return f"{who} did not finish: " + "; ".join(busy + waiting)
-
-
 # ---------------------------------------------------------------- the job's ranks among its processes
-def _environ(pid: int) -> dict:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return dict(item.split("=", 1) for item in f.read().decode(errors="replace").split("\0") if "=" in item)
-    except OSError:
-        return {}
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def rank_number(pid: int, environ: dict) -> int | None:
     """The rank process `pid` (whose /proc environment is `environ`) is, or None: a RANK in its environment (a
     fresh interpreter, torchrun's or the agent's), else its process name `par-rank<N>` (forked by the agent, it
     shows the agent's environment)."""
     if environ.get("RANK", "").isdigit() and environ.get("TORCHELASTIC_RUN_ID"):
         return int(environ["RANK"])
-    name = _comm(pid)
+    name = procs.comm(pid)
     number = name[len(agent.RANK_NAME):]
     return int(number) if name.startswith(agent.RANK_NAME) and number.isdigit() else None
 
@@ -274,7 +112,7 @@ def _rank_pids(proc) -> dict[int, int]:
     agent (or torchrun) that are a rank (`rank_number`); a rank's own children come after it and are not."""
     ranks = {}
     for pid in procs.descendants(proc.pid):
-        if (rank := rank_number(pid, _environ(pid))) is not None:
+        if (rank := rank_number(pid, procs.environ(pid))) is not None:
             ranks.setdefault(rank, pid)
     return ranks
 
@@ -446,88 +284,3 @@ def _start(cmd: list[str], env: dict):
             return forked
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True, bufsize=1, preexec_fn=lifeline.dies_with_parent(signal.SIGTERM))
-
-
-# ---------------------------------------------------------------- several nodes
-class MultiNodeError(ValueError):
-    """A multi-node description that cannot work: one line naming the fix."""
-
-
-@dataclass(frozen=True)
-class MultiNode:
-    """A job on `nnodes` machines with `nproc_per_node` ranks each, meeting at `rdzv_endpoint`.
-
-    With the c10d rendezvous (the default) every node runs the SAME command:
-
-        torchrun --nnodes=N --nproc-per-node=K --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT
-                 --rdzv-id=ID --max-restarts=0 -m par.measure.X ...
-
-    The agents meet at a TCP store served by the node at HOST, which numbers the nodes in the
-    order they arrive. With `rdzv_backend="static"` each node is told its place instead
-    (`--node-rank=i --master-addr=HOST --master-port=PORT`: the same command but for i), and the
-    job starts only when all N have come. Either way torchrun numbers the ranks node by node:
-    WORLD_SIZE = N·K, the K ranks of one node are consecutive (RANK = node · K + LOCAL_RANK),
-    LOCAL_WORLD_SIZE = K, and MASTER_ADDR/MASTER_PORT point at rank 0's store. A job reads only
-    these (`par.runtime.dist.init`), so it runs unchanged on one node or many.
-    """
-    nnodes: int
-    nproc_per_node: int
-    rdzv_endpoint: str               # HOST:PORT of the rendezvous (node rank 0)
-    rdzv_id: str = "par"
-    rdzv_backend: str = "c10d"       # or "static": node ranks given, not assigned
-    max_restarts: int = 0            # never a silent second try (see run())
-
-    def __post_init__(self):
-        for name in ("nnodes", "nproc_per_node"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise MultiNodeError(f"{name} must be a positive integer, got {v!r}")
-        if self.rdzv_backend not in ("c10d", "static"):
-            raise MultiNodeError(f"rdzv_backend must be 'c10d' or 'static', got {self.rdzv_backend!r}")
-        host, _, port = self.rdzv_endpoint.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise MultiNodeError(f"rdzv_endpoint must be HOST:PORT (e.g. node0:29500), got {self.rdzv_endpoint!r}")
-
-    @property
-    def world_size(self) -> int:
-        return self.nnodes * self.nproc_per_node
-
-    @property
-    def host(self) -> str:
-        return self.rdzv_endpoint.rpartition(":")[0]
-
-    def ranks_of(self, node: int) -> list[int]:
-        """The global ranks on the node that is `node`-th in the rendezvous: consecutive."""
-        return list(range(node * self.nproc_per_node, (node + 1) * self.nproc_per_node))
-
-    def torchrun_args(self, node_rank: int) -> list[str]:
-        """torchrun's options for node `node_rank` (without the program)."""
-        if not 0 <= node_rank < self.nnodes:
-            raise MultiNodeError(f"node_rank must be in 0..{self.nnodes - 1}, got {node_rank}")
-        common = [f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}"]
-        if self.rdzv_backend == "static":
-            host, _, port = self.rdzv_endpoint.rpartition(":")
-            meet = [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}"]
-        else:
-            meet = ["--rdzv-backend=c10d", f"--rdzv-endpoint={self.rdzv_endpoint}", f"--rdzv-id={self.rdzv_id}"]
-        return [*common, *meet, f"--max-restarts={self.max_restarts}"]
-
-    def command(self, target: str, args=(), node_rank: int = 0, torchrun=("torchrun",)) -> list[str]:
-        """The exact command to type on node `node_rank` (`torchrun`: how to call torchrun there)."""
-        program = [target] if target.endswith(".py") else ["-m", target]
-        return [*torchrun, *self.torchrun_args(node_rank), *program, *map(str, args)]
-
-    def commands(self, target: str, args=(), torchrun=("torchrun",)) -> list[list[str]]:
-        """One command per node, node rank 0 first."""
-        return [self.command(target, args, i, torchrun) for i in range(self.nnodes)]
-
-    def describe(self, target: str, args=()) -> str:
-        """The per-node commands as text to copy onto each machine."""
-        import shlex
-        how = ("every node runs the same command; the rendezvous numbers the nodes as they arrive"
-               if self.rdzv_backend == "c10d" else "each node is told its node rank")
-        lines = [f"# {self.nnodes} nodes × {self.nproc_per_node} ranks = world {self.world_size}; rendezvous at "
-                 f"{self.rdzv_endpoint} ({self.rdzv_backend}: start it on that host; {how}). On each node:"]
-        for i, cmd in enumerate(self.commands(target, args)):
-            lines.append(f"node {i} (ranks {self.ranks_of(i)[0]}-{self.ranks_of(i)[-1]}): {shlex.join(cmd)}")
-        return "\n".join(lines)

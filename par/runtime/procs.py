@@ -51,6 +51,24 @@ def state(pid: int) -> str | None:
     return fields[0] if fields else None
 
 
+def environ(pid: int) -> dict:
+    """The environment `pid` started with ({} when /proc does not say)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return dict(item.split("=", 1) for item in f.read().decode(errors="replace").split("\0") if "=" in item)
+    except OSError:
+        return {}
+
+
+def comm(pid: int) -> str:
+    """The process name of `pid` (its /proc comm: what `prctl(PR_SET_NAME)` set), "" when gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def parent_of(pid: int) -> int | None:
     return stat_field(pid, 4)
 

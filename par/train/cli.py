@@ -7,7 +7,7 @@ degrees do not divide, a missing file or a backend this machine lacks raises its
 `par.train.job` runs on `--nproc` ranks through `par.runtime.launch.run`, and its result is printed as one row.
 
 On several machines (`--nnodes M --rdzv-endpoint HOST:PORT`): check the config for the whole world of
-`--nproc` ranks, then print the torchrun command each node runs (`par.runtime.launch.MultiNode`); nothing starts
+`--nproc` ranks, then print the torchrun command each node runs (`par.runtime.multinode.MultiNode`); nothing starts
 here (`configs/slurm/train.sbatch` runs them under Slurm).
 """
 from __future__ import annotations
@@ -95,7 +95,7 @@ def available_host_memory() -> int:
 
 def print_nodes(args) -> int:
     """`--nnodes N`: check the config for the whole world, then print the command each node runs."""
-    from par.runtime.launch import MultiNode, MultiNodeError
+    from par.runtime.multinode import MultiNode, MultiNodeError
     if args.nproc % args.nnodes:
         raise ConfigError(f"--nproc {args.nproc} ranks do not split over --nnodes {args.nnodes}: "
                           f"give --nproc a multiple of --nnodes (ranks in all, e.g. --nproc {2 * args.nnodes})")

@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 import par.runtime.dist  # noqa: E402
 from par.comm import collectives as C  # noqa: E402
-from par.runtime import launch, procs  # noqa: E402
+from par.runtime import procs  # noqa: E402
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
@@ -46,7 +46,7 @@ def main(mode: str) -> None:
         mine = {"rank": env.rank, "local_rank": env.local_rank, "world_size": env.world_size,
                 "backend": env.backend, "device": str(env.device), "pid": os.getpid(),
                 "env": {k: os.environ.get(k) for k in TORCHRUN_VARS},
-                "comm": launch._comm(os.getpid()), "parent": launch._comm(os.getppid()), "grandparent": procs.parent_of(os.getppid())}
+                "comm": procs.comm(os.getpid()), "parent": procs.comm(os.getppid()), "grandparent": procs.parent_of(os.getppid())}
         par.runtime.dist.save_result({"ranks": par.runtime.dist.gather_object(mine)})
     elif mode == "raise":
         if env.rank == 1:
