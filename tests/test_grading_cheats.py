@@ -245,6 +245,19 @@ def test_cleanup_never_changes_a_host_file_through_a_link(tmp_path):
     assert stat.S_IMODE(host.stat().st_mode) == 0o600 and host.read_text() == "the grader's"
 
 
+def test_cleanup_never_changes_the_folders_parent(tmp_path):
+    """The parent of a work folder (/tmp, where the graders' folders live) keeps its mode, whatever removing the
+    folder runs into: here a folder already gone, for which rmtree reports the folder itself."""
+    parent = tmp_path / "tmp"
+    parent.mkdir()
+    parent.chmod(0o1777)
+    sandbox.remove(parent / "par-grade-gone")
+    (parent / "work" / "locked").mkdir(parents=True)
+    (parent / "work" / "locked").chmod(0o500)
+    sandbox.remove(parent / "work")
+    assert not (parent / "work").exists() and stat.S_IMODE(parent.stat().st_mode) == 0o1777
+
+
 # ---- the grader's memory, whatever the student sends ---------------------------------------------------------
 
 FLOOD = '''

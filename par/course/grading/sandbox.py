@@ -362,11 +362,15 @@ def sweep() -> list[Path]:
 
 def remove(path: Path) -> None:
     """Remove a work folder whatever the submission left in it (read-only folders included). A mode is changed
-    only on what is in the folder, never through a link the submission made (it may point at a host file)."""
+    only on what is in the folder, never through a link the submission made (it may point at a host file), and
+    never on the folder's own parent (/tmp, say)."""
+    top = os.path.abspath(path)
+
     def unlock(func, p, _):
         try:
             for q in (os.path.dirname(p), p):
-                if not os.path.islink(q):
+                inside = os.path.commonpath([top, os.path.abspath(q)]) == top
+                if inside and not os.path.islink(q):
                     os.chmod(q, 0o700)
             func(p)
         except OSError:
