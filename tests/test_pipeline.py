@@ -48,7 +48,8 @@ def test_pipeline_equals_single_process(run):
     assert set(res) == expected_cases(p)
     for name, r in res.items():
         assert r["grad"] <= 1e-5, (name, r["grad"])
-        assert r.get("grad_whole_batch", 0.0) <= 1e-5 and ("grad_whole_batch" in r or name == "dp2 x pp2"), name
+        if name != "dp2 x pp2":
+            assert r["grad_whole_batch"] <= 1e-5, (name, r["grad_whole_batch"])
         assert r["loss"] <= 1e-5, (name, r["loss"])
         assert r["param"] <= 1e-5, (name, r["param"])
         assert len(r["losses"]) == 3 or name == "dp2 x pp2", name   # the last stage reported every step's loss

@@ -189,8 +189,8 @@ def fitted_link(samples, kind: str = "all_reduce") -> Link:
     kind's row of the table (`collective_terms`) by `par.comm.collectives.fit_steps_bytes` (for ring all-reduces
     what `fit_alpha_beta` fits: lecture 00's measurement on this machine becomes data)."""
     from par.comm.collectives import fit_steps_bytes
-    alpha, beta = fit_steps_bytes([(*collective_terms(kind, n, s), t) for n, s, t in samples
-                                   if collective_terms(kind, n, s)[0]])
+    terms = [(*collective_terms(kind, n, s), t) for n, s, t in samples]
+    alpha, beta = fit_steps_bytes([(steps, moved, t) for steps, moved, t in terms if steps])
     if beta <= 0:
         raise ValueError(f"the {kind} samples fit no bandwidth (all latency): time larger ones")
     return Link(1 / beta, alpha)
