@@ -19,6 +19,7 @@ tests below name the defence each trick meets, and fail when it is removed:
     an iopub flood, a 256 MB reply                      kernel.MAX_MESSAGE, MAX_QUEUED, standins.MAX_REPLY
     an answer zmq dropped, noticed at once              kernel._Probe (the same test)
     an honest answer too large to read                 codec._MAX_VALUES, counted in the kernel
+    two grading threads reading par's source at once    generate.parse_python / source_of, one lock
 """
 import json
 import os
@@ -329,3 +330,44 @@ def test_the_twins_stubbed_do_not_depend_on_what_the_grader_imported_before():
             "print(('par.pp.schedules', 'one_f_one_b_actions') in references.answers_of(tg.solution('03_pipelines')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stdout[-1000:] + out.stderr[-2000:]
+
+
+def test_two_grading_threads_read_source_without_the_ast_recursion_error():
+    """CPython 3.11 keeps one recursion counter for building Python AST objects, shared by all threads: a
+    thread switch in the middle (a finalizer run by the collector) made a check fail with "SystemError: AST
+    constructor recursion depth mismatch" when one grading thread stubbed par's twins while another read a
+    class's source (inspect parses its module). Every parse the grader does goes through one lock."""
+    import inspect
+    import json.decoder
+    import threading
+    from par.course.authoring.generate import parse_python, source_of
+    classes = [json.decoder.JSONDecoder, json.decoder.JSONDecodeError]
+    text, errors = inspect.getsource(json.decoder), []
+
+    class Finalized:
+        def __del__(self):
+            sum(range(50))
+
+    def garbage():
+        for _ in range(200):
+            g = Finalized()
+            g.cycle = g
+
+    def reads(work):
+        try:
+            for _ in range(100):
+                work()
+                garbage()
+        except SystemError as e:
+            errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=reads, args=(lambda: [source_of(c) for c in classes],)),
+                   threading.Thread(target=reads, args=(lambda: parse_python(text),))]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[0]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import inspect
 import os
 import re
 import shutil
@@ -325,7 +326,7 @@ def record(root: Path = ROOT, names=()) -> int:
     return 0
 
 
-_PARSE_LOCK = threading.Lock()
+_PARSE_LOCK = threading.RLock()
 
 
 def parse_python(source: str) -> ast.Module:
@@ -334,6 +335,13 @@ def parse_python(source: str) -> ast.Module:
     constructor recursion depth mismatch"."""
     with _PARSE_LOCK:
         return ast.parse(source)
+
+
+def source_of(obj) -> str:
+    """`inspect.getsource(obj)` under parse_python's lock: for a class, inspect finds its lines by parsing the
+    whole module with `ast.parse`."""
+    with _PARSE_LOCK:
+        return inspect.getsource(obj)
 
 
 def defined_names(source: str) -> frozenset:

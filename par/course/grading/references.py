@@ -39,7 +39,7 @@ import threading
 from pathlib import Path
 
 from par.course.grading import exercise, sandbox
-from par.course.authoring.generate import parse_python
+from par.course.authoring.generate import parse_python, source_of
 
 from par.runtime.paths import ROOT
 
@@ -115,8 +115,7 @@ def _answers_of(reference) -> list[tuple[str, str]]:
 def _callees(obj) -> set:
     """The functions and classes of par that the source of `obj` (a function, a class: all its methods) names."""
     try:
-        tree = parse_python(inspect.cleandoc("\n" + inspect.getsource(obj)) if not inspect.ismodule(obj)
-                            else inspect.getsource(obj))      # one thread at a time (parse_python)
+        tree = parse_python(inspect.cleandoc("\n" + source_of(obj)) if not inspect.ismodule(obj) else source_of(obj))
     except (OSError, TypeError, SyntaxError):
         return set()
     if inspect.ismodule(obj):       # a module: only what it calls when it is imported (decorators included)
