@@ -112,6 +112,22 @@ def test_the_roofline_measures_this_device():
     assert roofline.attainable(roofline.ridge_point(p, b) / 2, p, b) == pytest.approx(p / 2)
 
 
+def test_the_matmul_roof_is_the_fastest_size(monkeypatch):
+    """P is the best square matmul over the sizes tried, not the rate at one size: a matmul whose matrices fit the
+    cache runs faster per FLOP, and a roof measured at 1024 alone had a block's matmul at 1.15× it."""
+    from par.device import roofline
+    seconds = {256: 2 * 256 ** 3 / 150e9, 512: 2 * 512 ** 3 / 140e9, 1024: 2 * 1024 ** 3 / 120e9}
+    timed = []
+
+    def fastest(fn, device, repeats, warmup=2):
+        timed.append(fn().shape[0])         # the size of the matmul timed
+        return seconds[timed[-1]]
+    monkeypatch.setattr(roofline, "SIZES", {"cpu": (256, 512, 1024), "cuda": (4096, 8192)})
+    monkeypatch.setattr(roofline, "_fastest_seconds", fastest)
+    assert roofline.matmul_flops_per_s("cpu") == pytest.approx(150e9)
+    assert timed == [256, 512, 1024]
+
+
 def test_bench_mfu_runs_the_three_variants_on_the_cpu(tmp_path, capsys):
     from par.device import bench
     threads = torch.get_num_threads()

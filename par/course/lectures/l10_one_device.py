@@ -16,7 +16,7 @@ def launches(W, backend, preset, steps):
 
 
 KEY_NUMBERS = [
-    Key("the roof: matmul rate, one thread (GFLOP/s)", "2n³ / t, n = 1024, fastest of 9, steady clock",
+    Key("the roof: matmul rate, one thread (GFLOP/s)", "2n³ / t, the fastest n of 256–1024, fastest of 9, steady clock",
         "matmul_gflops_cpu"),
     Key("the roof: copy bandwidth, one thread (GB/s)", "2·2 MiB / t, steady clock", "copy_gb_per_s_cpu"),
     Key("ridge point (FLOP/byte)", "P / B", "ridge_flops_per_byte_cpu"),
