@@ -21,6 +21,8 @@ busy loops, 41 and 223 of 400 spans of 1.4 ms of matmuls, in two runs, were char
 wall time). A span cannot have waited longer than it did not compute, so `steady` never goes below the thread's
 CPU seconds: steady = max(cpu, wall − ready), at most wall.
 
+What it counts that is no mechanism's: the kernel's work on the thread's behalf, above all faulting in (and
+zeroing) the pages of memory the allocator handed back; ranks keep the memory they free (`par.runtime.heap`).
 What it does not remove by itself: a wait on another thread or another rank that was itself kept from its core
 (rank A's receive lasts as long as rank B's delayed send). Where the code knows it waits, `Waiting` reads the
 run-queue wait of what it waits for (the communication thread; the job's other ranks on this machine, `watch`),

@@ -265,17 +265,17 @@ def test_the_grade_command_refuses_bad_usage(tmp_path, monkeypatch, capsys):
 
 def test_answer_modules_load_with_collectives_off_and_calls_counted(tmp_path, monkeypatch):
     import torch.distributed as dist
-    from par.course.grading import answers
+    from par.course.grading import guards
     (tmp_path / "mine.py").write_text("import torch.distributed as dist\n\ndef ring(t):\n    dist.all_reduce(t)\n")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(answers.AnswerError, match="run the exercise's %%writefile cell first"):
-        answers.load("missing.py")
-    module = answers.load("mine.py")
-    with answers.forbidden(answers.COLLECTIVES, "build it from sends and receives"):
-        with pytest.raises(answers.AnswerError, match="your code called torch.distributed.all_reduce: build it"):
+    with pytest.raises(guards.AnswerError, match="run the exercise's %%writefile cell first"):
+        guards.load("missing.py")
+    module = guards.load("mine.py")
+    with guards.forbidden(guards.COLLECTIVES, "build it from sends and receives"):
+        with pytest.raises(guards.AnswerError, match="your code called torch.distributed.all_reduce: build it"):
             module.ring(None)
     monkeypatch.setattr(dist, "all_reduce", lambda t: None)   # no process group here: a stand-in that works
-    with answers.counted(dist, "all_reduce") as calls:
+    with guards.counted(dist, "all_reduce") as calls:
         module.ring(None)
         module.ring(None)
     assert calls == {"all_reduce": 2}

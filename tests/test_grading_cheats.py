@@ -9,14 +9,14 @@ tests below name the defence each trick meets, and fail when it is removed:
 
     mutation flowing back into the grader's objects    the Proxy returns copies; nothing is written back
     shapes not judged (an empty tensor)                 compare.close / compare.equal
-    par's twins of an answer                            references.twins (the sandbox's par)
-    collectives below Python                            answers.refused_in_dispatcher
+    par's twins of an answer                            stubs.twins (the sandbox's par)
+    collectives below Python                            guards.refused_in_dispatcher
     the wire counter replaced by the student's module   rank_io.guarded, entered before the import (fixture)
     checks that missed what they claimed               07's workload, 03's ZB-H1 rules (the fixtures)
-    a huge reply, a deeply nested one                   standins.MAX_REPLY, the decoder's depth
+    a huge reply, a deeply nested one                   proxies.MAX_REPLY, the decoder's depth
     hidden inputs in feedback                           checks._error_of withholds messages of hidden cases
     cleanup through a symlink                           sandbox.remove
-    an iopub flood, a 256 MB reply                      kernel.MAX_MESSAGE, MAX_QUEUED, standins.MAX_REPLY
+    an iopub flood, a 256 MB reply                      kernel.MAX_MESSAGE, MAX_QUEUED, proxies.MAX_REPLY
     an answer zmq dropped, noticed at once              kernel._Probe (the same test)
     an honest answer too large to read                 codec._MAX_VALUES, counted in the kernel
     two grading threads reading par's source at once    generate.parse_python / source_of, one lock
@@ -36,7 +36,7 @@ from tiers import slow
 
 import test_grading as tg
 from classroom import fixture_files
-from par.course.grading import compare, references, sandbox, standins
+from par.course.grading import compare, proxies, sandbox, stubs
 from par.course.grading.report import format_grade
 from par.course.authoring.generate import is_answer, is_check
 
@@ -116,7 +116,7 @@ def test_what_the_student_does_to_an_argument_never_reaches_the_graders_object()
         args[0].zero_()
         args[1].clear()
         return 1
-    f = standins.Proxy(standins.Session(_Kernel(zero_it)), "f")
+    f = proxies.Proxy(proxies.Session(_Kernel(zero_it)), "f")
     x, nbytes = torch.ones(3), [4, 4]
     assert f(x, nbytes) == 1
     assert torch.equal(x, torch.ones(3)) and nbytes == [4, 4], "the grader's objects are its own"
@@ -146,14 +146,14 @@ def test_close_judges_type_shape_and_dtype_first():
 
 
 def test_a_reply_too_large_or_too_deep_is_not_decoded():
-    big = standins.Proxy(standins.Session(_Kernel(lambda a, k: "RAW:" + " " * (standins.MAX_REPLY + 1))), "f")
-    with pytest.raises(standins.StudentError, match="more than"):
+    big = proxies.Proxy(proxies.Session(_Kernel(lambda a, k: "RAW:" + " " * (proxies.MAX_REPLY + 1))), "f")
+    with pytest.raises(proxies.StudentError, match="more than"):
         big()
-    deep = standins.Proxy(standins.Session(_Kernel(lambda a, k: "RAW:" + "[" * 100_000 + "]" * 100_000)), "f")
-    with pytest.raises(standins.StudentError, match="cannot read"):
+    deep = proxies.Proxy(proxies.Session(_Kernel(lambda a, k: "RAW:" + "[" * 100_000 + "]" * 100_000)), "f")
+    with pytest.raises(proxies.StudentError, match="cannot read"):
         deep()
-    text = standins.Proxy(standins.Session(_Kernel(lambda a, k: "F0 " * standins.MAX_STRING)), "f")
-    with pytest.raises(standins.StudentError, match="string over"):
+    text = proxies.Proxy(proxies.Session(_Kernel(lambda a, k: "F0 " * proxies.MAX_STRING)), "f")
+    with pytest.raises(proxies.StudentError, match="string over"):
         text()
 
 
@@ -165,7 +165,7 @@ def test_an_answer_too_large_to_read_is_refused_in_the_kernel_before_it_is_encod
     import IPython
     from par.course.grading import codec
     left, limit = codec._codec["_values_left"], codec._codec["_MAX_VALUES"]
-    assert 2 * limit >= standins.MAX_REPLY
+    assert 2 * limit >= proxies.MAX_REPLY
     assert left([[0]] * (limit + 1), limit) < 0 and left([[0] * 10] * (limit // 10 + 1), limit) < 0
     assert left(torch.ones(limit + 1), limit) < 0 and left({"a": (torch.ones(limit),)}, limit) < 0
     assert left([torch.ones(limit // 2), list(range(100))], limit) >= 0 and left({"x": 1.0}, limit) >= 0
@@ -183,7 +183,7 @@ def test_an_answer_too_large_to_read_is_refused_in_the_kernel_before_it_is_encod
 
 def test_the_twins_of_an_answer_are_stubbed_and_the_given_tools_are_not():
     def names(exercise):
-        return set(references.answers_of(tg.solution(exercise)))
+        return set(stubs.answers_of(tg.solution(exercise)))
     pp = names("03_pipelines")
     assert {("par.pp.schedules", "one_f_one_b_actions"), ("par.pp.schedules", "zb_h1_actions")} <= pp
     assert ("par.pp.schedules", "from_lists") not in pp and not any(m == "par.pp.sim" for m, _ in pp)
@@ -197,10 +197,10 @@ def test_the_twins_of_an_answer_are_stubbed_and_the_given_tools_are_not():
 def test_collectives_are_refused_in_the_dispatcher(tmp_path):
     import torch.distributed as dist
     import torch.distributed._functional_collectives as fc
-    from par.course.grading import answers
+    from par.course.grading import guards
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
-        with answers.refused_in_dispatcher("sends and receives only"):
+        with guards.refused_in_dispatcher("sends and receives only"):
             for call in (lambda: dist.all_reduce(torch.ones(2)),
                          lambda: dist.distributed_c10d._get_default_group().allreduce([torch.ones(2)]).wait(),
                          lambda: fc.wait_tensor(fc.all_reduce(torch.ones(2), "sum", dist.group.WORLD)),
@@ -326,8 +326,8 @@ def test_the_twins_stubbed_do_not_depend_on_what_the_grader_imported_before():
     import subprocess
     code = ("import sys; import par.pp.job, par.pp.bench_job, par.pp.vs_torch_job\n"
             "sys.path.insert(0, 'tests'); import test_grading as tg\n"
-            "from par.course.grading import references\n"
-            "print(('par.pp.schedules', 'one_f_one_b_actions') in references.answers_of(tg.solution('03_pipelines')))")
+            "from par.course.grading import stubs\n"
+            "print(('par.pp.schedules', 'one_f_one_b_actions') in stubs.answers_of(tg.solution('03_pipelines')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stdout[-1000:] + out.stderr[-2000:]
 

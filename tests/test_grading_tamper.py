@@ -12,8 +12,8 @@ asserts one row, and fails if the defence it names is removed:
     shadowing a setup helper / patching the reference   the grader's own namespace and par
     forging the nbval report                        no report file in the kernel's reach
     a rank forging the job's result, os._exit(0)    the grader judges the ranks' raw outputs (par.course.grading.rank_io)
-    a collective called on the process group        counted on the ProcessGroup class (answers.on_the_wire)
-    par's own answer (formula; private ring helpers) stubbed in the sandbox's par (par.course.grading.references)
+    a collective called on the process group        counted on the ProcessGroup class (guards.on_the_wire)
+    par's own answer (formula; private ring helpers) stubbed in the sandbox's par (par.course.grading.stubs)
     a fork bomb; a helper server outside            the sandbox's process cap; its network namespace
     the same answers from two students              flagged SAME ANSWERS, grades unchanged
     reading solutions/, writing outside, a /tmp file, a detached process, killing the grader   the sandbox
@@ -136,7 +136,7 @@ if path:
 '''
 
 
-# ---- the real-rank exercises: the ranks run the student's module (par.course.grading.rank_io, answers.on_the_wire)
+# ---- the real-rank exercises: the ranks run the student's module (par.course.grading.rank_io, guards.on_the_wire)
 FORGE_RING = '''%%writefile my_ring.py
 import json, os
 path = os.environ.get("PAR_RESULT")     # where the job's rank 0 saves the result the launcher returns
@@ -791,11 +791,11 @@ def test_what_torch_save_writes_is_read_and_what_exceeds_the_caps_is_not(tmp_pat
 def test_the_launchers_output_costs_the_grader_two_lines(tmp_path):
     """A rank that floods the launcher's output (a 64 MB line without an end, then lines) is kept to the last
     marked line and the last other line, each bounded."""
-    from par.course.grading import standins
+    from par.course.grading import proxies
     flood = (f"import sys\nw = sys.stdout.buffer.write\nw(b'x' * (64 << 20))\nw(b'\\n')\n"
-             f"w(b'{standins.LAUNCH_MARK}' + b'{{\"result\": 1}}\\n')\nw(b'the end\\n' * 1000)\n")
+             f"w(b'{proxies.LAUNCH_MARK}' + b'{{\"result\": 1}}\\n')\nw(b'the end\\n' * 1000)\n")
     proc = subprocess.Popen([sys.executable, "-c", flood], stdout=subprocess.PIPE)
-    reader = standins._BoundedOutput(proc.stdout)
+    reader = proxies._BoundedOutput(proc.stdout)
     proc.wait(timeout=60)
     reader.join()
     assert reader.marked == '{"result": 1}' and reader.last == "the end"
@@ -859,8 +859,8 @@ def test_the_graders_modules_cannot_be_imported_inside_the_guard():
     import importlib
 
     import par.course.grading.exercise_memory as before
-    from par.course.grading import answers
-    with answers.grader_hidden():
+    from par.course.grading import guards
+    with guards.grader_hidden():
         for name in ("par.course.grading.exercise_memory", "par.course.grading", "par.course.grading.rank_io"):
             with pytest.raises(ImportError, match="the grader's own code"):
                 importlib.import_module(name)
@@ -871,15 +871,15 @@ def test_the_graders_modules_cannot_be_imported_inside_the_guard():
 
 
 def test_the_ranks_lose_the_graders_expected_values_and_keep_the_runner():
-    from par.course.grading import references
+    from par.course.grading import stubs
     job = "par.course.grading.exercise_memory"
-    names = {f"{m}.{n}" for m, n in references.on_the_ranks(job)}
+    names = {f"{m}.{n}" for m, n in stubs.on_the_ranks(job)}
     for gone in ("make_inputs", "verify", "expected", "formula", "draw_config"):
         assert f"{job}.{gone}" in names
     assert {"par.course.grading.rank_io.read_outputs", "par.course.grading.grade.grade_one",
             "par.course.grading.ledger.Ledger", "par.course.grading.exercise_ddp.make_inputs"} <= names
     for kept in (f"{job}.run_rank", f"{job}.held", f"{job}.Args", "par.course.grading.rank_io.main",
-                 "par.course.grading.rank_io.guarded", "par.course.grading.answers.grader_hidden",
+                 "par.course.grading.rank_io.guarded", "par.course.grading.guards.grader_hidden",
                  "par.course.grading.ledger.record", "par.course.grading.sandbox.limit",
                  "par.course.grading.launcher.main"):
         assert kept not in names, kept

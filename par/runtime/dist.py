@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from par.runtime import heap
 # the backend rule and the core count live in par.runtime.preflight (no torch import there: it runs before any rank)
 from par.runtime.preflight import BACKENDS, BackendError, choose_backend, default_world_size, physical_cores  # noqa: F401
 
@@ -65,6 +66,7 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Env:
         from par.runtime.launch import STACK_SIGNAL
         faulthandler.register(STACK_SIGNAL, all_threads=True)
         watch_launcher()
+    heap.keep_freed_memory()          # a timed step reuses its pages, never faults new ones in (par.runtime.heap)
     backend = choose_backend(world_size, backend or os.environ.get("PAR_BACKEND", "auto"),
                              local_world_size=local_world_size)
     device = device_for(backend, local_rank)

@@ -146,7 +146,7 @@ def groups_in_node(axis: str, layout: Layout, gpus_per_node: int) -> bool:
     """True when every group along `axis` lies inside one node (ranks numbered node by node). A group's ranks
     grow with its coordinate, so its first and last rank decide; the first ranks of the groups are the ranks
     whose coordinate along `axis` is 0. (From the strides alone: the planner's bandwidth model needs no group
-    list, and the process-grid exercise's graded kernel has none: `par.course.grading.references`.)"""
+    list, and the process-grid exercise's graded kernel has none: `par.course.grading.stubs`.)"""
     step, n = stride(axis, layout), getattr(layout, axis)
     firsts = (r for r in range(layout.size) if (r // step) % n == 0)
     return all(node_of(r, gpus_per_node) == node_of(r + step * (n - 1), gpus_per_node) for r in firsts)

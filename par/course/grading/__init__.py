@@ -1,1 +1,1 @@
-"""Grading a student's notebook: the grader (`grade`), its checks and kernel driver, the codec and stand-ins between them, the reference answers, the sandbox per submission, and the real-rank exercise runners."""
+"""Grading a student's notebook: the grader (`grade`), its checks and kernel driver, the codec and the proxies between them (`proxies`), the stubs of par's reference answers (`stubs`), the guards the student's code runs under (`guards`), the sandbox per submission, and the real-rank exercise runners."""

@@ -9,7 +9,7 @@ submission's work folder, inside `par.course.grading.sandbox` when bwrap is here
     setup cells                                      also run in the grader's namespace (the checks use them)
     check cells (all of them)                        run in the grader's own process, in that namespace, where
                                                      every name the answer cells define (`bytes_per_param`) is a
-                                                     proxy (`par.course.grading.standins`): calling it sends the
+                                                     proxy (`par.course.grading.proxies`): calling it sends the
                                                      arguments to the kernel as data (`par.course.grading.codec`), calls
                                                      the student's function there, and returns the result as
                                                      data; 09's dispatch buffer joins the grader's autograd
@@ -21,10 +21,10 @@ submission's work folder, inside `par.course.grading.sandbox` when bwrap is here
                                                      the ranks' raw outputs itself (`par.course.grading.rank_io`)
 
 In the kernel's view of par (sandboxed), the exercise's reference answers are stubs that raise
-(`par.course.grading.references`). No check cell reaches the kernel, so no hook of the student's can see or skip one.
+(`par.course.grading.stubs`). No check cell reaches the kernel, so no hook of the student's can see or skip one.
 
 What stays attackable: how a real-rank job's numbers travelled (ranks that share their inputs through a file,
-or that hunt down and undo the guards of `par.course.grading.answers` in their own process, produce right
+or that hunt down and undo the guards of `par.course.grading.guards` in their own process, produce right
 numbers); code the student copies from par's source elsewhere; everything the sandbox does not cover when it
 is off.
 
@@ -55,11 +55,11 @@ import traceback as tb_module
 from pathlib import Path
 
 from par.course.authoring.markers import STUB
-from par.course.grading import references, sandbox
+from par.course.grading import sandbox, stubs
 from par.course.grading.codec import KERNEL_HELPER
 from par.course.grading.kernel import MAX_OUTPUT, CellTimeout, Kernel, KernelDied, NotebookTimeout, Reply, Unstoppable
 from par.course.grading.report import Flag, told
-from par.course.grading.standins import (Proxy, Session, StudentError, launching_import,
+from par.course.grading.proxies import (Proxy, Session, StudentError, launching_import,
                                  sandboxed_launch)
 
 
@@ -171,8 +171,8 @@ def run(assembled, reference, *, timeout: float, cell_timeout: float, env: dict 
     box = sandbox.Sandbox.create(workdir, package, cpu_seconds=timeout, sandboxed=sandboxed)
     if not box.sandboxed:
         notes.append("unsandboxed (no bwrap here): the submission ran as the grader's user")
-    else:   # par's own answers to this exercise are stubs in the kernel's view of par (par.course.grading.references)
-        box = dataclasses.replace(box, overlays=references.overlays(references.answers_of(reference), box.pythonpath))
+    else:   # par's own answers to this exercise are stubs in the kernel's view of par (par.course.grading.stubs)
+        box = dataclasses.replace(box, overlays=stubs.overlays(stubs.answers_of(reference), box.pythonpath))
     kernel = None
     try:
         try:

@@ -6,7 +6,7 @@
 Data is what JSON holds, plus tuples, dicts with any plain keys, floats inf/nan, tensors (dtype, shape, values,
 and whether they require grad), and a few of par's plain records (`_PAR_TYPES`: a GPT config, a planner's
 Workload and Hardware), rebuilt by the receiver's own class. A planner's Plan crosses as a claim (its layout:
-`_PLAN_KEYS`); the grader computes the plan itself (`par.course.grading.standins.Session`). Each side decodes into its
+`_PLAN_KEYS`); the grader computes the plan itself (`par.course.grading.proxies.Session`). Each side decodes into its
 own objects, so nothing the student returns has behaviour (an object equal to everything arrives as an error).
 """
 from __future__ import annotations

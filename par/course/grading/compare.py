@@ -7,7 +7,7 @@
 `torch.allclose` broadcasts, so an empty tensor is "close" to anything; these do not. `arguments_after` is how
 a check sees what a function does to its arguments (a step that updates in place, a rule that must not modify
 its input): in the student's own notebook it calls `f` on deep copies; in the grader, `f` stands for the
-student's function (`par.course.grading.standins.Proxy`) and the copies are the ones the kernel sends back, so
+student's function (`par.course.grading.proxies.Proxy`) and the copies are the ones the kernel sends back, so
 whatever the function did to them never reaches an object the grader computed its expected values from.
 """
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """One record per graded exercise, kept in the one module that grades its real-rank part.
 
-    EXERCISE = Exercise("00_ring_chunks", runner=__name__, forbidden=answers.COLLECTIVES, why="...", p2p_only=True,
+    EXERCISE = Exercise("00_ring_chunks", runner=__name__, forbidden=guards.COLLECTIVES, why="...", p2p_only=True,
                         stubs=[("par.comm.collectives", "ring_all_reduce"), ...])
 
 A runner module (`par.course.grading.exercise_*`: what the check launches on real ranks, `rank_io.main`) states its
 exercise's `EXERCISE`: the solution notebook it grades, the rules the student's module runs under on the ranks
 (`forbidden` names refused, `why` the rule, `p2p_only`: every collective refused but sends and receives), par's own
-implementations stubbed in the job's sandbox (`stubs`, `par.course.grading.references`) and what grading needs done
+implementations stubbed in the job's sandbox (`stubs`, `par.course.grading.stubs`) and what grading needs done
 once before any submission runs (`prepare`: 07's measured layouts). Nothing else lists exercises: `records()`
 finds every module's record, `of_runner` and `of_notebook` look one up. Adding an exercise touches its solution
 notebook, its record and its fixtures. What a job module imports before its ranks fork (`PRELOAD`) stays the job

@@ -6,7 +6,7 @@
 For each case, every rank gets one block for every peer (random values; their sizes set by the case: equal
 blocks, or the uneven expert blocks of E = 5 experts over the ranks, as `par.moe.experts` dispatches them),
 loads the student's module and calls `all_to_all(sends, recvs)`, which must fill `recvs` while torch's and
-par's collectives are switched off (`par.course.grading.answers`: by name, on the process group objects, in
+par's collectives are switched off (`par.course.grading.guards`: by name, on the process group objects, in
 torch's dispatcher): only sends and receives. With `PAR_NCCL_EMULATION=1` a received buffer holds NaN until its
 Work has been waited. `verify` compares every rank's `recvs` with the blocks its peers sent it: in the
 grader's own process when the grader launched the job (`--io`, `par.course.grading.rank_io`), on rank 0 otherwise.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from par.comm.collectives import chunk_bounds
-from par.course.grading import answers, rank_io
+from par.course.grading import guards, rank_io
 from par.course.grading.exercise import Exercise
 from par.runtime.job_args import JobArgs, arg
 
@@ -33,7 +33,7 @@ PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ran
 EXERCISE = Exercise(
     "09_expert_dispatch", runner=__name__,
     why="the exercise asks for an all-to-all built from sends and receives",
-    forbidden=answers.COLLECTIVES,
+    forbidden=guards.COLLECTIVES,
     p2p_only=True,
     stubs=[("par.moe.experts", n) for n in (
            "p2p_all_to_all", "torch_all_to_all", "all_to_all_rows", "AllToAll.forward", "AllToAll.backward")] +

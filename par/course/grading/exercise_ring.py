@@ -6,7 +6,7 @@
 Every rank gets one float32 tensor per size in `--sizes` (random, its own), loads the student's module (the
 file the exercise's `%%writefile` cell wrote) and sums each tensor over the ranks with the student's
 `ring_all_reduce(tensor)`. While the student's code runs, the collectives of torch.distributed and of par
-raise (`par.course.grading.answers`: by name, on the process group objects, in torch's dispatcher): the
+raise (`par.course.grading.guards`: by name, on the process group objects, in torch's dispatcher): the
 exercise asks for a ring built from sends and receives. With `PAR_NCCL_EMULATION=1` a received buffer holds
 NaN until its Work has been waited, as under NCCL. What each rank's tensors hold afterwards is compared with the sum by
 `verify`: in the grader's own process when the grader launched the job (`--io`, `par.course.grading.rank_io`), on
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from par.course.grading import answers, rank_io
+from par.course.grading import guards, rank_io
 from par.course.grading.exercise import Exercise
 from par.runtime.job_args import JobArgs, arg
 
@@ -35,7 +35,7 @@ SIZES = (1, 2, 5, 7, 64, 1000, 1001)
 EXERCISE = Exercise(
     "00_ring_chunks", runner=__name__,
     why="the exercise asks for a ring of sends and receives",
-    forbidden=answers.COLLECTIVES,
+    forbidden=guards.COLLECTIVES,
     p2p_only=True,
     stubs=[("par.comm.collectives", n) for n in (
            "ring_all_reduce", "all_reduce", "ring_reduce_scatter", "ring_all_gather", "reduce_scatter", "all_gather",

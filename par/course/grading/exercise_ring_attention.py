@@ -7,7 +7,7 @@ For each case the grader draws q, k, v of shape (B, h, N·t, d) (shapes and valu
 with scores large enough that exp overflows without the max subtracted) and computes
 `scaled_dot_product_attention(q, k, v, is_causal=True)` before any rank starts. Rank r gets tokens
 r·t … (r+1)·t − 1 of each (the contiguous layout), loads the student's module and calls
-`ring_attention(q_r, k_r, v_r)`, while torch's and par's collectives raise (`par.course.grading.answers`:
+`ring_attention(q_r, k_r, v_r)`, while torch's and par's collectives raise (`par.course.grading.guards`:
 by name, on the process group objects, in torch's dispatcher): only sends and receives. Around each call the
 rank records, each record sent to the grader the moment it is made (`par.course.grading.ledger`), so that nothing
 the student's code does afterwards changes it:
@@ -51,7 +51,7 @@ from torch._C._profiler import _ExperimentalConfig
 from torch.autograd import (ProfilerActivity, ProfilerConfig, ProfilerState, _disable_profiler, _enable_profiler,
                             _prepare_profiler)
 
-from par.course.grading import answers, ledger, rank_io
+from par.course.grading import guards, ledger, rank_io
 from par.course.grading.exercise import Exercise
 from par.cp.ring_attention import ring_attention_bytes
 from par.runtime.job_args import JobArgs, arg
@@ -59,7 +59,7 @@ from par.runtime.job_args import JobArgs, arg
 EXERCISE = Exercise(
     "08_online_softmax", runner=__name__,
     why="the exercise asks for a ring of sends and receives",
-    forbidden=answers.COLLECTIVES,
+    forbidden=guards.COLLECTIVES,
     p2p_only=True,
     stubs=[("par.cp.ring_attention", n) for n in (
            "ring_attention", "_RingAttention.forward", "_RingAttention._forward", "_RingAttention.backward",

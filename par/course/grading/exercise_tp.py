@@ -6,7 +6,7 @@ A dense MLP (d → ffn → d, GeLU), its input and a fixed upstream gradient are
 only its shards: the rows of fc (column parallel, `par.tp.layers.column_shard`), the columns of proj (row
 parallel, `row_shard`), proj's bias whole, and the input. It runs the student's
 `parallel_mlp(x, fc_w, fc_b, proj_w, proj_b)` forward and backward, and counts the all-reduces it made in
-forward and in backward (on the process group objects, `par.course.grading.answers.on_the_wire`). par's own f/g
+forward and in backward (on the process group objects, `par.course.grading.guards.on_the_wire`). par's own f/g
 (`par.tp.ops`) and collectives are switched off while the student's code runs. `verify` compares the output
 and every gradient with the dense ones (the shard of the dense gradient for sharded weights): in the grader's
 own process when the grader launched the job (`--io`, `par.course.grading.rank_io`), on rank 0 otherwise.

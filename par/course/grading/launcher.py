@@ -1,6 +1,6 @@
 """The job's launcher inside a submission's sandbox: `python -m par.course.grading.launcher SPEC`.
 
-A check that launches a job (`par.course.grading.standins.sandboxed_launch`) starts this in a sandbox of its own; it
+A check that launches a job (`par.course.grading.proxies.sandboxed_launch`) starts this in a sandbox of its own; it
 runs `par.runtime.launch.run(**SPEC)` there and prints its answer as one line of data after MARK, {"result": ...}
 or {"error": "..."}, which the grader reads (and bounds) from its output. Nothing of the student's runs in it: the
 ranks it starts do (the student's module on a real-rank exercise).

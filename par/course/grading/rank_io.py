@@ -8,7 +8,7 @@ ranks report. It draws the inputs itself, at random for this run, and judges the
     inputs = exercise.make_inputs(args, n, seed)
     write_inputs(DIR, inputs)        ──files──▶       mine = take_inputs(DIR, rank): read, delete, barrier
                                                       guards entered (`guarded`), then
-                                                      module = answers.load(...)     (only now: the student's code)
+                                                      module = guards.load(...)     (only now: the student's code)
                                                       put_outputs(DIR, rank, exercise.run_rank(module, mine, ..., wire))
     outputs = read_outputs(DIR, n)   ◀──files──
     exercise.verify(args, context, outputs)          (the result the check cell reads, computed in the grader)
@@ -182,7 +182,7 @@ def main(exercise, argv=None) -> int:
     on its own (the student's notebook: fixed inputs, rank 0 verifies and saves the result). The guards are
     entered before the student's module is imported (`guarded`); run_rank gets the wire's call counts."""
     import par.runtime.dist
-    from par.course.grading import answers
+    from par.course.grading import guards
     args = exercise.Args.parse(argv)
     env = par.runtime.dist.init()
     n, r = env.world_size, env.rank
@@ -193,7 +193,7 @@ def main(exercise, argv=None) -> int:
         mine = inputs[r]
         ledger.local()
     with guarded(exercise) as wire:
-        module = answers.load(args.answer)
+        module = guards.load(args.answer)
         outputs = exercise.run_rank(module, mine, r, env.device, wire)
     outputs = {k: to_cpu(v) for k, v in outputs.items()}
     if args.io:
@@ -210,18 +210,18 @@ def main(exercise, argv=None) -> int:
 
 @contextmanager
 def guarded(exercise):
-    """The rules the student's code runs under: the grader's own modules out of reach (`answers.grader_hidden`);
+    """The rules the student's code runs under: the grader's own modules out of reach (`guards.grader_hidden`);
     its record's `forbidden` (par's and torch's functions, by name) refused; with `p2p_only`, every collective
     refused on the process-group classes and in torch's dispatcher too (only sends and receives), else counted
     there. Yields the wire's call counts."""
-    from par.course.grading import answers
+    from par.course.grading import guards
     rules = exercise.EXERCISE
     with ExitStack() as stack:
-        stack.enter_context(answers.forbidden(rules.forbidden, rules.why))
-        stack.enter_context(answers.grader_hidden())
-        wire = stack.enter_context(answers.on_the_wire(forbid=rules.why if rules.p2p_only else None))
+        stack.enter_context(guards.forbidden(rules.forbidden, rules.why))
+        stack.enter_context(guards.grader_hidden())
+        wire = stack.enter_context(guards.on_the_wire(forbid=rules.why if rules.p2p_only else None))
         if rules.p2p_only:
-            stack.enter_context(answers.refused_in_dispatcher(rules.why))
+            stack.enter_context(guards.refused_in_dispatcher(rules.why))
         yield wire
 
 

@@ -20,7 +20,7 @@ What a sandboxed submission sees and may do (bwrap, no root needed where unprivi
   package (made once per batch, `package_copy`), its own work folder (the notebook's files, writable), and a
   private /tmp and HOME that vanish with it. The checkout (solutions/, tests/), other submissions, the report
   and feedback paths are not mounted;
-* par's reference answers to the exercise replaced by stubs that raise (`overlays`, `par.course.grading.references`),
+* par's reference answers to the exercise replaced by stubs that raise (`overlays`, `par.course.grading.stubs`),
   and, for a real-rank job, the grader's input/output folder mounted (`binds`, `par.course.grading.rank_io`);
 * limits per process: CPU seconds (RLIMIT_CPU), address space (RLIMIT_AS) and the size of a file it writes
   (RLIMIT_FSIZE, FILE_BYTES), set before the kernel starts; the private /tmp, which lives in memory, holds at

@@ -29,7 +29,7 @@ What none of these guarantees: the student's code runs in the same process, so a
 originals (a wrapper's closure, the registration object) can undo them; the grader therefore also checks
 the numbers the ranks produce against its own reference (`par.course.grading.rank_io`), and the runner enters
 these guards before it imports the student's module (`rank_io.main`), so what the module replaces afterwards
-(`answers.on_the_wire` itself) is not what counts.
+(`guards.on_the_wire` itself) is not what counts.
 """
 from __future__ import annotations
 

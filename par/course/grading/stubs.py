@@ -21,7 +21,7 @@ Which functions, per exercise (computed from the instructor's notebook, so a new
                       what the rank runner runs (`rank_io.main`, the job's `run_rank` and `Args`, the guards of
                       `answers`, the ledger's rank end) — the job's expected values (`make_inputs`, `verify`)
                       among them; the runner also hides the grader's modules from the student's imports
-                      (`answers.grader_hidden`)
+                      (`guards.grader_hidden`)
 
 The grader's checks run in the grader's process, on the real par: only the submission loses the answers.
 What it does not cover: code that is not par's (a student who copies par's source from the course's web
@@ -197,14 +197,14 @@ def grader_names(job: str) -> tuple[tuple[str, str], ...]:
     import pkgutil
 
     import par.course.grading as grading
-    from par.course.grading import answers, ledger, rank_io
+    from par.course.grading import guards, ledger, rank_io
     job_module = importlib.import_module(job)
     modules = [importlib.import_module(f"{grading.__name__}.{m.name}") for m in pkgutil.iter_modules(grading.__path__)]
     from par.course.grading import launcher, sandbox
     runner = [sandbox.limit, launcher.main,                # the job's launcher, in the job's sandbox
               rank_io.main, rank_io.take_inputs, rank_io.put_outputs, rank_io.guarded, rank_io.to_cpu,
               job_module.run_rank, job_module.Args, ledger.Writer, ledger.connect, ledger.local, ledger.record,
-              ledger.kept, *(o for o in vars(answers).values() if inspect.isfunction(o) or inspect.isclass(o))]
+              ledger.kept, *(o for o in vars(guards).values() if inspect.isfunction(o) or inspect.isclass(o))]
     keep = _closure([*(inspect.unwrap(o) for o in runner), *modules])
     found = set()
     for module in modules:

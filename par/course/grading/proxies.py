@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from par.course.grading import launcher, ledger, references, sandbox
+from par.course.grading import launcher, ledger, sandbox, stubs
 from par.runtime import procs
 from par.course.grading.codec import decode, encode
 from par.course.grading.kernel import CellTimeout, Kernel, NotebookTimeout
@@ -218,8 +218,8 @@ def sandboxed_launch(box: sandbox.Sandbox, env: dict | None, session: "Session")
             io = sandbox.temporary_workdir("io")
             rank_io.write_inputs(io, inputs)
             args = [*args, "--io", str(io)]
-            job_box = dataclasses.replace(box, binds=(*box.binds, io), overlays=references.overlays(
-                references.on_the_ranks(module), box.pythonpath) if box.sandboxed else ())
+            job_box = dataclasses.replace(box, binds=(*box.binds, io), overlays=stubs.overlays(
+                stubs.on_the_ranks(module), box.pythonpath) if box.sandboxed else ())
         else:                       # par's own job (07's training run): the real par, no student module on it
             job_box = dataclasses.replace(box, overlays=())
         book = ledger.Ledger(io, int(nproc)) if io is not None else None
