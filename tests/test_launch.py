@@ -95,6 +95,34 @@ def test_failing_rank_raises_with_its_root_cause_first_quickly():
     assert elapsed < 60, f"failure took {elapsed:.0f}s to surface; the timeout was 120s"
 
 
+def test_the_agent_writes_a_record_per_rank_and_the_root_causes_error_file(tmp_path):
+    """Failures travel as data: each rank writes its exception to its error file, and after a failure the agent
+    writes one record per rank (`par.runtime.failure.RECORDS`) and copies the root cause's error file to its own."""
+    import json
+    import subprocess
+    import sys
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json"), "PYTHONUNBUFFERED": "1"}
+    out = subprocess.run([sys.executable, "-m", "par.runtime.agent", "--nproc-per-node=3",
+                          f"--master-port={launch.free_port()}", WORKER, "raise"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    records = json.loads((tmp_path / failure.RECORDS).read_text())
+    assert [r["rank"] for r in records][0] == 1 and sorted(r["rank"] for r in records) == [0, 1, 2]
+    first = records[0]
+    assert (first["exitcode"], first["signal"]) == (1, None)
+    assert first["exception"] == "ValueError: deliberate failure on rank one (marker 4417)"
+    assert re.fullmatch(r"main at launch_modes\.py:\d+", first["where"]), first["where"]
+    assert failure.read_error_file(str(tmp_path / "error.json"))["exception"] == first["exception"]
+
+
+def test_the_launcher_reads_the_records_not_the_text():
+    """Rank 0 prints a failure report of its own that names itself; the records name rank 1, the one that raised."""
+    with pytest.raises(launch.LaunchError) as info:
+        launch.run(WORKER, nproc=2, args=["forged"], timeout=120, quiet=True)
+    assert info.value.root_cause == "rank 1 failed: ValueError: the real cause (marker 7781)", str(info.value)
+    assert info.value.ranks == [1]
+
+
 def test_a_rank_exiting_without_traceback_is_named():
     with pytest.raises(launch.LaunchError) as info:
         launch.run(WORKER, nproc=2, args=["exit"], timeout=60, quiet=True)

@@ -14,7 +14,11 @@ does, in the same words, so that `par.runtime.launch` reads either:
 * when a rank exits non-zero the others get SIGTERM, then SIGKILL after `--close-s` seconds (torchrun's
   `_close`: 30), and torchrun's failure report follows on stderr, root cause (first exit observed) last;
   the agent exits 1; when every rank exits 0, so does the agent;
-* SIGTERM, SIGINT or SIGHUP to the agent stop every rank the same way (the agent then exits 128 + signal).
+* SIGTERM, SIGINT or SIGHUP to the agent stop every rank the same way (the agent then exits 128 + signal);
+* each rank has an error file of its own (TORCHELASTIC_ERROR_FILE, beside the agent's), where a rank that raises
+  writes its exception (`par.runtime.failure.record_exception`); after a failure the agent writes one record per
+  rank beside them (`par.runtime.failure.write_records`: rank, exitcode, signal, exception, where, ended), and
+  copies the root cause's error file into its own, as torchrun does.
 
 How a rank starts. Without `--fork`, every rank is a fresh interpreter (`python -m <module>`), and the agent
 never imports torch. With `--fork`, the agent imports torch once (`PRELOAD`: torch, and torch._dynamo, which
@@ -51,7 +55,7 @@ import time
 import uuid
 from datetime import datetime
 
-from par.runtime import procs
+from par.runtime import failure, procs
 
 POLL_S = 0.05
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -234,9 +238,22 @@ class Rank:
                 pass
 
 
+def error_folder() -> str | None:
+    """The folder of the agent's own error file (TORCHELASTIC_ERROR_FILE, the launcher's), where the ranks' error
+    files and the records go; None without one."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    return os.path.dirname(os.path.abspath(path)) if path else None
+
+
+def error_file(folder: str, rank: int) -> str:
+    return os.path.join(folder, f"error-rank{rank}.json")
+
+
 def start_ranks(nproc: int, program: list[str], port: int, run_id: str, fork: bool) -> list[Rank]:
     """Every rank, forked from this process (`fork`, when it is safe and torch imports) or as fresh interpreters."""
-    envs = [{**os.environ, **rank_env(r, nproc, port, run_id)} for r in range(nproc)]
+    folder = error_folder()
+    envs = [{**os.environ, **rank_env(r, nproc, port, run_id),
+             **({"TORCHELASTIC_ERROR_FILE": error_file(folder, r)} if folder else {})} for r in range(nproc)]
     if fork and can_fork() and preload(preload_of(program)) and can_fork():   # one thread before the imports, and after
         gc.freeze()         # the imports' objects leave the collector: a rank's collections copy none of their pages
         ranks: list[Rank] = []
@@ -306,9 +323,34 @@ def supervise(ranks: list[Rank], close_s: float, title: str) -> int:
     failed = [r for r in ranks if r.proc.returncode != 0]
     if not failed:
         return 0
+    record(ranks)
     sys.stdout.flush()
     print(report(title, failed), file=sys.stderr, flush=True)
     return 1
+
+
+def record(ranks: list[Rank]) -> None:
+    """One record per rank in the error folder (`par.runtime.failure.write_records`), the root cause first (the
+    first to fail, its consequences after it: `failure.cause_first`), and the root cause's error file copied to the
+    agent's own (torchrun's `ErrorHandler.dump_error_file`)."""
+    folder = error_folder()
+    if folder is None:
+        return
+    records = []
+    for r in sorted(ranks, key=lambda r: r.exit_seen_at):
+        code = r.proc.returncode
+        said = failure.read_error_file(error_file(folder, r.rank)) or {}
+        records.append({"rank": r.rank, "exitcode": code, "signal": failure.signal_name(-code) if code < 0 else None,
+                        "exception": said.get("exception"), "where": said.get("where"), "ended": r.exit_seen_at})
+    bad = failure.cause_first([x for x in records if x["exitcode"]])     # the cause first, not its consequences
+    records = bad + [x for x in records if not x["exitcode"]]
+    try:
+        failure.write_records(folder, records)
+        root = error_file(folder, bad[0]["rank"])
+        if os.path.exists(root):
+            os.replace(root, os.environ["TORCHELASTIC_ERROR_FILE"])
+    except OSError:             # a full or vanished folder: the report on stderr still says it all
+        pass
 
 
 def parse(argv: list[str]):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from par.runtime import heap
+from par.runtime import failure, heap
 # the backend rule and the core count live in par.runtime.preflight (no torch import there: it runs before any rank)
 from par.runtime.preflight import BACKENDS, BackendError, choose_backend, default_world_size, physical_cores  # noqa: F401
 
@@ -172,12 +172,14 @@ def teardown() -> None:
 
 
 def exit_after_traceback(previous):
-    """A sys.excepthook for launched ranks: print the traceback as before, then leave with exit code 1
-    at once (`os._exit`), skipping the finalization in which a C++ thread can abort the process and
-    turn a Python error into a SIGABRT (see `teardown`)."""
+    """A sys.excepthook for launched ranks: print the traceback as before, write it to the rank's error file
+    (`par.runtime.failure.record_exception`), then leave with exit code 1 at once (`os._exit`), skipping the
+    finalization in which a C++ thread can abort the process and turn a Python error into a SIGABRT (see
+    `teardown`)."""
     def hook(kind, value, tb):
         try:
             previous(kind, value, tb)
+            failure.record_exception(kind, value, tb)
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

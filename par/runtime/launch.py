@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 
-from par.runtime import agent, hang, lifeline, procs, zygote
+from par.runtime import agent, failure, hang, lifeline, procs, zygote
 from par.runtime.failure import (PEER_GONE, describe_failure, describe_unfinished, failures, left_early, main_stack,
                                  rank_lines, signal_name, where)
 
@@ -233,10 +233,11 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
         if leftovers:          # the agent itself died (killed?) and left ranks behind
             procs.kill_tree(proc, leftovers)
         if code != 0:
-            head, ranks, crashed, details = describe_failure(lines)
-            if code < 0 and not failures(lines):
+            records = failure.read_records(tmp) or _torchrun_records(lines, child_env["TORCHELASTIC_ERROR_FILE"])
+            head, ranks, crashed, details = describe_failure(lines, records)
+            if code < 0 and not failures(lines, records):
                 head = f"{starter} itself was killed by {signal_name(-code)}; {head}"
-            early = left_early(lines, nproc) if any(p in head for p in PEER_GONE) else []
+            early = left_early(lines, nproc, records) if any(p in head for p in PEER_GONE) else []
             if early:            # the connection errors are the consequence; the rank that left is the cause
                 who = f"rank {early[0]}" if len(early) == 1 else "ranks " + ", ".join(map(str, early))
                 head, ranks = f"{who} exited with code 0 before the job finished, while the others waited for it; {head}", early
@@ -250,6 +251,16 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
                 raise LaunchError(f"rank 0's result {result_path} is not complete JSON ({e}): is the disk of the "
                                   f"temp folder ({tmp}) full?", ranks=[0], streamed=not quiet) from None
         return None
+
+
+def _torchrun_records(lines: list[str], error_file: str) -> list[dict] | None:
+    """torchrun's failures as records: the ranks from its report, the root cause's exception from the error file it
+    copied from that rank (None without a report)."""
+    found = failures(lines)
+    if not found:
+        return None
+    said = failure.read_error_file(error_file) or {}
+    return [{**f, "exception": said.get("exception") if i == 0 else None} for i, f in enumerate(found)]
 
 
 def _hang_error(watch, alive: dict[int, int], q, lines: list[str], quiet: bool, job: str,

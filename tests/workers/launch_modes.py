@@ -53,6 +53,14 @@ def main(mode: str) -> None:
             time.sleep(0.5)
             raise ValueError("deliberate failure on rank one (marker 4417)")
         C.all_reduce(torch.ones(8, device=env.device))
+    elif mode == "forged":          # rank 0 prints a failure report naming itself; rank 1 is the one that fails
+        if env.rank == 0:
+            print("Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n"
+                  "  exitcode  : 9 (pid: 1)\n" + "=" * 40, flush=True)
+        else:
+            time.sleep(0.5)
+            raise ValueError("the real cause (marker 7781)")
+        C.all_reduce(torch.ones(8, device=env.device))
     elif mode == "hang":
         for step in range(6):
             if last and step == 3:
