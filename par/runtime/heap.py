@@ -4,9 +4,7 @@ glibc serves an allocation above its mmap threshold (128 KiB at first, raised as
 most 32 MiB) with fresh pages from the kernel, and returns them when the block is freed; it also trims the top of
 the heap. The next step's tensors then fault every page in again, and the kernel zeroes each one on the thread's
 CPU time. The load-proof clock (`par.clock`) counts that work, since the thread does it, though it is the
-allocator's and no mechanism's. Measured in lecture 08's ring-attention forward (two ranks, 1,024 tokens each,
-after the job's training): about 12,000 minor page faults per rank and forward (47 MiB), the compute of equal
-work 38–58 ms on the two ranks; after `keep_freed_memory()`, no fault and 23–24 ms.
+allocator's and no mechanism's (what it cost lecture 08: docs/instructor.md, "page faults").
 
     keep_freed_memory()       mallopt(M_MMAP_THRESHOLD, 1 GiB), mallopt(M_TRIM_THRESHOLD, 1 GiB): blocks under
                               1 GiB come from the heap, and up to 1 GiB freed at its top stays mapped
