@@ -56,6 +56,7 @@ import uuid
 from datetime import datetime
 
 from par.runtime import failure, procs
+from par.runtime.checks import CheckError
 
 POLL_S = 0.05
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -349,7 +350,7 @@ def record(ranks: list[Rank]) -> None:
         root = error_file(folder, bad[0]["rank"])
         if os.path.exists(root):
             os.replace(root, os.environ["TORCHELASTIC_ERROR_FILE"])
-    except OSError:             # a full or vanished folder: the report on stderr still says it all
+    except (OSError, CheckError):       # a full or vanished folder: the report on stderr still says it all
         pass
 
 

@@ -27,6 +27,8 @@ import signal
 import time
 import traceback
 
+from par.runtime.checks import CheckError, write_atomic
+
 COMM_FILES = ("torch/distributed/", "par/comm/collectives.py", "par/comm/coalesced.py", "par/comm/thread.py",
               "par/runtime/nccl_emulation.py", "par/runtime/dist.py")     # a stack inside these waits for a peer
 
@@ -47,14 +49,6 @@ def rank_lines(lines: list[str], rank: int | None = None) -> list[str]:
 RECORDS = "ranks.json"           # the agent's records, in the folder of the launcher's TORCHELASTIC_ERROR_FILE
 
 
-def _write_json(path: str, data) -> None:
-    """`data` as JSON at `path`, whole or not at all (a reader never sees half a file)."""
-    partial = f"{path}.{os.getpid()}.partial"
-    with open(partial, "w") as f:
-        json.dump(data, f)
-    os.replace(partial, path)
-
-
 def record_exception(kind, value, tb) -> None:
     """Write a rank's uncaught exception where TORCHELASTIC_ERROR_FILE says, in torch elastic's format
     (`ErrorHandler.record_exception`: {"message": {"message", "extraInfo": {"py_callstack", "timestamp"}}}), with
@@ -67,10 +61,10 @@ def record_exception(kind, value, tb) -> None:
     where = f"{frames[-1].name} at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
     message = f"{kind.__name__}: {value}" if str(value) else kind.__name__
     try:
-        _write_json(path, {"message": {"message": message, "extraInfo": {
+        write_atomic(path, json.dumps({"message": {"message": message, "extraInfo": {
             "py_callstack": "".join(traceback.format_exception(kind, value, tb)), "timestamp": str(int(time.time())),
-            "where": where}}})
-    except OSError:
+            "where": where}}}))
+    except CheckError:
         pass
 
 
@@ -90,8 +84,9 @@ def read_error_file(path: str) -> dict | None:
 
 
 def write_records(folder: str, records: list[dict]) -> None:
-    """The agent's records of a job's ranks (`RECORDS` in `folder`), the first failure first."""
-    _write_json(os.path.join(folder, RECORDS), records)
+    """The agent's records of a job's ranks (`RECORDS` in `folder`, written atomically), the first failure first;
+    `CheckError` when the folder cannot be written."""
+    write_atomic(os.path.join(folder, RECORDS), json.dumps(records))
 
 
 def read_records(folder: str) -> list[dict] | None:
@@ -177,7 +172,8 @@ def describe_failure(lines: list[str], records: list[dict] | None = None) -> tup
     exc = exception_line(said)
     recorded = next((r.get("exception") for r in records or () if r["rank"] == rank), None)
     if exc is None and recorded:       # its output was cut short or never reached us; its error file says it
-        return f"rank {rank} failed: {recorded}", [rank], code < 0, f"rank {rank}'s last output:\n" + "".join(said[-30:])
+        return (f"rank {rank} failed: {recorded}", [rank], code < 0,
+                f"rank {rank}'s last output:\n" + "".join(said[-30:]))
     if code < 0 and exc is None:
         head = (f"rank {rank} was killed by {signal_name(-code)} (signal {-code}) without a Python exception; "
                 f"the others were then stopped")

@@ -42,9 +42,9 @@ import sys
 import threading
 import time
 
-from par.runtime import agent, failure, hang, lifeline, procs, zygote
+from par.runtime import agent, hang, lifeline, procs, zygote
 from par.runtime.failure import (PEER_GONE, describe_failure, describe_unfinished, failures, left_early, main_stack,
-                                 rank_lines, signal_name, where)
+                                 rank_lines, read_error_file, read_records, signal_name, where)
 
 EXIT_GRACE_S = 10.0              # a starter that closed its output must exit within the timeout and this
 STACK_SIGNAL = signal.SIGUSR1     # "print your stack": par.runtime.dist.init registers faulthandler for it
@@ -233,7 +233,7 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
         if leftovers:          # the agent itself died (killed?) and left ranks behind
             procs.kill_tree(proc, leftovers)
         if code != 0:
-            records = failure.read_records(tmp) or _torchrun_records(lines, child_env["TORCHELASTIC_ERROR_FILE"])
+            records = read_records(tmp) or _torchrun_records(lines, child_env["TORCHELASTIC_ERROR_FILE"])
             head, ranks, crashed, details = describe_failure(lines, records)
             if code < 0 and not failures(lines, records):
                 head = f"{starter} itself was killed by {signal_name(-code)}; {head}"
@@ -259,7 +259,7 @@ def _torchrun_records(lines: list[str], error_file: str) -> list[dict] | None:
     found = failures(lines)
     if not found:
         return None
-    said = failure.read_error_file(error_file) or {}
+    said = read_error_file(error_file) or {}
     return [{**f, "exception": said.get("exception") if i == 0 else None} for i, f in enumerate(found)]
 
 
