@@ -214,6 +214,29 @@ def test_a_launchs_calibration_is_the_hardware_its_rows_are_predicted_on():
         calibration.hardware({"ranks": 1})
 
 
+def test_ranks_arriving_apart_cost_the_measured_share_of_a_multi_rank_rows_compute():
+    """The straggle a calibration measured (seconds a collective waits per second of GEMMs before it: the slope
+    between a short and a long gap, the kinds' mean, never below 0) is added to a multi-rank row as that share
+    of its compute, and to one rank never."""
+    from par.train import calibration, planner
+    from par.train.config import parse
+    from par.train.suite import config_for
+    points = [["all_reduce", 1e-3, 2e-3, 5e-3, 2.8e-3], ["all_gather", 1e-3, 1e-3, 5e-3, 1.4e-3],
+              ["p2p", 1e-3, 1e-3, 5e-3, 0.5e-3]]        # slopes 0.2, 0.1 and (negative, so) 0
+    cal = {**CALIBRATION, "straggle": points}
+    assert calibration.straggle(cal) == pytest.approx(0.1)
+    assert calibration.straggle(CALIBRATION) == 0.0 and "straggle" in calibration.describe(cal)
+    hw = calibration.hardware(cal)
+    assert hw.straggle == pytest.approx(0.1)
+    ddp = planner.from_config(parse(config_for("DDP", 2, {"preset": "tiny"}, 2, 3)[0], 2), hw).time
+    assert ddp["straggle"] == pytest.approx(0.1 * ddp["compute"])
+    without = planner.from_config(parse(config_for("DDP", 2, {"preset": "tiny"}, 2, 3)[0], 2),
+                                  calibration.hardware(CALIBRATION)).time
+    assert ddp["total"] == pytest.approx(without["total"] + ddp["straggle"])
+    single = planner.from_config(parse(config_for("single", 2, {"preset": "tiny"}, 2, 3)[0], 1), hw).time
+    assert single["straggle"] == 0.0
+
+
 def test_predicted_step_times_predict_every_row_on_its_own_launchs_calibration():
     """Every timed row, single included, is predicted on the Hardware its launch measured: single's ratio is a
     measurement (here 1 only where the row took the predicted time), a row twice as slow as predicted has 2, and
@@ -256,6 +279,26 @@ def test_single_is_launched_before_and_after_the_rows_and_keeps_its_faster_run(m
     rows = {r["name"]: r for r in run_suite(["single", "DDP", "ZeRO-1"], nproc=2, backend="gloo")}
     assert rows["single"]["median_step_s"] == 1.5 and rows["single"]["reference_medians"] == [2.0, 1.5]
     assert rows["DDP"]["median_step_s"] == 0.8 and rows["ZeRO-1"]["median_step_s"] == 0.9
+
+
+def test_each_row_of_a_launch_is_calibrated_just_before_it_runs():
+    """Two configs in one calibrated launch: each run carries the calibration measured for its own config (TP's
+    GEMMs at tp = 2, DDP's whole), not one taken at the launch's start for both."""
+    import json
+    from par.runtime.launch import run
+    from par.train import calibration, job, suite
+    from par.train.config import parse
+    model = {"preset": "tiny"}
+    configs = [suite.config_for(name, 2, model, 2, 2)[0] for name in ("DDP", "TP")]
+    args = job.Args(config=tuple(json.dumps(c) for c in configs), calibrate=True)
+    got = run("par.train.job", nproc=2, args=args.to_argv(), backend="gloo", timeout=240, quiet=True)
+    runs = got["runs"]
+    assert "calibration" not in got and len(runs) == 2
+    for config, r in zip(configs, runs):
+        want = calibration.shapes([parse(config, 2)])["gemms"]
+        assert [tuple(g[:4]) for g in r["calibration"]["gemms"]] == [tuple(g) for g in want]
+        assert r["calibration"]["collectives"]["all_gather"]
+    assert runs[0]["calibration"]["gemms"] != runs[1]["calibration"]["gemms"]
 
 
 def test_a_failed_launch_is_one_line_naming_the_rank_error(monkeypatch):

@@ -2,8 +2,8 @@
 
 The planner predicts a step from a device's rates (`par.train.cost`); on a GPU they come from a datasheet and one
 published run, on this CPU they are measured. `par.train.suite` asks every timed launch of `par.train.job` to
-measure them first (`--calibrate`), so each row is predicted from numbers taken in its own launch, on as many
-ranks as it has, all ranks measuring at once (on 2 shared cores one rank computes at about half the rate it
+measure them just before each row (`--calibrate`), so each row is predicted from numbers taken seconds before its
+steps, on as many ranks as it has, all ranks measuring at once (on 2 shared cores one rank computes at about half the rate it
 reaches alone: the rows' ranks run side by side, and so do the measurements):
 
     GEMMs        every GEMM of the rows' blocks and LM head at their shapes (`cost.layer_gemms`, `cost.head_gemm`
@@ -23,14 +23,21 @@ reaches alone: the rows' ranks run side by side, and so do the measurements):
     collectives  with more than one rank, par's own calls as its engines make them on this backend:
                  `par.comm.collectives.all_reduce` (TP's activations), `reduce_scatter`, `all_gather` (ZeRO's
                  units; par's ring on gloo, the received chunks added on the CPU) and `send_recv` (a pipeline's
-                 exchange), each at SIZES, every call after the same GEMM work on every rank (a step's
-                 collective follows compute, and a rank that finished first waits for the other: that wait is
-                 part of what a step pays per collective); each rank times its call, the call costs the mean
-                 over the ranks; α + β·bytes fitted per kind to its own formula (`cost.fitted_links`)
+                 exchange), each at SIZES, in REPEATS rounds of every kind and size once (a burst of load or a
+                 drift of the machine's speed falls on all of them alike), every call after the same GEMM work
+                 on every rank (a step's collective follows compute, and a rank that finished first waits for
+                 the other: that wait is part of what a step pays per collective); each rank times its call, the
+                 call costs the mean over the ranks; α + β·bytes fitted per kind to its own formula
+                 (`cost.fitted_links`)
+    straggle     with more than one rank, every kind at STRAGGLE_BYTES after a long GEMM gap (STRAGGLE_GAP_S)
+                 and after the short one, in the same rounds: a collective waits for the last rank to arrive, and
+                 on shared cores ranks drift apart by a share of the compute between two collectives; the slope
+                 (seconds of call per second of gap, `straggle`) is what the planner adds per second of a
+                 multi-rank row's compute (`planner.Hardware.straggle`)
 
 A compute number is the slowest rank's (a step ends with its slowest rank), each the mean of calls back to back
 for WINDOW_S (a step pays every call, the slow ones too).
-The whole measurement takes a second or two per launch (`seconds` in the result says how long it took).
+The whole measurement takes a second or two per row (`seconds` in the result says how long it took).
 `hardware(calibration)` is the Hardware the planner predicts these rows on; nothing here is a constant of the
 machine, everything is measured in the launch that uses it.
 """
@@ -47,9 +54,12 @@ import torch.nn.functional as F
 SIZES = (64 << 10, 512 << 10, 4 << 20, 16 << 20)    # bytes of each measured collective
 COLD_BYTES = 16 << 20        # distinct GEMM operands cycled through per shape: more than a core's caches hold
 MAX_COPIES = 32
-GAP_S = 1e-3                 # GEMM work before every timed collective (about what a TP row computes between two)
+GAP_S = 2.5e-4               # GEMM work before every timed collective (about what a TP row computes between two)
+STRAGGLE_GAP_S = 4e-3        # and the long gap, at STRAGGLE_BYTES: what the longer compute adds to a collective
+STRAGGLE_BYTES = 512 << 10
 WINDOW_S = 0.02              # each compute number: calls back to back for at least this long
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "p2p")
+REPEATS = 12                 # timed rounds of the collectives: each (kind, size) once per round
 
 
 def _mean_s(fn, window: float = WINDOW_S, least: int = 3, warmup: int = 1) -> float:
@@ -212,11 +222,11 @@ def measure_compute(tcs) -> dict:
 
 
 # ---------------------------------------------------------------- collectives, all ranks together
-def _gap_work():
-    """The same GEMM work on every rank before a timed collective (about GAP_S seconds)."""
+def _gap_work(seconds: float = GAP_S):
+    """The same GEMM work on every rank before a timed collective (about `seconds`)."""
     a, w = torch.randn(128, 256), torch.randn(1024, 256)
     one = _mean_s(lambda: a @ w.t(), window=0.01)
-    count = max(1, round(GAP_S / one))
+    count = max(1, round(seconds / one))
 
     def work():
         for _ in range(count):
@@ -225,33 +235,51 @@ def _gap_work():
 
 
 def measure_collectives(sizes=SIZES, group=None) -> dict:
-    """{kind: [[n, bytes, [this rank's seconds per call]], ...]}: par's collectives as its engines call them,
-    each call after the same GEMM work (module docstring)."""
+    """{kind: [[n, bytes, [this rank's seconds per call]], ...], "straggle": [[kind, short gap s, [seconds per
+    call], long gap s, [seconds per call]], ...]}: par's collectives as its engines call them, each call after the
+    same GEMM work (module docstring); at STRAGGLE_BYTES every kind also after STRAGGLE_GAP_S of it."""
     import torch.distributed as dist
     from par.comm import collectives as C
     n, me = C.group_size(group), C.group_rank(group)
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
     right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
-    work = _gap_work()
-    out = {kind: [] for kind in KINDS}
-    for size in sizes:
+    short, long = _gap_work(GAP_S), _gap_work(STRAGGLE_GAP_S)
+    calls = {}
+    for size in (*sizes, STRAGGLE_BYTES):
         x = torch.randn(size // 4)
         back = torch.empty_like(x)
-        calls = {"all_reduce": lambda: C.all_reduce(x, "sum", group),
-                 "reduce_scatter": lambda: C.reduce_scatter(x, "avg", group),
-                 "all_gather": lambda: C.all_gather(x, group),
-                 "p2p": lambda: [w.wait() for w in C.send_recv([(x, right)], [(back, left)], group)]}
-        reps = max(4, min(12, int(0.08 / (size / 1e9 + GAP_S))))
-        for kind in KINDS:
-            times = []
-            for i in range(reps + 1):
-                work()
-                t0 = time.perf_counter()
-                calls[kind]()
-                if i:                       # the first call of each size and kind warms its buffers
-                    times.append(time.perf_counter() - t0)
-            out[kind].append([n, size, times])
+        calls[size] = {"all_reduce": lambda x=x: C.all_reduce(x, "sum", group),
+                       "reduce_scatter": lambda x=x: C.reduce_scatter(x, "avg", group),
+                       "all_gather": lambda x=x: C.all_gather(x, group),
+                       "p2p": lambda x=x, back=back: [w.wait() for w in C.send_recv([(x, right)], [(back, left)],
+                                                                                     group)]}
+    points = [(size, kind, short) for size in sizes for kind in KINDS]
+    points += [("straggle", kind, gap) for gap in (short, long) for kind in KINDS]
+    times = {(size, kind, gap): [] for size, kind, gap in points}
+    gaps = {short: [], long: []}
+    for i in range(REPEATS + 1):        # every point once per round: a burst of load falls on all of them alike
+        for size, kind, gap in points:
+            t0 = time.perf_counter()
+            gap()
+            t1 = time.perf_counter()
+            calls[STRAGGLE_BYTES if size == "straggle" else size][kind]()
+            if i:                       # the first round warms every buffer
+                times[size, kind, gap].append(time.perf_counter() - t1)
+                gaps[gap].append(t1 - t0)
+    out = {kind: [[n, size, times[size, kind, short]] for size in sizes] for kind in KINDS}
+    out["straggle"] = [[kind, statistics.mean(gaps[short]), times["straggle", kind, short],
+                        statistics.mean(gaps[long]), times["straggle", kind, long]] for kind in KINDS]
     return out
+
+
+def _straggle_point(ranks, j: int) -> list:
+    """[kind, short gap s, s per call, long gap s, s per call] of straggle point j over the ranks: each gap the
+    ranks' mean, each call's time the mean over the ranks, then over the calls (as every collective's)."""
+    rows = [r["collectives"]["straggle"][j] for r in ranks]
+    gap = lambda k: statistics.mean(row[k] for row in rows)      # noqa: E731
+    call = lambda k: statistics.mean(statistics.mean(row[k][i] for row in rows)     # noqa: E731
+                                     for i in range(len(rows[0][k])))
+    return [rows[0][0], gap(1), call(2), gap(3), call(4)]
 
 
 def measure(tcs, env=None) -> dict:
@@ -290,6 +318,7 @@ def measure(tcs, env=None) -> dict:
                                              for i in range(len(times)))]
                    for j, (n, size, times) in enumerate(ranks[0]["collectives"][kind])]
             for kind in KINDS}
+        out["straggle"] = [_straggle_point(ranks, j) for j in range(len(KINDS))]
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -330,8 +359,17 @@ def hardware(cal: dict, base: str = "cpu") -> "planner.Hardware":
                  optimizer_bw=optimizer_bw, host_optimizer_bw=optimizer_bw, bw_host=8 * numel / copy_s)
     if cal.get("collectives"):
         link = cost.fitted_links({k: [tuple(x) for x in rows] for k, rows in cal["collectives"].items()})
-        hw = replace(hw, bw_node=link.bandwidth, alpha_node=link.alpha, collectives=link.kinds)
+        hw = replace(hw, bw_node=link.bandwidth, alpha_node=link.alpha, collectives=link.kinds,
+                     straggle=straggle(cal))
     return hw
+
+
+def straggle(cal: dict) -> float:
+    """Seconds a collective waits per second of compute before it: over the kinds, the mean of
+    max(0, (t_long − t_short) / (gap_long − gap_short)) (0 without a straggle measurement)."""
+    slopes = [max(0.0, (t_long - t_short) / (g_long - g_short))
+              for _, g_short, t_short, g_long, t_long in cal.get("straggle", ()) if g_long > g_short]
+    return statistics.mean(slopes) if slopes else 0.0
 
 
 def describe(cal: dict) -> str:
@@ -344,4 +382,8 @@ def describe(cal: dict) -> str:
              f"{hw.bw_host / 1e9:.1f} GB/s"]
     for kind, alpha, bw in hw.collectives:
         lines.append(f"  {kind:<15} α {alpha * 1e6:7.1f} µs per step, {bw / 1e9:5.2f} GB/s")
+    if cal.get("straggle"):
+        lines.append(f"  straggle        {hw.straggle:.3f} s waited per s of compute before a collective "
+                     f"(after {cal['straggle'][0][3] * 1e3:.1f} ms of GEMMs against "
+                     f"{cal['straggle'][0][1] * 1e3:.2f} ms)")
     return "\n".join(lines)

@@ -10,9 +10,10 @@ Result (the contract of par/measure.py): world_size, backend, losses, step_s (ti
 rank's), per_rank, and the row keys of `par.train.loop.summarize` (strategy, layout, samples_per_s and its range,
 memory, bytes per step, max_param_diff with --check). Several --config in one launch (saving the start-up)
 give {"world_size", "backend", "runs": [row, ...]}; a config this device cannot run (fp16 without fp16
-kernels) becomes a run {"strategy", "error"} and the next one runs. With --calibrate every rank first measures this
-machine's compute and collectives for the configs (`par.train.calibration.measure`, a second or two), and the
-result carries them as `calibration` (what `par.train.suite` predicts the launch's rows from).
+kernels) becomes a run {"strategy", "error"} and the next one runs. With --calibrate every rank measures this
+machine's compute and collectives for each config just before its run (`par.train.calibration.measure`, a second
+or two), and each run carries its own as `calibration` (what `par.train.suite` predicts the row from: a machine
+whose speed drifts over a launch's seconds is measured when the row runs, not at the launch's start).
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ class Args(JobArgs):
     config: tuple[str, ...] = arg(help="a JSON file, or a JSON object as text; one --config per run", repeat=True)
     steps: int | None = arg(None, "override the configs' steps", minimum=1)
     check: bool = arg(False, "train the single-process model beside and compare")
-    calibrate: bool = arg(False, "first measure this machine's GEMMs, optimizer and collectives for the configs "
-                                 "(par.train.calibration)")
+    calibrate: bool = arg(False, "measure this machine's GEMMs, optimizer and collectives for each config just "
+                                 "before its run (par.train.calibration)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +84,7 @@ class RunResult(RunResult):
     bytes_per_step: float | None = None
     mem_source: str | None = None
     max_param_diff: float | None = None
+    calibration: dict | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,7 +93,6 @@ class Result(JobResult, RunResult):
     Run = RunResult
     strategy: str | None = None
     runs: tuple | None = None
-    calibration: dict | None = None
 
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one run per config, as
@@ -115,24 +116,24 @@ def main(argv=None) -> int:
     from par.train.loop import summarize, train
     args = Args.parse(argv)
     env = par.runtime.dist.init()
-    calibration = None
-    if args.calibrate:
-        from par.train.calibration import measure
-        calibration = measure([load(source, env.world_size) for source in args.config], env)
+    from par.train.calibration import measure
     runs = []
     for source in args.config:
         cfg = read(source)
         tc = load({**cfg, "steps": args.steps} if args.steps is not None else cfg, env.world_size)
+        calibration = measure([tc], env) if args.calibrate else None
         try:
             mine = train(tc, check=args.check)
         except UnsupportedPrecision as e:   # raised identically on every rank, before any collective
             runs.append({"strategy": tc.strategy, "error": str(e)})
             continue
         ranks = par.runtime.dist.gather_object(mine)
-        runs.append(summarize(tc, ranks, env.backend) if env.rank == 0 else None)
+        if env.rank == 0:
+            run = summarize(tc, ranks, env.backend)
+            runs.append({**run, "calibration": calibration} if calibration else run)
     if env.rank == 0:
         result = runs[0] if len(runs) == 1 else {"world_size": env.world_size, "backend": env.backend, "runs": runs}
-        par.runtime.dist.save_result({**result, "calibration": calibration} if calibration else result)
+        par.runtime.dist.save_result(result)
     par.runtime.dist.teardown()
     return 0
 

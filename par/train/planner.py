@@ -58,6 +58,10 @@ step time (seconds), `par.train.cost`:
     optimizer  the step's bytes (`cost.optimizer_bytes_per_param` × the partition) at the optimizer's bytes/s
                (`cost.Compute.optimizer_seconds`); with offload on the host, at `host_optimizer_bw`
     offload    gradient partition down, parameters up, over the host link (`par.zero.offload`)
+    straggle   on more than one rank, `straggle` × compute: every collective waits for the last rank to arrive, and
+               ranks whose compute jitters (shared cores) arrive apart by a share of the compute before it; the
+               share is measured (`par.train.calibration`: a collective after a long GEMM gap against a short one),
+               0 on the datasheet presets
     A group's link is the node's (NVLink) when its ranks fit in one node under the grid's layout
     rank = t + tp·(d + dp·s) (`par.runtime.grid`; cp beside tp), the network's otherwise; every link α + β·bytes.
     The bytes of dp, tp, pp and cp per device and step are returned in `Plan.bytes`.
@@ -120,7 +124,8 @@ class Hardware:
     Links: α `alpha_node` / `alpha_network` seconds per message step; `collectives`, where measured, each
     collective kind's own (kind, α, bandwidth) inside the node (`par.train.cost.Link.kinds`). The host: `bw_host`
     for offload's copies, `host_optimizer_bw` the bytes/s of the optimizer step offload runs there (inf: not
-    charged, the GPU presets state no host CPU)."""
+    charged, the GPU presets state no host CPU). `straggle`: what ranks arriving apart add to a collective, per
+    second of the compute before it (measured on this CPU; 0 where nothing measured it)."""
     name: str = "A100-80GB"
     memory: float = 80e9
     flops: float = 150e12          # the flat rate (peak = 0): about half of the 312 TFLOP/s bf16 peak
@@ -138,6 +143,7 @@ class Hardware:
     optimizer_bw: float = 0.0      # the optimizer step's bytes/s on the device (0: `hbm`)
     host_optimizer_bw: float = math.inf    # the optimizer step's bytes/s on the host, with offload (inf: free)
     collectives: tuple = ()        # measured ((kind, alpha, bandwidth), ...) inside the node (`cost.Link.kinds`)
+    straggle: float = 0.0          # measured: seconds a collective waits per second of compute before it
 
     @property
     def compute(self) -> cost.Compute:
@@ -557,6 +563,7 @@ def predict(w: Workload, dp: int, pp: int, tp: int, zero_stage: int = 0, microba
     step_bytes = cost.optimizer_bytes_per_param(w.precision, w.optimizer) * (psi / group if zero_stage >= 1 else psi)
     t["optimizer"] = step_bytes / hw.host_optimizer_bw if offload else compute.optimizer_seconds(step_bytes)
     t["offload"] = (bp.grads + bp.weights) * math.ceil(psi / dp) / hw.bw_host if offload else 0.0
+    t["straggle"] = hw.straggle * t["compute"] if dp * pp * tp * cp > 1 else 0.0
     t["total"] = sum(t.values())
     plan.time = t
     plan.samples_per_s = w.global_batch / t["total"]

@@ -10,11 +10,11 @@ the speed-up over `single`, average and peak memory per rank, bytes sent per ran
 (`par.comm.commlog`), beside the planner's prediction for the same config (`par.train.planner`); and the largest
 GPT-lite (same depth and heads, wider) whose predicted memory fits `--memory` bytes per device.
 
-Every timed launch first measures this machine (`par.train.calibration`: the rows' GEMMs, the per-operation
-launch cost, the memory-bound and optimizer bytes/s, the host copies and, on more than one rank, par's
-collectives), and each row keeps its launch's `calibration`: `predicted_step_times` predicts every timed row,
-single included, on the Hardware of its own launch (`calibrated`), so a ratio measured / predicted is a test of
-the planner on numbers it was not fitted to.
+A timed launch measures this machine just before each of its rows (`par.train.calibration`: the row's GEMMs,
+the per-operation launch cost, the memory-bound and optimizer bytes/s, the host copies and, on more than one rank,
+par's collectives), and each row keeps its own `calibration`: `predicted_step_times` predicts every timed row,
+single included, on the Hardware measured just before it ran (`calibrated`), so a ratio measured / predicted is a
+test of the planner on numbers it was not fitted to, taken within seconds of the steps it predicts.
 
 What makes the timings honest:
 
@@ -187,7 +187,7 @@ def launch_order(rows: dict) -> list[tuple[tuple[int, bool], list[str]]]:
 
 def launch_args(rows: dict, group: list[str]) -> job.Args:
     """The arguments of `par.train.job` for one launch: every row's config, checked when the rows are, and a
-    launch of timed rows calibrated (`par.train.calibration`: the machine measured before its rows run)."""
+    launch of timed rows calibrated (`par.train.calibration`: the machine measured before each row runs)."""
     return job.Args(config=tuple(json.dumps(rows[name]["config"]) for name in group), check=rows[group[0]]["checked"],
                     calibrate=all(rows[name]["timed"] for name in group))
 
@@ -203,7 +203,7 @@ def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
     (both medians in `reference_medians`): other programs on the machine only ever slow a run down, so a burst
     of load during the reference's launch would make every row look faster than it is; the faster run is the
     nearer to single's time on a machine of its own, and a speed-up can only come out lower for it. Each row
-    keeps the `calibration` its launch measured (single: that of the run it keeps).
+    keeps the `calibration` measured just before it ran (single: that of the run it keeps).
     `strict`: raise `BenchmarkError` at the first row that cannot run instead of recording it in the row."""
     from par.runtime.launch import LaunchError, run
     rows = plan_rows(names, nproc, preset, micro_batch, steps, timing_slots(backend, nproc), model, check, memory,
@@ -232,10 +232,7 @@ def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
                 rows[name]["error"] = e.root_cause
             continue
         got = dict(got)
-        calibration = got.pop("calibration", None)
         runs = got["runs"] if "runs" in got else [got]
-        if calibration is not None:
-            runs = [{**r, "calibration": calibration} if "error" not in r else r for r in runs]
         for name, measured in zip(group, runs):
             if "error" in measured:      # a configuration this device cannot run (fp16 without fp16 kernels)
                 rows[name]["skipped"] = measured["error"]
@@ -291,7 +288,7 @@ def speedups(rows: list[dict]) -> dict:
 
 
 def calibrated(row: dict, hardware: str = "cpu") -> planner.Hardware:
-    """The Hardware a row is predicted on: what its own launch measured on this machine
+    """The Hardware a row is predicted on: what was measured on this machine just before the row ran
     (`par.train.calibration.hardware` of the row's `calibration`), memory and links between nodes `hardware`'s."""
     from par.train import calibration
     if not row.get("calibration"):
@@ -303,7 +300,7 @@ def calibrated(row: dict, hardware: str = "cpu") -> planner.Hardware:
 def predicted_step_times(rows: list[dict], hardware: str = "cpu") -> dict:
     """{row: {"predicted_s", "measured_s", "ratio": measured / predicted, "parts": the prediction's seconds by
     part}} for every timed row of single's precision, single included: the planner's step time
-    (`planner.from_config`) on the Hardware its own launch measured (`calibrated`), data-parallel communication
+    (`planner.from_config`) on the Hardware measured just before it ran (`calibrated`), data-parallel communication
     overlapped with backward only where the engine overlaps (ZeRO-3 with prefetch) and a core is free for it
     (ranks < the machine's cores)."""
     sp = speedups(rows)

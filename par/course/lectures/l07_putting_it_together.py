@@ -250,15 +250,17 @@ def prediction_ratios(rows: list[dict], ax=None, band: float = 0.05):
 
 PARTS = (("compute", "compute", "#BBBBBB"), ("bubble", "bubble", "#E5C494"), ("tp", "tp all-reduces", "#DD8452"),
          ("pp", "pp sends", "#937860"), ("dp", "dp / ZeRO collectives", "#8172B2"),
-         ("optimizer", "optimizer step", "#55A868"), ("offload", "offload copies", "#64B5CD"))
+         ("buffers", "gradient / gathered buffers", "#DA8BC3"), ("optimizer", "optimizer step", "#55A868"),
+         ("offload", "offload copies", "#64B5CD"), ("straggle", "ranks arriving apart", "#C44E52"))
 
 
 def step_time_predictions(times: dict, ax=None, band: float = STEP_TIME_BAND):
     """The planner's step time beside the measured one for every timed row (`par.train.suite.predicted_step_times`:
     {row: {predicted_s, measured_s, ratio, parts}}): per row the measured median step (blue) above the
-    prediction, stacked by its parts (compute, bubble, tp, pp, dp, optimizer, offload), measured / predicted
+    prediction, stacked by its parts (compute, bubble, tp, pp, dp, buffers, optimizer, offload, straggle),
+    measured / predicted
     written beside them, green inside 1 ± `band`, red outside. The prediction is on this machine's measured
-    GEMMs, launch, bandwidths and collectives (`par.train.calibration`), each row on its own launch's."""
+    GEMMs, launch, bandwidths and collectives (`par.train.calibration`), each row on those measured just before it."""
     import numpy as np
     names = list(times)
     ax = plots.axis(ax, (8, 1.2 + 0.55 * len(names)))
@@ -282,5 +284,5 @@ def step_time_predictions(times: dict, ax=None, band: float = STEP_TIME_BAND):
     ax.set_xlabel("seconds per step (upper bar measured, lower bar predicted)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title(f"step time, measured / predicted (target 1 ± {band}): the planner on this machine's measured\n"
-                 f"GEMMs, launch, bandwidths and collectives, every row on its own launch's", fontsize=9)
+                 f"GEMMs, launch, bandwidths and collectives, every row on those measured just before it", fontsize=9)
     return ax
