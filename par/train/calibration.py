@@ -2,9 +2,9 @@
 
 The planner predicts a step from a device's rates (`par.train.cost`); on a GPU they come from a datasheet and one
 published run, on this CPU they are measured. `par.train.suite` asks every timed launch of `par.train.job` to
-measure them just before each row (`--calibrate`), so each row is predicted from numbers taken seconds before its
-steps, on as many ranks as it has, all ranks measuring at once (on 2 shared cores one rank computes at about half the rate it
-reaches alone: the rows' ranks run side by side, and so do the measurements):
+measure them just before each row (`--calibrate`), so each row is predicted from numbers taken seconds before
+its steps, on as many ranks as it has, all ranks measuring at once (on 2 shared cores one rank computes at about
+half the rate it reaches alone: the rows' ranks run side by side, and so do the measurements):
 
     GEMMs        every GEMM of the rows' blocks and LM head at their shapes (`cost.layer_gemms`, `cost.head_gemm`
                  for each row's micro-batch and tp), forward and both backward products (input and weight
@@ -54,7 +54,7 @@ import torch.nn.functional as F
 SIZES = (64 << 10, 512 << 10, 4 << 20, 16 << 20)    # bytes of each measured collective
 COLD_BYTES = 16 << 20        # distinct GEMM operands cycled through per shape: more than a core's caches hold
 MAX_COPIES = 32
-GAP_S = 2.5e-4               # GEMM work before every timed collective (about what a TP row computes between two)
+GAP_S = 1e-3                 # GEMM work before every timed collective (about what a TP row computes between two)
 STRAGGLE_GAP_S = 4e-3        # and the long gap, at STRAGGLE_BYTES: what the longer compute adds to a collective
 STRAGGLE_BYTES = 512 << 10
 WINDOW_S = 0.02              # each compute number: calls back to back for at least this long
@@ -222,7 +222,7 @@ def measure_compute(tcs) -> dict:
 
 
 # ---------------------------------------------------------------- collectives, all ranks together
-def _gap_work(seconds: float = GAP_S):
+def _gap_work(seconds: float):
     """The same GEMM work on every rank before a timed collective (about `seconds`)."""
     a, w = torch.randn(128, 256), torch.randn(1024, 256)
     one = _mean_s(lambda: a @ w.t(), window=0.01)

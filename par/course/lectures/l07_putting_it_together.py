@@ -258,9 +258,9 @@ def step_time_predictions(times: dict, ax=None, band: float = STEP_TIME_BAND):
     """The planner's step time beside the measured one for every timed row (`par.train.suite.predicted_step_times`:
     {row: {predicted_s, measured_s, ratio, parts}}): per row the measured median step (blue) above the
     prediction, stacked by its parts (compute, bubble, tp, pp, dp, buffers, optimizer, offload, straggle),
-    measured / predicted
-    written beside them, green inside 1 ± `band`, red outside. The prediction is on this machine's measured
-    GEMMs, launch, bandwidths and collectives (`par.train.calibration`), each row on those measured just before it."""
+    measured / predicted written beside them, green inside 1 ± `band`, red outside. The prediction is on this
+    machine's measured GEMMs, launch, bandwidths and collectives (`par.train.calibration`), each row on those
+    measured just before it."""
     import numpy as np
     names = list(times)
     ax = plots.axis(ax, (8, 1.2 + 0.55 * len(names)))
