@@ -599,6 +599,22 @@ def test_a_rank_gone_while_the_others_still_work_is_not_a_hang():
     assert w.hung() and not w.confirmed({0: (False, "busy in write_plots at job.py:90")})
 
 
+def test_a_rank_that_polls_while_it_waits_makes_no_progress(monkeypatch):
+    """Rank 0 waiting in init for its store's clients uses about 2 % of a core: summed over seconds that passes
+    any fixed amount of CPU, but at no look is it a share of a core that counts as progress; a rank computing
+    on a crowded machine (a quarter of a core) is busy at every look."""
+    now, cpu = [0.0], {1000: 0.0, 1001: 0.0}
+    monkeypatch.setattr(hang, "main_thread_stat", lambda pid: ("S", cpu[pid]))
+    w = hang.Watch(45, 2, clock=lambda: now[0])
+    for _ in range(60):
+        w.look({0: 1000, 1: 1001})
+        now[0] += 1.0
+        cpu[1000] += 0.02
+        cpu[1001] += 0.25
+    w.look({0: 1000, 1: 1001})
+    assert w.idle()[0] == 60 and w.idle()[1] == 0 and w.busy()[1] == 60
+
+
 def test_a_rank_never_seen_counts_as_gone_until_it_shows_up():
     """Read from /proc (this process stands in for both ranks): a rank missing GONE_S after the first look is gone;
     one that then appears (slow to start) is not."""

@@ -3,13 +3,16 @@
 A rank makes progress when its main thread runs: it trains, computes, copies. A rank that waits in a
 collective for a peer uses no CPU, nor does one that sleeps, blocks on a lock, or was stopped (SIGSTOP).
 So the heartbeat the launcher reads is the one the kernel already keeps for every process: the main
-thread's CPU clock and run state, in `/proc/<pid>/task/<pid>/stat`, read once a second (`Watch.look`).
+thread's CPU clock and run state, in `/proc/<pid>/task/<pid>/stat`, read once a second (`Watch.look`). A look
+finds progress when the main thread used at least IDLE_SHARE of a core since the look before: a rank that
+waits may still poll (rank 0 waiting in init for its store's clients uses about 2 % of a core), and that is
+not progress however long it lasts.
 Nothing runs inside the rank to produce it, so it is right even for a stopped rank or one stuck in C code.
 
 The job may be hung (`Watch.hung`) when
 
 * a rank has been stopped (state T) for `hang_s` seconds, or
-* some rank's main thread has used no more than IDLE_CPU_S of CPU for `hang_s` seconds: it waits for a
+* some rank's main thread has used less than IDLE_SHARE of a core at every look for `hang_s` seconds: it waits for a
   peer that does not come (one that sleeps, blocks, or spins in a busy loop without reaching the
   collective), or
 * a rank's process is gone (it exited, even with code 0, or was never seen) and every rank left has made no
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 
 HANG_ENV = "PAR_HANG_S"
 DEFAULT_HANG_S = 45.0
-IDLE_CPU_S = 0.05                # less CPU than this since the last sign of progress: no progress
+IDLE_SHARE = 0.05                # less of a core than this since the look before: no progress
 COLLECTIVE_MARGIN_S = 15.0       # the collectives' own timeout comes this long after the launcher's verdict
 MIN_COLLECTIVE_S = 60.0
 GONE_S = 5.0                     # a rank is gone and the others made no progress since, this long: they wait for it
@@ -70,10 +73,11 @@ def main_thread_stat(pid: int) -> tuple[str, float] | None:
 @dataclass
 class RankClock:
     pid: int
-    cpu: float                      # main-thread CPU seconds at the last sign of progress
-    progress_at: float              # when that was (time.monotonic)
+    cpu: float                      # main-thread CPU seconds at the last look
+    progress_at: float              # the last look that found progress (time.monotonic)
     stopped_at: float | None = None  # since when it is stopped, if it is
     quiet_at: float | None = None   # the last look that found no progress (None: none yet, busy since progress_at)
+    seen_at: float | None = None    # when the last look was (None: at progress_at)
 
 
 class Watch:
@@ -106,11 +110,14 @@ class Watch:
             state, cpu = stat
             c = self.ranks.get(rank)
             if c is None or c.pid != pid:
-                c = self.ranks[rank] = RankClock(pid, cpu, now, quiet_at=now)
-            if cpu - c.cpu >= IDLE_CPU_S:
-                c.cpu, c.progress_at = cpu, now
-            else:
-                c.quiet_at = now
+                c = self.ranks[rank] = RankClock(pid, cpu, now, quiet_at=now, seen_at=now)
+            since = now - (c.progress_at if c.seen_at is None else c.seen_at)
+            if since > 0:                  # two looks at once say nothing about progress
+                if cpu - c.cpu >= IDLE_SHARE * since:
+                    c.progress_at = now
+                else:
+                    c.quiet_at = now
+                c.cpu, c.seen_at = cpu, now
             c.stopped_at = (c.stopped_at or now) if state in "Tt" else None
 
     def stopped(self) -> dict[int, float]:
