@@ -12,6 +12,8 @@ import argparse
 import importlib
 import sys
 
+from par.runtime.checks import unknown
+
 BENCHMARKS = {
     # name: (module, what it times against what)
     "collectives": ("par.comm.bench", "par's ring all-reduce vs torch.distributed.all_reduce"),
@@ -41,7 +43,6 @@ def main(argv=None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in BENCHMARKS:
-        from par.runtime.checks import unknown
         raise argparse.ArgumentError(None, unknown("benchmark", name, BENCHMARKS, "python -m par bench --help"))
     return int(importlib.import_module(BENCHMARKS[name][0]).main(rest) or 0)
 

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from par import clock
+from par.runtime import dist as pdist
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,6 @@ class _EventSpan:
 
 def _default_device() -> torch.device:
     """The device of this rank (`par.runtime.dist.env()`), the CPU before `par.runtime.dist.init()`."""
-    from par.runtime import dist as pdist
     here = pdist.current()
     return here.device if here is not None else torch.device("cpu")
 

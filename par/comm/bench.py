@@ -17,6 +17,7 @@ import json
 import os
 import sys
 
+from par.runtime import dist, launch
 from par.runtime.checks import check_writable, int_at_least, positive_float, positive_int, world_sizes
 
 TARGET = 1.15
@@ -40,8 +41,7 @@ def parse(argv):
 def measure(world_size: int, sizes: str, reps: int, warmup: int, backend: str = "auto", timeout: float = 600,
             quiet: bool = True) -> list[dict]:
     """Rows {numel, ring_s, torch_s, ratio, ...} from one launch on `world_size` ranks."""
-    from par.runtime.launch import run
-    out = run("par.comm.job", nproc=world_size, backend=backend, timeout=timeout, quiet=quiet,
+    out = launch.run("par.comm.job", nproc=world_size, backend=backend, timeout=timeout, quiet=quiet,
               args=["--parts", "timing", "--sizes", sizes, "--reps", reps, "--warmup", warmup])
     return [dict(row, world_size=world_size, backend=out["backend"]) for row in out["timing"]]
 
@@ -66,7 +66,6 @@ def table(rows: list[dict], cores: int | None = None) -> str:
 
 
 def main(argv=None) -> int:
-    from par.runtime.dist import physical_cores
     args = parse(sys.argv[1:] if argv is None else argv)
     if args.reps < 9:
         print(f"note: {args.reps} repetitions; the benchmark's claim is a median of at least 9", file=sys.stderr)
@@ -77,7 +76,7 @@ def main(argv=None) -> int:
         rows += [dict(r, load=load) for r in measure(n, args.sizes, args.reps, args.warmup, args.backend,
                                                       args.timeout)]
     print(f"\nring all-reduce / dist.all_reduce, median of {args.reps} after {args.warmup} warm-up, "
-          f"spread q1-q3 (target <= {TARGET}x)\n{table(rows, physical_cores())}")
+          f"spread q1-q3 (target <= {TARGET}x)\n{table(rows, dist.physical_cores())}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

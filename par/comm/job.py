@@ -38,10 +38,10 @@ import torch.distributed as dist
 
 import par.runtime.dist
 from par import clock
-from par.runtime.job_args import JobArgs, arg
-from par.comm import collectives as C
-from par.comm import commlog
+from par.comm import collectives as C, commlog
 from par.measure import JobResult, sync
+from par.runtime.job_args import arg, JobArgs
+from par.runtime.job_work import Collectives
 
 PARTS = ("env", "show", "trace", "bytes", "timing", "steps")
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -272,7 +272,6 @@ class Result(JobResult):
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): the counted sizes and the
     timed ones, `warmup + reps` times each (ring and torch)."""
-    from par.runtime.job_work import Collectives
     counted = args.bytes_sizes if "bytes" in args.parts else ()
     return [Collectives((*counted, *(args.sizes if "timing" in args.parts else ())), args.reps + args.warmup)]
 

@@ -30,18 +30,20 @@ import torch
 import torch.nn.functional as F
 
 import par.runtime.dist
-from par.runtime.job_args import JobArgs, arg
+from par import clock
 from par.comm import commlog
 from par.cp import ring_attention as cp, ulysses
-from par.memory import accounting as memory
-from par.tp import sequence as sp, layers as tp
-from par.tp.ops import my_sequence_slice
 from par.data import CharDataset, global_batches
 from par.measure import JobResult, RankResult, RunResult, slowest, timed_step
-from par.model import build, lm_loss, preset
-from par.runtime.preflight import physical_cores
+from par.memory import accounting as memory
+from par.model import Block, build, lm_loss, preset
 from par.reference import make_optimizer
+from par.runtime.job_args import arg, JobArgs
+from par.runtime.job_work import Training
+from par.runtime.preflight import physical_cores
 from par.timeline import Recorder
+from par.tp import layers as tp, sequence as sp
+from par.tp.ops import my_sequence_slice
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,6 @@ def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): TP+SP and CP training (and a
     timeline) beside the dense model, costed as three TP trainings with the dense reference (the planner's TP
     activations bound TP+SP's and CP's)."""
-    from par.runtime.job_work import Training
     return [Training(model=preset(args.preset), global_batch=args.batch_size, tp=nproc, steps=3 * args.steps,
                      reference_batch=args.batch_size, label=f"TP+SP and CP on {nproc}")]
 
@@ -101,7 +102,6 @@ def sweep(cfg, n: int, seqs: tuple[int, ...]) -> list[int]:
 
 def block_memory(cfg, n: int, r: int, seq: int, batch: int, device) -> dict:
     """Saved bytes of one block per strategy on this rank, and the formulas."""
-    from par.model import Block
     torch.manual_seed(0)
     dense = Block(cfg).to(device)
     x = torch.randn(batch, seq, cfg.d_model, device=device)
@@ -200,7 +200,6 @@ def _exposed(spans) -> tuple[float, float]:
     """(wall, steady) seconds one rank waited between consecutive compute spans of one forward: each gap is the wait
     for the next K/V block, its run-queue and CPU seconds those of the transfer's span less the compute span inside
     it (`par.clock.load_proof`)."""
-    from par import clock
     compute = sorted((s for s in spans if s.lane == "compute"), key=lambda s: s.start)
     comm = [s for s in spans if s.lane == "comm"]
     wall = steady = 0.0

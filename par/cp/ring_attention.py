@@ -39,6 +39,8 @@ import torch
 
 from par.comm import collectives, commlog
 from par.comm.collectives import chunk_bounds, group_rank, group_size, ring_neighbours
+from par.model import merge_heads, split_heads
+from par.tp.sequence import sum_gradients
 
 LAYOUTS = ("balanced", "naive")
 
@@ -300,7 +302,6 @@ def ring_attention_bytes_even(batch: int, seq: int, width: int, n: int, itemsize
 def attention_forward(attn, x, positions, group=None, recorder=None, attend=None) -> torch.Tensor:
     """`par.model.Attention`'s forward with its core replaced by ring attention (or `attend`, e.g.
     `par.cp.ulysses.ulysses_attention`, with the same arguments); weights replicated."""
-    from par.model import merge_heads, split_heads
     q, k, v = attn.qkv(x).chunk(3, dim=-1)
     h = attn.n_head
     q, k, v = (split_heads(t, h).contiguous() for t in (q, k, v))   # own storages: the ring keeps only these
@@ -327,5 +328,4 @@ def gpt_forward(model, idx, positions, group=None, recorder=None, attend=None) -
 
 def sync_grads(model, group=None, impl: str = "ring") -> None:
     """Sum the replicated weights' gradients over the context-parallel group (each rank saw other tokens)."""
-    from par.tp.sequence import sum_gradients
     sum_gradients(list(model.parameters()), group, impl, "cp/grads")

@@ -15,6 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from par.reference import fused_supported
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, d: int, n_head: int):
@@ -67,6 +69,5 @@ class NanoGPT(nn.Module):
 
 def optimizer(model: nn.Module, lr: float = 6e-4) -> torch.optim.AdamW:
     """AdamW as nanoGPT configures it: betas (0.9, 0.95), fused where the device has the kernel."""
-    from par.reference import fused_supported
     device = next(model.parameters()).device
     return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), fused=fused_supported(device))

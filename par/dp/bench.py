@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+from par.runtime import dist, launch
 from par.runtime.checks import check_writable, positive_float, positive_int, world_sizes
 
 
@@ -48,12 +49,11 @@ def table(results: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    from par.runtime.launch import run
     args = parse(sys.argv[1:] if argv is None else argv)
     results = []
     for n in args.world_sizes:
         load = os.getloadavg()[0]
-        r = run("par.dp.bench_job", nproc=n, backend=args.backend, timeout=args.timeout, quiet=True,
+        r = launch.run("par.dp.bench_job", nproc=n, backend=args.backend, timeout=args.timeout, quiet=True,
                 args=["--preset", args.preset, "--batch", args.batch, "--bucket-kb", args.bucket_kb,
                       "--steps", args.steps, "--rounds", args.rounds, "--variants", args.variants])
         r["load_before"], r["load_after"] = load, os.getloadavg()[0]
@@ -65,8 +65,7 @@ def main(argv=None) -> int:
     print(table(results))
     print("load average (1 min) before/after each world size: "
           + ", ".join(f"{r['world_size']} ranks {r['load_before']:.1f}/{r['load_after']:.1f}" for r in results))
-    from par.runtime.dist import physical_cores
-    cores = physical_cores()
+    cores = dist.physical_cores()
     for r in results:
         bucketed = r.get("ratios", {}).get("bucketed/ddp")
         if bucketed is not None:

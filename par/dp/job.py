@@ -46,6 +46,7 @@ from par.measure import JobResult, RankResult, RunResult, merge_ranks, timed_ste
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer, param_hash
 from par.timeline import Recorder
+from par.runtime.job_work import Training
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,6 @@ class Result(JobResult):
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one run per --dp ×
     --compression, the global batch in micro-batches of --micro-batch where given."""
-    from par.runtime.job_work import Training
     cfg = preset(args.preset, tie_embeddings=args.tie_embeddings)
     accum = args.accum or (args.batch // (args.micro_batch * nproc) if args.micro_batch else 1)
     return [Training(model=cfg, global_batch=args.batch, dp=nproc, microbatches=accum, optimizer=args.optimizer,

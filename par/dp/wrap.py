@@ -19,8 +19,9 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from par.dp.bucketed import DEFAULT_BUCKET_BYTES, BucketedDP
+from par.dp.bucketed import BucketedDP, DEFAULT_BUCKET_BYTES
 from par.dp.naive import NaiveDP
+from par.timeline import seconds
 
 VARIANTS = ("none", "naive", "bucketed", "ddp")
 
@@ -104,7 +105,6 @@ def step_parts(spans: list[dict], rank: int, variant: str) -> dict:
     `par.timeline.seconds`): forward, backward and optimizer (its "F", "B" and "step" spans), and for par's
     wrappers the wait after backward (`WAIT_SPAN`: naive DP's all-reduces, bucketed DP's wait for what is still in
     flight when backward ends)."""
-    from par.timeline import seconds
     mine = [s for s in spans if s["rank"] == rank]
     names = {"forward": "F", "backward": "B", "optimizer": "step"}
     if variant in WAIT_SPAN:

@@ -53,6 +53,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from par.model import PRESETS
+from par.runtime.checks import positive_float, positive_int
+
 GB = 1e9
 GiB = 2 ** 30
 
@@ -144,7 +147,6 @@ def llama_param_count(cfg: LlamaConfig) -> int:
 
 def named_config(name: str):
     """A GPT-lite preset ("tiny", "small", "gpt3-small") or a LLaMA one ("llama-7b", ...)."""
-    from par.model import PRESETS
     if name in PRESETS:
         return PRESETS[name]
     if name in LLAMA_PRESETS:
@@ -589,7 +591,6 @@ def free_device_memory() -> None:
 # ---------------------------------------------------------------- command line
 def parse_count(text: str) -> float:
     """'7.5e9', '7.5B', '350M', '1.3b' -> a number of parameters (> 0: argparse.ArgumentTypeError otherwise)."""
-    from par.runtime.checks import positive_float
     t = text.strip().replace(",", "").replace("_", "")
     scale = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}.get(t[-1:].lower())
     return positive_float(t[:-1]) * scale if scale else positive_float(t)
@@ -597,7 +598,6 @@ def parse_count(text: str) -> float:
 
 def main(argv=None) -> int:
     """`python -m par memory --params 7.5e9 --dp 64 [--precision mixed --optimizer adam]` or `--model llama-7b`."""
-    from par.runtime.checks import positive_int
     ap = argparse.ArgumentParser(prog="python -m par memory",
                                  description="Per-rank model-state memory for each ZeRO stage.")
     what = ap.add_mutually_exclusive_group(required=True)

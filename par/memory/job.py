@@ -27,12 +27,13 @@ from dataclasses import dataclass
 import torch
 
 import par.runtime.dist
-from par.runtime.job_args import JobArgs, arg
-from par.memory import accounting as memory
 from par.data import CharDataset
-from par.measure import JobResult, RankResult, RunResult, merge_ranks, timed_step
+from par.measure import JobResult, merge_ranks, RankResult, RunResult, timed_step
+from par.memory import accounting as memory
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer
+from par.runtime.job_args import arg, JobArgs
+from par.runtime.job_work import Training
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -85,7 +86,6 @@ class Result(JobResult):
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one data-parallel run per
     precision × optimizer, `batch` sequences per rank."""
-    from par.runtime.job_work import Training
     cfg = preset(args.preset)
     return [Training(model=cfg, global_batch=args.batch * nproc, dp=nproc, precision=p, optimizer=o, steps=args.steps,
                      label=f"{p} {o}") for p in args.precisions for o in args.optimizers]

@@ -38,7 +38,7 @@ import torch.nn as nn
 
 from par.comm import commlog
 from par.comm.collectives import all_reduce, chunk_bounds, group_rank, group_size
-from par.moe.router import MoE, MoEError, combine, dispatch, route, set_groups
+from par.moe.router import combine, dispatch, MoE, moe_loss, MoEError, route, set_groups
 
 IMPLS = ("p2p", "torch")
 
@@ -243,7 +243,6 @@ def train_step(model: nn.Module, opt, x: torch.Tensor, y: torch.Tensor, groups: 
                impl: str = "ring", beta: float = 0.0) -> float:
     """One step of EP inside DP on this rank's batch (x, y): backward of loss / W, `sync_gradients`, the
     optimizer. Returns the loss of the global batch (mean over ranks, as the single process computes it)."""
-    from par.moe.router import moe_loss
     opt.zero_grad(set_to_none=True)
     loss = moe_loss(model, model(x), y, alpha, beta)
     (loss / groups.world).backward()

@@ -30,14 +30,15 @@ import torch
 import torch.distributed as dist
 
 import par.runtime.dist
-from par.runtime.job_args import JobArgs, arg
 from par.comm import commlog
-from par.moe import experts as ep
 from par.data import CharDataset, global_batches
 from par.measure import JobResult, RankResult, RunResult, slowest, timed_step
 from par.model import preset
+from par.moe import experts as ep, torch_api as moe_torch
 from par.moe.router import build_moe_gpt, capacity, moe_layers, moe_loss, set_groups
 from par.reference import make_optimizer
+from par.runtime.job_args import arg, JobArgs
+from par.runtime.job_work import Training
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,6 @@ def work(args: Args, nproc: int) -> list:
     single-process reference beside (--check)."""
     import math
     from dataclasses import replace
-    from par.runtime.job_work import Training
     cfg = preset(args.preset)
     held = replace(cfg, d_ff=cfg.ffn * max(args.k, math.ceil(args.experts / (args.ep or nproc))))
     batch = args.batch * nproc
@@ -187,7 +187,6 @@ def run(args, alpha: float, env) -> dict:
 def torch_api(args, env) -> dict:
     """par's all-to-all vs torch's all_to_all_single on the first MoE layer, this rank's tokens of the first batch
     (`par.moe.torch_api.compare`): the worst rank's differences, and every rank's split sizes."""
-    from par.moe import torch_api as moe_torch
     cfg = preset(args.preset)
     groups = ep.make_groups(args.ep or env.world_size)
     model = ep.to_expert_parallel(build_moe_gpt(cfg, args.experts, args.k, args.capacity_factor, seed=0), groups,

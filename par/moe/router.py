@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from par.model import MLP, Attention, GPTConfig, GPTLite, init_weights
+from par.model import Attention, GPTConfig, GPTLite, init_weights, lm_loss, MLP, preset
 
 
 class MoEError(ValueError):
@@ -218,7 +218,6 @@ def build_moe_gpt(cfg: GPTConfig | str = "tiny", n_experts: int = 4, k: int = 1,
                   seed: int = 0, shared: int = 0) -> GPTLite:
     """GPT-lite whose every block is a `MoEBlock` (with `shared` shared experts): the same weights on every rank
     (config and seed)."""
-    from par.model import preset
     cfg = preset(cfg) if isinstance(cfg, str) else cfg
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -261,6 +260,5 @@ def moe_loss(model: nn.Module, logits: torch.Tensor, targets: torch.Tensor, alph
              beta: float = 0.0) -> torch.Tensor:
     """Next-token cross-entropy + alpha · Σ_layers aux (the balancing loss of the forward just run)
     + beta · Σ_layers z (the router z-loss)."""
-    from par.model import lm_loss
     loss = lm_loss(logits, targets) + alpha * aux_loss(model)
     return loss + beta * z_loss(model) if beta else loss

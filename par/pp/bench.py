@@ -20,6 +20,7 @@ import json
 import os
 import sys
 
+from par.runtime import dist, launch
 from par.runtime.checks import check_writable, positive_float, positive_int, world_sizes
 
 TARGET = 1.15
@@ -69,19 +70,17 @@ def table(results: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    from par.runtime.dist import physical_cores
-    from par.runtime.launch import run
     args = parse(sys.argv[1:] if argv is None else argv)
-    sizes, notes = sizes_to_time(args.world_sizes, physical_cores(), args.backend)
+    sizes, notes = sizes_to_time(args.world_sizes, dist.physical_cores(), args.backend)
     for note in notes:
         print(note)
     if not sizes:
         raise argparse.ArgumentError(None, "no world size left to time: pass --world-sizes with at most "
-                                           f"{physical_cores()} ranks")
+                                           f"{dist.physical_cores()} ranks")
     results = []
     for n in sizes:
         load = os.getloadavg()[0]
-        r = run("par.pp.bench_job", nproc=n, backend=args.backend, timeout=args.timeout, quiet=True,
+        r = launch.run("par.pp.bench_job", nproc=n, backend=args.backend, timeout=args.timeout, quiet=True,
                 args=["--preset", args.preset, "--microbatches", args.microbatches,
                       "--micro-batch-size", args.micro_batch_size, "--steps", args.steps, "--rounds", args.rounds])
         r["load_before"], r["load_after"] = load, os.getloadavg()[0]
@@ -90,7 +89,7 @@ def main(argv=None) -> int:
     first = results[0]
     print(f"pipeline step time, 1F1B: preset {args.preset} ({first['numel']:,} parameters), m = {args.microbatches} "
           f"micro-batches of {args.micro_batch_size} sequences, backend {first['backend']}, "
-          f"{physical_cores()} physical CPU cores; median of {args.rounds} rounds x {args.steps} steps "
+          f"{dist.physical_cores()} physical CPU cores; median of {args.rounds} rounds x {args.steps} steps "
           f"(min-max of the round medians in brackets)")
     print(table(results))
     print("load average (1 min) before/after each world size: "

@@ -52,17 +52,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import par.runtime.dist
-from par.runtime.job_args import JobArgs, arg
 from par.comm import commlog
-from par.runtime import profile
-from par.pp import sim as pipeline_sim, schedules
 from par.data import CharDataset, global_batches
-from par.runtime.grid import Grid
 from par.measure import JobResult, RankResult, RunResult, slowest, timed_step
-from par.model import SquareStack, build, lm_loss, preset, square_batches
-from par.pp.replicated import ReplicatedPipeline
+from par.model import build, GPTConfig, lm_loss, preset, square_batches, SquareStack
+from par.pp import schedules, sim as pipeline_sim
 from par.pp.pipeline import Pipeline, split_microbatches
+from par.pp.replicated import ReplicatedPipeline
 from par.reference import make_optimizer
+from par.runtime import profile
+from par.runtime.grid import Grid
+from par.runtime.job_args import arg, JobArgs
+from par.runtime.job_work import Training
 from par.timeline import Recorder
 
 
@@ -156,7 +157,6 @@ def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one run per schedule × m on dp
     replicas of a pipeline of nproc / dp stages, after `warmup` steps; the single-process reference of the same
     batch beside (--check)."""
-    from par.runtime.job_work import Training
     cfg = config(args) if args.model == "gpt" else square_in_gpt_terms(args, nproc)
     rows_per_sequence = 1 if args.model == "gpt" else cfg.block_size
     out = []
@@ -175,7 +175,6 @@ def square_in_gpt_terms(args: Args, nproc: int):
     2 tokens, so 2 rows); the planner's activations per block bound a square layer's from above. At least a
     block per stage."""
     import math
-    from par.model import GPTConfig
     width, layers = square_width(args), square_layers(args)
     return GPTConfig(vocab_size=2, block_size=2, n_layer=max(nproc, math.ceil(layers / 12)), n_head=1, d_model=width)
 

@@ -37,9 +37,10 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from par.clock import load_proof
 from par.pp import p2p_plan
-from par.pp.p2p_plan import Group, Plan, describe, message_in, message_out
-from par.pp.schedules import KINDS, Action, Schedule, ScheduleError
+from par.pp.p2p_plan import describe, Group, message_in, message_out, Plan
+from par.pp.schedules import Action, KINDS, parse_action, Schedule, ScheduleError
 
 __all__ = ["ScheduleError", "check", "check_complete", "verified_plan", "replay", "simulate", "Timeline",
            "bubble_formula", "interleaved_bubble_formula", "interleaved_bubble_ratio", "zb_h1_bubble_formula",
@@ -442,7 +443,6 @@ def simulate(schedule: Schedule, forward=1.0, backward=2.0, latency: float = 0.0
 
 def _steady(span: dict) -> float:
     """A recorded span's steady seconds: wall less its run-queue wait, never below its CPU seconds (`par.clock`)."""
-    from par.clock import load_proof
     return load_proof(span["end"] - span["start"], span.get("cpu", 0.0), span.get("ready", 0.0))
 
 
@@ -524,7 +524,6 @@ def action_costs(spans: list[dict], schedule: Schedule, clock: str = "wall") -> 
     """{kind: median duration of that kind's actions on every stage} for F, B, I, W (0.0 where none ran):
     `simulate(forward=c["F"], backward=c["B"], backward_input=c["I"], backward_weight=c["W"])` replays
     the schedule with the measured costs. `clock` as in `stage_costs`."""
-    from par.pp.schedules import parse_action
     if clock not in ("wall", "cpu", "steady"):
         raise ValueError(f"unknown clock {clock!r}: use 'wall', 'cpu' or 'steady'")
     sums = {k: defaultdict(list) for k in KINDS}

@@ -15,14 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import par.runtime.dist
-from par.runtime.job_args import JobArgs, arg
-from par.pp import schedules
 from par.data import CharDataset, global_batches
 from par.measure import JobResult, RankResult, RunResult, slowest, timed_step
 from par.model import build, lm_loss, preset
+from par.pp import schedules
 from par.pp.pipeline import Pipeline
-from par.reference import make_optimizer
 from par.pp.torch_api import SCHEDULES, TorchPipeline
+from par.reference import make_optimizer
+from par.runtime.job_args import arg, JobArgs
+from par.runtime.job_work import Training
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,6 @@ def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): the same pipeline under par's
     runtime and torch's."""
     from dataclasses import replace
-    from par.runtime.job_work import Training
     cfg = preset(args.preset, **({"n_layer": args.n_layer} if args.n_layer else {}))
     one = Training(model=cfg, global_batch=args.microbatches * args.micro_batch_size, pp=nproc,
                    microbatches=args.microbatches, steps=args.steps, label=f"{args.schedule} m={args.microbatches}")

@@ -22,17 +22,18 @@ from dataclasses import dataclass
 import torch
 
 import par.runtime.dist
-from par.runtime.job_args import JobArgs, arg
 from par.comm import commlog
-from par.memory import accounting as memory
 from par.data import CharDataset, global_batches
 from par.dp.naive import average_gradients
-from par.precision.loss_scaler import DynamicLossScaler, StaticLossScaler
+from par.measure import JobResult, merge_ranks, RankResult, RunResult, timed_step
+from par.memory import accounting as memory
 from par.memory.accounting import saved_activation_bytes
-from par.precision.mixed_precision import MixedPrecision, set_lr, warmup_cosine_lr
-from par.measure import JobResult, RankResult, RunResult, merge_ranks, timed_step
 from par.model import build, lm_loss, preset
+from par.precision.loss_scaler import DynamicLossScaler, StaticLossScaler
+from par.precision.mixed_precision import MixedPrecision, set_lr, warmup_cosine_lr
 from par.reference import make_optimizer, param_hash
+from par.runtime.job_args import arg, JobArgs
+from par.runtime.job_work import Training
 
 DTYPES = ("fp32", "fp16", "bf16")
 
@@ -99,7 +100,6 @@ class Result(JobResult):
 
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one data-parallel run per dtype."""
-    from par.runtime.job_work import Training
     cfg = preset(args.preset)
     return [Training(model=cfg, global_batch=args.batch, dp=nproc, precision=d, optimizer=args.optimizer,
                      steps=args.steps, label=d) for d in args.dtype]

@@ -19,6 +19,7 @@ import copy
 
 import torch
 
+from par.measure import typed
 from par.model import lm_loss
 from par.precision.loss_scaler import DynamicLossScaler
 from par.precision.mixed_precision import found_overflow, unscale_
@@ -63,7 +64,6 @@ def compare(model, batches, **kwargs) -> dict:
     """par's scaler and torch's GradScaler, each training a copy of `model` on `batches` under autocast: their
     scales and skips per step, and the largest |difference| of the parameters after the last step; typed
     (`par.measure.typed`: `out.par.scale`, `out.max_param_diff`)."""
-    from par.measure import typed
     runs = {}
     models = {}
     for name in ("par", "torch"):

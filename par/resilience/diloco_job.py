@@ -35,7 +35,8 @@ from par.dp.naive import broadcast_parameters, flatten_grads, trainable_paramete
 from par.measure import JobResult, RunResult
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer
-from par.runtime.job_args import JobArgs, arg
+from par.runtime.job_args import arg, JobArgs
+from par.runtime.job_work import Training
 
 EVAL_SEED = 10_000          # the held-out batch: another permutation of the data
 
@@ -76,7 +77,6 @@ class Result(JobResult):
 
 def work(args: Args, nproc: int) -> list:
     """What a launch computes (the course's dry run costs it): DP, and DiLoCo per H, on the same steps."""
-    from par.runtime.job_work import Training
     return [Training(model=preset(args.preset), global_batch=args.batch, dp=nproc, steps=args.steps, label=label)
             for label in ["dp", *[f"diloco H={h}" for h in args.h]]]
 

@@ -38,14 +38,15 @@ from dataclasses import dataclass  # noqa: E402
 
 import torch  # noqa: E402
 
-import par.runtime.dist  # noqa: E402
-from par.data import CharDataset  # noqa: E402
-from par.measure import JobResult  # noqa: E402
-from par.model import build, lm_loss, preset  # noqa: E402
-from par.resilience import resume  # noqa: E402
-from par.runtime.job_args import JobArgs, arg  # noqa: E402
-from par.zero import checkpoint  # noqa: E402
-from par.zero.engine import Zero  # noqa: E402
+import par.runtime.dist   # noqa: E402
+from par.data import CharDataset   # noqa: E402
+from par.measure import JobResult   # noqa: E402
+from par.model import build, lm_loss, preset   # noqa: E402
+from par.resilience import resume   # noqa: E402
+from par.runtime.job_args import arg, JobArgs   # noqa: E402
+from par.runtime.job_work import Training
+from par.zero import checkpoint   # noqa: E402
+from par.zero.engine import Zero   # noqa: E402
 
 ATTEMPT_ENV = "TORCHELASTIC_RESTART_COUNT"
 
@@ -79,7 +80,6 @@ class Result(JobResult):
 
 def work(args: Args, nproc: int) -> list:
     """What a launch computes (the course's dry run costs it): the steps, and those redone after the kill."""
-    from par.runtime.job_work import Training
     redo = args.kill_step - latest_before(args.kill_step, args.every) if args.kill_step else 0
     return [Training(model=preset(args.preset), global_batch=args.batch, dp=nproc, zero_stage=args.stage,
                      steps=args.steps + redo, label="killed and restarted" if args.kill_step else "uninterrupted")]

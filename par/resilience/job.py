@@ -36,8 +36,12 @@ import par.runtime.dist
 from par.data import CharDataset
 from par.measure import JobResult, RunResult
 from par.model import build, lm_loss, preset
+from par.pp.replicated import ReplicatedPipeline
 from par.resilience import resume, torch_api
-from par.runtime.job_args import JobArgs, arg
+from par.runtime.grid import Grid
+from par.runtime.job_args import arg, JobArgs
+from par.runtime.job_work import Training
+from par.tp.layers import check_tp_degree, TensorParallelGPT
 from par.zero import checkpoint
 from par.zero.engine import Zero
 
@@ -85,7 +89,6 @@ class Result(JobResult):
 
 def work(args: Args, nproc: int) -> list:
     """What a launch computes (the course's dry run costs it): the uninterrupted run and each resumed one."""
-    from par.runtime.job_work import Training
     cfg = preset(args.preset)
     resumed = [(s, args.steps - args.save_step, f"resumed on ZeRO-{s}") for s in args.resume_stages]
     resumed += [(args.resume_stages[0], args.steps - args.save_step, f"resumed forgetting {m}")
@@ -135,7 +138,6 @@ def train_run(stage: int, args: Args, env, data, resume_from: str = "", mistake:
 def train_tp(args: Args, env, data, resume_from: str) -> dict:
     """The resumed run on TP ranks (every rank: the whole batch, its shards); saves no final state (its
     parameters are compared shard by shard in `final_shard_diff`)."""
-    from par.tp.layers import TensorParallelGPT
     torch.manual_seed(args.seed)
     model, opt, start = resume.load_tp(build(preset(args.preset), seed=args.seed), resume_from, lr=args.lr)
     model = model.to(env.device)
@@ -163,8 +165,6 @@ def train_pp(args: Args, env, data, resume_from: str = "") -> dict:
     seed or resumed from `resume_from` (`resume.load_pp`: the whole state into the model, each stage's parameters
     given their Adam state). Saves the state after `save_step` (the uninterrupted run) and at the end. Losses
     on the last stage only (elsewhere [])."""
-    from par.pp.replicated import ReplicatedPipeline
-    from par.runtime.grid import Grid
     torch.manual_seed(args.seed)
     model = build(preset(args.preset), seed=args.seed)
     start, loaded = 0, None
@@ -205,7 +205,6 @@ def main(argv=None) -> None:
         raise SystemExit(f"error: --batch {args.batch} is not a multiple of the world size {env.world_size}: "
                          f"use e.g. --batch {env.world_size * max(1, args.batch // env.world_size)}")
     if args.resume_tp:        # before any training: TP over every rank must split the model's heads and widths
-        from par.tp.layers import check_tp_degree
         try:
             check_tp_degree(preset(args.preset), env.world_size)
         except ValueError as e:

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from par.data import global_batches
 from par.model import lm_loss
 from par.reference import make_optimizer
+from par.tp.layers import TensorParallelGPT
 from par.zero import checkpoint
 
 
@@ -158,7 +159,6 @@ def load_tp(model, directory: str, lr: float = 1e-3, group=None) -> tuple:
     Returns (TP model, its Adam, data position)."""
     import copy
 
-    from par.tp.layers import TensorParallelGPT
     dense_opt, position = load_single(model, directory, lr=lr)
     restored = rng_state()              # building the TP modules draws from the generator: put it back after
     tp = TensorParallelGPT.from_dense(model, group, impl="torch")

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 import torch
 
 import par.runtime.dist
-from par.data import CharDataset, global_batches
 from par.comm import collectives
+from par.data import CharDataset, global_batches
 from par.dp.naive import broadcast_parameters, flatten_grads, trainable_parameters, unflatten_into_grads
 from par.measure import JobResult, RankResult, RunResult, sync
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer
-from par.runtime.job_args import JobArgs, arg
+from par.runtime.job_args import arg, JobArgs
+from par.runtime.job_work import Training
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,6 @@ class Result(JobResult):
 
 def work(args: Args, nproc: int) -> list:
     """What a launch computes (the course's dry run costs it): one data-parallel training per delay."""
-    from par.runtime.job_work import Training
     return [Training(model=preset(args.preset), global_batch=args.batch, dp=nproc, steps=args.steps,
                      label=f"slow rank +{d:g} ms") for d in args.delays_ms]
 

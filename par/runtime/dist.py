@@ -28,6 +28,10 @@ import torch.distributed as dist
 from par.runtime import failure, heap
 # the backend rule and the core count live in par.runtime.preflight (no torch import there: it runs before any rank)
 from par.runtime.preflight import BACKENDS, BackendError, choose_backend, default_world_size, physical_cores  # noqa: F401
+from par.runtime import nccl_emulation
+from par.runtime.hang import collective_timeout
+from par.runtime.launch import STACK_SIGNAL, free_port
+from par.runtime.lifeline import watch_parent
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,6 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Env:
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     if "TORCHELASTIC_RUN_ID" in os.environ:   # par.runtime.launch asks a rank that did not finish where it is
-        from par.runtime.launch import STACK_SIGNAL
         faulthandler.register(STACK_SIGNAL, all_threads=True)
         watch_launcher()
     heap.keep_freed_memory()          # a timed step reuses its pages, never faults new ones in (par.runtime.heap)
@@ -75,7 +78,6 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Env:
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" not in os.environ:  # a plain single process: any free port will do
-            from par.runtime.launch import free_port
             os.environ["MASTER_PORT"] = str(free_port())
         os.environ.setdefault("RANK", str(rank))
         os.environ.setdefault("WORLD_SIZE", str(world_size))
@@ -88,7 +90,6 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Env:
         if "TORCHELASTIC_RUN_ID" in os.environ:
             sys.excepthook = exit_after_traceback(sys.excepthook)
     if backend == "gloo":
-        from par.runtime import nccl_emulation
         if nccl_emulation.enabled():
             nccl_emulation.install()
     _ENV = Env(rank, local_rank, world_size, backend, device)
@@ -113,7 +114,6 @@ def attempt_store(world_size: int, timeout_s: float):
 def watch_launcher() -> None:
     """A rank started by torchrun or the agent ends within a second of its starter's death (`par.runtime.lifeline.watch_parent`):
     an orphaned rank would otherwise hold its cores, its GPU and the master port for ever."""
-    from par.runtime.lifeline import watch_parent
     watch_parent(what=f"rank {os.environ.get('RANK', '?')}")
 
 
@@ -124,7 +124,6 @@ def set_collective_timeout() -> None:
     machine. Groups made later with `dist.new_group` keep torch's default; the launcher's watch covers them."""
     from datetime import timedelta
 
-    from par.runtime.hang import collective_timeout
     seconds = collective_timeout()
     setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)     # torch >= 2.3
     if seconds and setter is not None:

@@ -42,7 +42,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from par.runtime.job_args import JobArgs, arg
+import par.runtime.dist
+from par.runtime.job_args import arg, JobArgs
 
 PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ranks: no optimizer step, no dispatch
 #                         mode here, so the ranks never import torch._dynamo
@@ -284,7 +285,6 @@ def main(argv=None) -> None:
     """Bad --groups: one `error:` line on every rank, before any process group exists (torchrun's WORLD_SIZE)."""
     import os
 
-    import par.runtime.dist
     args = Args.parse(argv)
     try:
         groups = parse_groups(args.groups, int(os.environ.get("WORLD_SIZE", "1")))

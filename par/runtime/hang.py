@@ -36,6 +36,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from par.runtime.checks import env_number
+
 HANG_ENV = "PAR_HANG_S"
 DEFAULT_HANG_S = 45.0
 IDLE_SHARE = 0.05                # less of a core than this since the look before: no progress
@@ -48,7 +50,6 @@ def hang_seconds(value: float | None = None) -> float:
     """The hang limit in seconds: `value`, else PAR_HANG_S (a finite number >= 0, else `CheckError` naming it),
     else 45. 0 (or less) turns the watch off."""
     if value is None:
-        from par.runtime.checks import env_number
         value = env_number(HANG_ENV, DEFAULT_HANG_S)
     return max(0.0, float(value))
 

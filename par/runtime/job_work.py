@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from par.runtime.grid import layout_label
+
 
 @dataclass(frozen=True, kw_only=True)
 class Training:
@@ -29,7 +31,6 @@ class Training:
     label: str = ""
 
     def describe(self) -> str:
-        from par.runtime.grid import layout_label
         layout = layout_label(self.dp, self.pp, self.tp) + (f" ZeRO-{self.zero_stage}" if self.zero_stage else "")
         return f"{self.label or 'training'} ({layout}, {self.precision}, batch {self.global_batch})"
 

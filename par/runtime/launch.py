@@ -45,6 +45,7 @@ import time
 from par.runtime import agent, hang, lifeline, procs, zygote
 from par.runtime.failure import (PEER_GONE, describe_failure, describe_unfinished, failures, left_early, main_stack,
                                  rank_lines, read_error_file, read_records, signal_name, where)
+from par.runtime import preflight
 
 EXIT_GRACE_S = 10.0              # a starter that closed its output must exit within the timeout and this
 STACK_SIGNAL = signal.SIGUSR1     # "print your stack": par.runtime.dist.init registers faulthandler for it
@@ -154,8 +155,7 @@ def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: s
     seconds. Output is streamed line by line (prefixed `[defaultN]:`). `max_restarts` > 0 runs the job under torchrun,
     which restarts every rank (TORCHELASTIC_RESTART_COUNT counts the tries) up to that many times. SIGTERM and SIGHUP
     end the job like Ctrl-C (`par.runtime.lifeline.Stopped`); the run's files go with it."""
-    from par.runtime.preflight import choose_backend
-    chosen = choose_backend(nproc, backend, local_world_size=nproc)     # preflight: one line, nothing started
+    chosen = preflight.choose_backend(nproc, backend, local_world_size=nproc)     # preflight: one line, nothing started
     hang_s = hang.hang_seconds(hang_s)
     with lifeline.run_dir() as tmp, lifeline.stops_raise():
         result_path = os.path.join(tmp, "result.json")

@@ -36,6 +36,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from par.runtime.checks import env_number
+
 ENV = "PAR_NCCL_EMULATION"
 SEND_TIMEOUT_ENV = "PAR_NCCL_EMULATION_SEND_TIMEOUT_S"
 _ORIGINAL = None               # torch's own functions, by name, while the emulation is installed
@@ -57,7 +59,6 @@ def enabled() -> bool:
 
 def send_timeout_s() -> float:
     """Seconds an unbatched send waits for its receive before `UnmatchedSend` (`PAR_NCCL_EMULATION_SEND_TIMEOUT_S`)."""
-    from par.runtime.checks import env_number     # "60s", nan: an error naming the variable
     return env_number(SEND_TIMEOUT_ENV, 60.0)
 
 

@@ -185,7 +185,6 @@ class Zygote:
 
     def _run(self, theirs: socket.socket, env: dict, cwd: str) -> None:
         """Start the zygote from this thread (its parent-death signal follows the thread), then read its replies."""
-        from par.runtime import lifeline
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "par.runtime.zygote", str(theirs.fileno())],
                                          pass_fds=(theirs.fileno(),), env=env, cwd=cwd, stdin=subprocess.DEVNULL,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from par.runtime import launch
 from par.runtime.checks import int_at_least, positive_float, positive_int
 from par.tp.bench_job import KINDS
 
@@ -54,7 +55,6 @@ def table(result) -> str:
 
 def run(nproc=2, preset="small", batch_size=8, steps=20, warmup=3, rounds=3, backend="auto", timeout=600,
         quiet=True) -> dict:
-    from par.runtime import launch
     argv = ["--preset", preset, "--batch-size", batch_size, "--steps", steps, "--warmup", warmup,
             "--rounds", rounds]
     return launch.run("par.tp.bench_job", nproc=nproc, args=argv, backend=backend, timeout=timeout, quiet=quiet)

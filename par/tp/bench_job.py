@@ -16,8 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
-from par.runtime.job_args import JobArgs, arg
+import par.runtime.dist
 from par.measure import timed_step
+from par.model import Block, MLP, preset
+from par.runtime.job_args import arg, JobArgs
+from par.tp import layers as tp
+from par.tp.layers import qkv_for_column_split
 
 KINDS = ("mlp", "block")
 
@@ -32,14 +36,12 @@ class Args(JobArgs):
 
 
 def _dense(kind, cfg, device):
-    from par.model import MLP, Block
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return (MLP(cfg.d_model, cfg.ffn) if kind == "mlp" else Block(cfg)).to(device)
 
 
 def _par_tp(kind, dense, impl):
-    from par.tp import layers as tp
     cls = tp.TensorParallelMLP if kind == "mlp" else tp.TensorParallelBlock
     return cls.from_dense(dense, impl=impl)
 
@@ -47,7 +49,6 @@ def _par_tp(kind, dense, impl):
 def _torch_tp(kind, dense, n, device):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-    from par.tp.layers import qkv_for_column_split
     m = copy.deepcopy(dense)
     mesh = init_device_mesh(device.type, (n,))
     if kind == "mlp":
@@ -84,8 +85,6 @@ def _time_steps(module, opt, x, w_out, steps, warmup, device) -> list[float]:
 
 
 def main(argv=None) -> int:
-    import par.runtime.dist
-    from par.model import preset
     args = Args.parse(argv)
     env = par.runtime.dist.init()
     n, device = env.world_size, env.device

@@ -25,15 +25,16 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 import par.runtime.dist
-from par.runtime.job_args import JobArgs, arg
 from par.comm import commlog
-from par.tp import layers as tp
 from par.comm.collectives import all_reduce_formula_bytes, ring_all_reduce_bytes
 from par.data import CharDataset, global_batches
-from par.memory.accounting import live_model_state_bytes, model_state_bytes
 from par.measure import JobResult, RankResult, RunResult, slowest, timed_step
+from par.memory.accounting import live_model_state_bytes, model_state_bytes
 from par.model import build, lm_loss, preset
 from par.reference import make_optimizer
+from par.runtime.job_args import arg, JobArgs
+from par.runtime.job_work import Training
+from par.tp import layers as tp, torch_api
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,6 @@ def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): TP training on nproc ranks, the
     dense model trained beside (unless --no-reference); --torch-api: par's TP and DTensor's side by side."""
     from dataclasses import replace
-    from par.runtime.job_work import Training
     sizes = {k: v for k, v in (("n_head", args.n_head), ("d_model", args.d_model)) if v is not None}
     one = Training(model=preset(args.preset, **sizes), global_batch=args.batch_size, tp=nproc,
                    optimizer=args.optimizer, steps=args.steps,
@@ -150,7 +150,6 @@ def main(argv=None) -> int:
 
     if args.torch_api:   # before training: both start from the dense weights
         from torch.distributed.device_mesh import init_device_mesh
-        from par.tp import torch_api
         mesh = init_device_mesh(device.type, (n,))
         mine_torch = torch_api.compare(dense, mesh, [(x.to(device), y.to(device)) for x, y in batches[:args.torch_api]],
                                        lr=args.lr, eps=args.eps)

@@ -20,7 +20,8 @@ import copy
 import torch
 import torch.nn as nn
 
-from par.tp.layers import TensorParallelGPT, qkv_for_column_split
+from par.model import lm_loss
+from par.tp.layers import qkv_for_column_split, TensorParallelGPT
 
 
 def block_plan() -> dict:
@@ -52,7 +53,6 @@ def compare(dense: nn.Module, mesh, batches, lr: float = 3e-3, eps: float = 1e-6
     """par's TensorParallelGPT and torch's `dtensor_tp` from the same dense weights, trained with Adam on the
     same `batches`: this rank's largest |difference| of the logits and the loss (every step), of every
     gradient shard (first step) and of every parameter shard after the last step."""
-    from par.model import lm_loss
     ours, theirs = TensorParallelGPT.from_dense(dense, impl="torch"), dtensor_tp(dense, mesh)
     opts = [torch.optim.Adam(m.parameters(), lr=lr, eps=eps, foreach=False) for m in (ours, theirs)]
     out = {"logits": 0.0, "loss": 0.0, "grads": 0.0, "params": 0.0, "steps": len(batches)}

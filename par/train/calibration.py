@@ -51,6 +51,15 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
+import par.runtime.dist
+from par.comm import collectives as C, commlog
+from par.memory.accounting import param_count
+from par.model import Block, GPTConfig, preset
+from par.reference import make_optimizer
+from par.runtime import preflight
+from par.train import cost, planner
+from par.train.config import model_config
+
 SIZES = (64 << 10, 512 << 10, 4 << 20, 16 << 20)    # bytes of each measured collective
 COLD_BYTES = 16 << 20        # distinct GEMM operands cycled through per shape: more than a core's caches hold
 MAX_COPIES = 32
@@ -80,9 +89,6 @@ def shapes(tcs) -> dict:
     """{"gemms": [(m, n, k, batch)], "blocks": [(dims, b, s, tp)], "params", "partitions", "optimizer"} of the
     rows' configs (`par.train.config.TrainConfig`s): every GEMM of their blocks and head per micro-batch on one
     rank, the block sizes for the memory-bound operations, the parameters and each row's optimizer partition."""
-    from par.memory.accounting import param_count
-    from par.train import cost
-    from par.train.config import model_config
     gemms, blocks, parts = [], [], []
     for tc in tcs:
         cfg = model_config(tc)
@@ -125,7 +131,6 @@ def gemm_seconds(m: int, n: int, k: int, batch: int = 1) -> float:
 
 def _block(dims, width: int | None = None):
     """A dense GPT-lite block of `dims` (fp32), or of width `width` (heads × 1) for the negligible size."""
-    from par.model import Block, GPTConfig
     d = width or dims.d
     return Block(GPTConfig(vocab_size=dims.vocab, block_size=max(2, dims.positions), n_layer=1, n_head=dims.heads,
                            d_model=d, d_ff=None if width else dims.ffn, attention="math"))
@@ -177,14 +182,12 @@ def memory_ops_seconds(dims, b: int, s: int, tp: int, null: bool = False) -> flo
 
 def memory_ops_bytes(dims, b: int, s: int, tp: int) -> float:
     """What `cost.layer_memory_bytes` counts for those operations (fp32), forward and backward (× 3)."""
-    from par.train import cost
     mem = cost.layer_memory_bytes(dims, b, s, tp, 1, 4)
     return 3 * (mem["norms"] + mem["softmax"] + mem["act"] + mem["residual"])
 
 
 def optimizer_seconds(params: int, units: int, optimizer: str = "adam") -> float:
     """One optimizer step over `params` fp32 values in `units` flat tensors (as `par.zero` keeps a model)."""
-    from par.reference import make_optimizer
     sizes = [params // units + (1 if i < params % units else 0) for i in range(units)]
     ps = [torch.nn.Parameter(torch.randn(n)) for n in sizes]
     for p in ps:
@@ -206,7 +209,6 @@ def host_copy_seconds(numel: int) -> float:
 
 def measure_compute(tcs) -> dict:
     """Every compute number of the rows' configs on this rank (module docstring)."""
-    from par.train import cost
     sh = shapes(tcs)
     out = {"gemms": [[m, n, k, batch, gemm_seconds(m, n, k, batch)] for m, n, k, batch in sh["gemms"]]}
     dims = sh["blocks"][0][0]
@@ -239,7 +241,6 @@ def measure_collectives(sizes=SIZES, group=None) -> dict:
     call], long gap s, [seconds per call]], ...]}: par's collectives as its engines call them, each call after the
     same GEMM work (module docstring); at STRAGGLE_BYTES every kind also after STRAGGLE_GAP_S of it."""
     import torch.distributed as dist
-    from par.comm import collectives as C
     n, me = C.group_size(group), C.group_rank(group)
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
     right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
@@ -287,8 +288,6 @@ def measure(tcs, env=None) -> dict:
     others None): every rank measures its compute at the same time, then, on more than one rank, the
     collectives. Compute: the slowest rank's; collectives: each call the mean over the ranks, then over the calls."""
     import torch.distributed as dist
-    import par.runtime.dist
-    from par.comm import commlog
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
     world = env.world_size if env is not None else 1
@@ -304,8 +303,7 @@ def measure(tcs, env=None) -> dict:
         return None
     comp = [r["compute"] for r in ranks]
     slow = lambda path: max(path(c) for c in comp)      # noqa: E731
-    from par.runtime.preflight import physical_cores
-    out = {"ranks": world, "threads_per_rank": threads, "cores": physical_cores(),
+    out = {"ranks": world, "threads_per_rank": threads, "cores": preflight.physical_cores(),
            "gemms": [[*g[:4], slow(lambda c, i=i: c["gemms"][i][4])] for i, g in enumerate(comp[0]["gemms"])],
            "null_block_s": slow(lambda c: c["null_block_s"]),
            "memory": [[m[0], slow(lambda c, i=i: c["memory"][i][1]), slow(lambda c, i=i: c["memory"][i][2])]
@@ -327,8 +325,6 @@ def measure(tcs, env=None) -> dict:
 def launches_per_block() -> float:
     """The operations `cost.layer_seconds` charges one block's forward and backward (each GEMM and each
     memory-bound kind once per pass): its seconds on a device of launch 1 s that computes in no time."""
-    from par.model import preset
-    from par.train import cost
     free = cost.Compute(peak=math.inf, bandwidth=math.inf, launch=1.0)
     one = cost.layer_seconds(free, cost.dims_of(preset("tiny")), 1, 2, e=4)
     return one.forward + one.backward
@@ -338,7 +334,6 @@ def hardware(cal: dict, base: str = "cpu") -> "planner.Hardware":
     """The `planner.Hardware` of a launch's calibration (`measure`): the roofline of its GEMM table, launch,
     memory and optimizer bytes/s, the host copies, and the link of its collectives (each kind its own α, β);
     memory capacity and the links between nodes stay `base`'s (`planner.HARDWARE`)."""
-    from par.train import cost, planner
     for key in ("gemms", "null_block_s", "memory", "optimizer", "host_copy"):
         if key not in cal:
             raise ValueError(f"a calibration without {key!r} (keys: {', '.join(cal)}): measure it with "

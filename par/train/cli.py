@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import argparse
 
+import par.runtime.dist
+from par.memory.accounting import format_bytes
+from par.runtime import launch, preflight
 from par.runtime.checks import positive_float, positive_int
+from par.runtime.multinode import MultiNode, MultiNodeError
+from par.train import planner
 from par.train.config import ConfigError, ignored_keys, load, read   # light: a bad config fails before torch loads
 
 
 def format_row(row: dict) -> str:
-    from par.memory.accounting import format_bytes
     lo, hi = row["samples_per_s_range"]
     check = f"  max |param - single process| {row['max_param_diff']:.1e}" if "max_param_diff" in row else ""
     return (f"{row['strategy']:<28} {row['samples_per_s']:>9.1f} ({lo:.1f}-{hi:.1f}) {format_bytes(row['mem_avg']):>11} "
@@ -47,7 +51,6 @@ def main(argv=None) -> int:
     if args.nnodes is not None:
         return print_nodes(args)
     tc = load(args.config, args.nproc)     # the config's own error, before starting ranks
-    import par.runtime.dist
     chosen = par.runtime.dist.choose_backend(args.nproc, args.backend)
     if not args.ignore_memory:
         fits_here(tc, args.nproc, chosen)
@@ -56,9 +59,8 @@ def main(argv=None) -> int:
         print(f"note: accepted for DeepSpeed compatibility, no effect in par: {', '.join(skipped)}")
     print(f"{tc.strategy} ({tc.layout}) on {args.nproc} rank(s): batch {tc.train_batch_size} = micro "
           f"{tc.micro_batch} × accum {tc.grad_accum} × dp {tc.dp}")
-    from par.runtime.launch import run
     extra = (["--steps", str(args.steps)] if args.steps is not None else []) + (["--check"] if args.check else [])
-    row = run("par.train.job", nproc=args.nproc, args=["--config", args.config, *extra], backend=args.backend,
+    row = launch.run("par.train.job", nproc=args.nproc, args=["--config", args.config, *extra], backend=args.backend,
               timeout=args.timeout)
     print(f"{'strategy':<28} {'samples/s (range)':>21} {'mem avg':>11} {'mem peak':>11} {'bytes/step':>11}")
     print(format_row(row))
@@ -69,8 +71,6 @@ def fits_here(tc, nproc: int, backend: str) -> None:
     """ConfigError when the planner (`par.train.planner.from_config`) predicts more memory than this machine has:
     per rank against a GPU's memory (nccl), or all the ranks together against the host's available memory (gloo).
     `--ignore-memory` skips it."""
-    from par.memory.accounting import format_bytes
-    from par.train import planner
     need = planner.from_config(tc).memory["total"]
     if backend == "nccl":
         import torch
@@ -95,14 +95,12 @@ def available_host_memory() -> int:
 
 def print_nodes(args) -> int:
     """`--nnodes N`: check the config for the whole world, then print the command each node runs."""
-    from par.runtime.multinode import MultiNode, MultiNodeError
     if args.nproc % args.nnodes:
         raise ConfigError(f"--nproc {args.nproc} ranks do not split over --nnodes {args.nnodes}: "
                           f"give --nproc a multiple of --nnodes (ranks in all, e.g. --nproc {2 * args.nnodes})")
     tc = load(args.config, args.nproc)
-    from par.runtime.preflight import choose_backend
     per_node = args.nproc // args.nnodes     # the nodes' GPUs, not this machine's: only the backend's name is checked
-    choose_backend(args.nproc, args.backend, gpus=per_node, local_world_size=per_node)
+    preflight.choose_backend(args.nproc, args.backend, gpus=per_node, local_world_size=per_node)
     try:
         nodes = MultiNode(args.nnodes, args.nproc // args.nnodes, args.rdzv_endpoint, rdzv_id="par-train",
                           rdzv_backend=args.rdzv_backend)

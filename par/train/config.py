@@ -46,8 +46,14 @@ import os
 import stat
 from dataclasses import asdict, dataclass, field
 
+from par.data import ALPHABET, corpus_length
 from par.dp.batch_size import BatchSizeError, resolve_batch
+from par.model import preset, PRESETS
+from par.pp.partition import uniform
+from par.pp.schedules import GENERATORS
+from par.precision.loss_scaler import DynamicLossScaler, StaticLossScaler
 from par.runtime.grid import layout_label
+from par.tp.layers import check_tp_degree
 
 TOP_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer",
             "scheduler", "fp16", "bf16", "zero_optimization", "pipeline", "tensor_parallel", "gradient_clipping",
@@ -270,7 +276,6 @@ def _parse(cfg: dict, world_size: int) -> TrainConfig:
     prefetch = _bool(zero, "zero_optimization.prefetch")
     if prefetch and stage != 3:
         raise ConfigError(f"zero_optimization.prefetch gathers parameters ahead, which only stage 3 does (stage {stage})")
-    from par.pp.schedules import GENERATORS
     pipe = _section(cfg, "pipeline")
     clip = _number(cfg, "gradient_clipping", minimum=0)
     tc = TrainConfig(world_size, dp, pp, tp, b.train_batch_size, b.micro_batch, b.grad_accum,
@@ -342,7 +347,6 @@ MODEL_SIZES = ("vocab_size", "block_size", "n_layer", "n_head", "d_model")
 def model_section(cfg: dict) -> dict:
     """The `model` section checked: a preset's name, sizes whole numbers >= 1 (d_ff may be null), and
     n_head dividing d_model (each head gets d_model / n_head features)."""
-    from par.model import PRESETS
     m = dict(_section(cfg, "model") or {"preset": "tiny"})
     name = m.get("preset", "tiny")
     if not isinstance(name, str) or name not in PRESETS:
@@ -363,7 +367,6 @@ def fed_by_the_data(vocab_size: int, block_size: int) -> None:
     """ConfigError unless the training data (`par.data.CharDataset`'s default corpus) can feed the model: its
     characters need vocab_size >= len(ALPHABET) rows of the embedding, a window of block_size + 1 characters
     needs a corpus longer than that."""
-    from par.data import ALPHABET, corpus_length
     if vocab_size < len(ALPHABET):
         raise ConfigError(f"model.vocab_size {vocab_size} is smaller than the data's {len(ALPHABET)} characters: the "
                           f"embedding cannot hold them; use model.vocab_size {len(ALPHABET)} or more")
@@ -376,8 +379,6 @@ def check_model(tc: TrainConfig) -> None:
     """Raise `ConfigError` when the `model` section names no preset, or its model cannot be cut into the
     pipeline's stages (a layer each) or split over the tensor-parallel ranks (whole heads, d_model, the FFN):
     found here, before any rank starts, by the checks the ranks would fail (imports torch: the model's)."""
-    from par.pp.partition import uniform
-    from par.tp.layers import check_tp_degree
     try:
         model = model_config(tc)
     except ValueError as e:
@@ -493,7 +494,6 @@ def loss_scaler(cfg: TrainConfig):
     DynamicLossScaler(...) for the dynamic keys; None means par.zero.engine's default for the precision."""
     if cfg.precision != "fp16" or not cfg.loss_scale:
         return None
-    from par.precision.loss_scaler import DynamicLossScaler, StaticLossScaler
     if "static" in cfg.loss_scale:
         return StaticLossScaler(cfg.loss_scale["static"])
     return DynamicLossScaler(**cfg.loss_scale)
@@ -501,6 +501,5 @@ def loss_scaler(cfg: TrainConfig):
 
 def model_config(cfg: TrainConfig):
     """The GPTConfig the `model` section names: a preset plus overrides."""
-    from par.model import preset
     m = dict(cfg.model)
     return preset(m.pop("preset", "tiny"), **m)

@@ -65,6 +65,10 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
+from par.comm.collectives import all_reduce_formula_bytes, fit_steps_bytes
+from par.memory.accounting import bytes_per_param, canonical_precision, LlamaConfig
+from par.pp import schedules, sim
+
 
 # ---------------------------------------------------------------- compute: the roofline
 @dataclass(frozen=True)
@@ -172,7 +176,6 @@ def collective_terms(kind: str, n: int, nbytes: float) -> tuple[float, float]:
     if n <= 1 or nbytes == 0:
         return 0, 0.0
     if kind == "all_reduce":
-        from par.comm.collectives import all_reduce_formula_bytes
         return 2 * (n - 1), all_reduce_formula_bytes(nbytes, n)
     return n - 1, (n - 1) / n * nbytes
 
@@ -188,7 +191,6 @@ def fitted_link(samples, kind: str = "all_reduce") -> Link:
     """The Link of measured collectives of one `kind`, (n, bytes, seconds) samples: α and 1/β fitted to the
     kind's row of the table (`collective_terms`) by `par.comm.collectives.fit_steps_bytes` (for ring all-reduces
     what `fit_alpha_beta` fits: lecture 00's measurement on this machine becomes data)."""
-    from par.comm.collectives import fit_steps_bytes
     terms = [(*collective_terms(kind, n, s), t) for n, s, t in samples]
     alpha, beta = fit_steps_bytes([(steps, moved, t) for steps, moved, t in terms if steps])
     if beta <= 0:
@@ -267,7 +269,6 @@ class ModelDims:
 def dims_of(cfg) -> ModelDims:
     """The ModelDims of a `par.model.GPTConfig` (LayerNorm, GeLU, learned positions, biases) or a
     `par.memory.accounting.LlamaConfig` (RMSNorm, SwiGLU, rotary positions, GQA, no biases)."""
-    from par.memory.accounting import LlamaConfig
     if isinstance(cfg, LlamaConfig):
         return ModelDims(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads or cfg.n_heads, cfg.ffn_hidden,
                          cfg.vocab_size, 3, 0, cfg.tie_embeddings, 1, False)
@@ -409,7 +410,6 @@ def optimizer_bytes_per_param(precision: str = "mixed", optimizer: str = "adam")
     (K of `par.memory.accounting.bytes_per_param`, the fp32 master included), the fp32 weights too when they are
     the working weights, the gradient read in fp32 (4), and the 16-bit working weights written (2) when there are
     any: mixed Adam 2·12 + 4 + 2 = 30, fp32 Adam 2·(8 + 4) + 4 = 28."""
-    from par.memory.accounting import bytes_per_param, canonical_precision
     b = bytes_per_param(precision, optimizer)
     fp32 = canonical_precision(precision) == "fp32"
     return 2 * (b.optimizer + (4 if fp32 else 0)) + 4 + (0 if fp32 else 2)
@@ -424,7 +424,6 @@ def pipeline_bubble(schedule: str, p: int, m: int, v: int = 1, f: float = 1.0, i
     """Bubble time over compute time, r, of `schedule` on p stages and m micro-batches (module docstring), with the
     busiest stage's forward f and backward halves i, w per micro-batch. The closed forms (`par.pp.sim`'s);
     ZB-V below m = 2p - 1, where it has none, replays the schedule in the simulator with F = I = W."""
-    from par.pp import sim
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}: one of {', '.join(SCHEDULES)}")
     if p == 1:
@@ -444,7 +443,6 @@ def pipeline_bubble(schedule: str, p: int, m: int, v: int = 1, f: float = 1.0, i
 
 @functools.lru_cache(maxsize=1024)
 def _simulated_bubble(schedule: str, p: int, m: int) -> float:
-    from par.pp import schedules, sim
     return sim.simulate(schedules.make(schedule, p, m), forward=1.0, backward=2.0).bubble_fraction
 
 
@@ -452,7 +450,6 @@ def _simulated_bubble(schedule: str, p: int, m: int) -> float:
 def in_flight(schedule: str, p: int, m: int, v: int = 1) -> float:
     """Stage-sized micro-batch activations the busiest rank holds at its peak, counted on the schedule's own
     actions (`par.pp.sim.peak_in_flight_per_rank`; a chunk of a rank with v chunks holds 1/v of a stage)."""
-    from par.pp import schedules, sim
     if p == 1:
         return 1.0
     sched = schedules.make(schedule, p, m, v if schedule == "interleaved" else 1)

@@ -20,9 +20,13 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from par.runtime.job_args import JobArgs, arg
+import par.runtime.dist
 from par.measure import JobResult, RankResult, RunResult
-from par.train.config import load, read
+from par.precision.mixed_precision import UnsupportedPrecision
+from par.runtime.job_args import arg, JobArgs
+from par.runtime.job_work import Training
+from par.train.config import load, model_config, parse, read
+from par.train.loop import summarize, train
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,6 @@ class Result(JobResult, RunResult):
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one run per config, as
     `par.train.config` parses it for nproc ranks."""
-    from par.runtime.job_work import Training
-    from par.train.config import model_config, parse
     out = []
     for source in args.config:
         tc = parse(read(source), nproc)
@@ -111,9 +113,6 @@ def work(args: Args, nproc: int) -> list:
 
 def main(argv=None) -> int:
     """Parse, train, gather, save (on every rank, under torchrun)."""
-    import par.runtime.dist
-    from par.precision.mixed_precision import UnsupportedPrecision
-    from par.train.loop import summarize, train
     args = Args.parse(argv)
     env = par.runtime.dist.init()
     from par.train.calibration import measure

@@ -41,11 +41,12 @@ import torch.nn as nn
 
 from par.comm import commlog
 from par.dp.naive import mean_over, replica_rows
-from par.runtime.grid import Grid
 from par.memory.accounting import saved_activation_bytes
 from par.model import lm_loss
 from par.pp.replicated import ReplicatedPipeline
+from par.runtime.grid import Grid
 from par.tp.layers import TensorParallelGPT
+from par.zero.engine import Zero
 
 
 class Parallel3DError(ValueError):
@@ -82,7 +83,6 @@ class ZeroDataParallel:
     def __init__(self, model, grid: Grid, microbatches: int = 1, stage: int = 0, optimizer: str = "adam",
                  lr: float = 1e-3, offload: bool = False, precision: str = "fp32", scaler=None,
                  max_grad_norm: float | None = None, prefetch: bool = False, loss_fn=lm_loss, **opt_kw):
-        from par.zero.engine import Zero
         self.model, self.grid, self.m, self.loss_fn = model, grid, microbatches, loss_fn
         self.zero = Zero(model, stage=stage, optimizer=optimizer, lr=lr, offload=offload, group=grid.dp_group,
                          precision=precision, max_grad_norm=max_grad_norm, scaler=scaler, prefetch=prefetch,
@@ -153,7 +153,6 @@ class Parallel3D(ReplicatedPipeline):
         super().__init__(layers, grid, microbatches, optimizer, lr, schedule, impl, loss_fn, track_memory, **opt_kw)
         self.zero = None
         if zero_stage == 1:                                                     # replicas of each shard
-            from par.zero.engine import Zero
             self.zero = Zero(nn.ModuleList(self.pipe.chunks), stage=1, optimizer=optimizer, lr=lr,
                              group=grid.dp_group, impl=impl, **opt_kw)
             self.optimizer = self.zero.updater.opt

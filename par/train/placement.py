@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from par.measure import parse, typed
+from par.model import GPTConfig
+from par.runtime.cluster import Cluster, parse_rate, PREFIX
 from par.train import planner
 
 PLACEMENTS = ("tp-in-node", "tp-across")
@@ -85,7 +87,6 @@ RECORDED_CALIBRATION = {"compute_s": 0.046, "node_step_s": 0.099, "node_bytes_s"
 
 def workload(sizes: dict | None = None) -> planner.Workload:
     """The planner's Workload of the lesson's job (fp32, Adam), for `sizes` over JOB_DEFAULTS."""
-    from par.model import GPTConfig
     s = {**JOB_DEFAULTS, **(sizes or {})}
     cfg = GPTConfig(vocab_size=65, block_size=s["seq"], n_layer=s["n_layer"], n_head=s["n_head"], d_model=s["d_model"])
     return planner.Workload(cfg, s["batch"], precision="fp32", optimizer="adam")
@@ -95,7 +96,6 @@ def predictions(link: str, calibration: dict, nodes: int = 2, per_node: int = 2,
     """{placement: `predict(...)`} with the planner fed this machine's measured compute and in-node bandwidth:
     FLOP/s = (step FLOPs / N) / compute_s, bw_node = node_bytes_s (the bandwidth a TP step inside a node
     really gets, waits included), the link's bandwidth from `link`."""
-    from par.runtime.cluster import parse_rate
     w = workload(sizes)
     flops = planner.step_flops(w) / (nodes * per_node) / calibration["compute_s"]
     hw = emulated_hardware(parse_rate(link), per_node, flops, calibration["node_bytes_s"])
@@ -107,7 +107,6 @@ def measure(link: str = "25mbit", hosts: int = 2, per_node: int = 2, steps: int 
     """Run `par.train.placement_job` on an emulated cluster (`par.runtime.cluster`, root only; its namespaces named
     `prefix`-...) whose links are capped at `link`; return its result (`par.train.placement_job.Result`)
     with the bytes each host's link carried (`links`)."""
-    from par.runtime.cluster import PREFIX, Cluster
     args = [f"--steps={steps}"] + [f"--{k.replace('_', '-')}={v}" for k, v in {**JOB_DEFAULTS, **sizes}.items()]
     with Cluster(hosts, rate=link, prefix=prefix or PREFIX) as cluster:
         result = cluster.run("par.train.placement_job", args, nproc_per_node=per_node, timeout=timeout, quiet=quiet)

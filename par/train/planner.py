@@ -106,13 +106,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from par import mfu
-from par.memory import accounting as memory
-from par.pp import partition
 from par.cp.ring_attention import ring_attention_bytes_even
 from par.cp.ulysses import ulysses_bytes_even
+from par.memory import accounting as memory
+from par.model import GPTConfig, preset
+from par.moe.experts import alltoall_formula_bytes
+from par.moe.router import capacity
+from par.pp import partition
+from par.runtime.checks import int_at_most, positive_float, positive_int
+from par.runtime.grid import groups_in_node, Layout, layout_label
 from par.train import cost
+from par.train.config import model_config
 from par.zero.engine import zero_bytes_per_step
-from par.runtime.grid import Layout, groups_in_node, layout_label
 
 
 @dataclass(frozen=True)
@@ -654,7 +659,6 @@ def largest_model(w: Workload, dp: int, pp: int, tp: int, zero_stage: int, micro
 def from_config(tc, hw: Hardware = Hardware(), overlap: bool = False) -> Plan:
     """The prediction for a `par.train.config.TrainConfig` (what `python -m par train` would run); `overlap`:
     its data-parallel communication runs beside backward (`Workload.overlap`)."""
-    from par.train.config import model_config
     w = Workload(model_config(tc), tc.train_batch_size, "fp32" if tc.precision == "fp32" else "mixed", tc.optimizer,
                  overlap=overlap)
     m = tc.grad_accum
@@ -665,8 +669,6 @@ def model_of(text: str, seq: int | None):
     """The GPTConfig of `--model`: a preset, or L,H,d (layers, heads, width) of GPT-2's vocabulary; `seq`
     tokens of context (default: the preset's, 2048). A name or numbers that make no model: ArgumentError."""
     import argparse
-    from par.model import GPTConfig, preset
-    from par.runtime.checks import positive_int
     if "," not in text:
         try:
             return preset(text, **({"block_size": seq} if seq else {}))
@@ -689,7 +691,6 @@ def model_of(text: str, seq: int | None):
 def main(argv=None) -> int:
     """`python -m par plan --model gpt3-small --world 64 --hardware a100-80gb --batch 512 [--recompute]`."""
     import argparse
-    from par.runtime.checks import int_at_most, positive_float, positive_int
     ap = argparse.ArgumentParser(prog="python -m par plan", description="rank (dp, pp, tp, ZeRO, m) layouts")
     ap.add_argument("--model", default="gpt3-small", help="a GPT-lite preset, or L,H,d (layers,heads,width)")
     ap.add_argument("--seq", type=int_at_most(MAX_SEQ, "the planner's bound"), default=None,
@@ -746,8 +747,6 @@ def predict_moe(w: Workload, moe: MoE, world: int, ep: int, zero_stage: int = 0,
     ep        4 all-to-alls per layer (dispatch, combine, and both backward), each
               (ep-1)/ep · E·C·d values, C = ceil(f·k·b·s/E) (`par.moe.experts.alltoall_formula_bytes`);
               inside a node when ep <= gpus_per_node (its ranks are consecutive)"""
-    from par.moe.experts import alltoall_formula_bytes
-    from par.moe.router import capacity
     plan = Plan(world, 1, 1, zero_stage, 1, ep=ep)
     cfg, problems = w.model, []
     if ep < 1 or world % ep:
@@ -807,7 +806,6 @@ def published_runs() -> dict:
 
 def run_model(spec: dict):
     """The GPTConfig or LlamaConfig of a run's "model" entry."""
-    from par.model import GPTConfig
     spec = dict(spec)
     kind = spec.pop("kind")
     if kind == "gpt":

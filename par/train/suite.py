@@ -45,11 +45,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import par.runtime.dist
 from par.measure import plain, typed
-from par.runtime.checks import int_at_least
-from par.train import job, planner
-from par.train.config import ConfigError, model_config, parse
 from par.memory.accounting import format_bytes
+from par.model import preset
+from par.runtime import launch, preflight
+from par.runtime.checks import check_writable, int_at_least, positive_float, positive_int
+from par.train import calibration, job, planner
+from par.train.config import ConfigError, model_config, parse
 
 NAMES = ("single", "pipeline", "TP", "DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "ZeRO-3+offload", "fp16", "bf16", "3D")
 EXACT = 1e-5       # max |parameter - single process| for a layout to count as matching the reference
@@ -73,7 +76,6 @@ def timing_model(preset: str) -> dict:
 
 def timing_slots(backend: str = "auto", world: int = 1) -> int:
     """How many ranks can be timed at once: one per physical core on gloo, one per GPU on NCCL."""
-    import par.runtime.dist
     if par.runtime.dist.choose_backend(world, backend) == "nccl":
         import torch
         return torch.cuda.device_count()
@@ -107,7 +109,6 @@ def config_for(name: str, world: int, model: dict | str, micro_batch: int, steps
     if name == "pipeline":
         return {**base, "pipeline": {"stages": min(4, world)}}, world
     if name == "TP":
-        from par.model import preset
         heads = preset(model.get("preset", "tiny"), **{k: v for k, v in model.items() if k != "preset"}).n_head
         # tp = gcd(world, heads): the largest degree that divides the heads and the world (dp = world / tp)
         return {**base, "tensor_parallel": {"tp_size": math.gcd(world, heads)}}, world
@@ -205,14 +206,12 @@ def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
     nearer to single's time on a machine of its own, and a speed-up can only come out lower for it. Each row
     keeps the `calibration` measured just before it ran (single: that of the run it keeps).
     `strict`: raise `BenchmarkError` at the first row that cannot run instead of recording it in the row."""
-    from par.runtime.launch import LaunchError, run
     rows = plan_rows(names, nproc, preset, micro_batch, steps, timing_slots(backend, nproc), model, check, memory,
                      search_world, hardware)
     bad = [row["error"] for row in rows.values() if "error" in row]
     if strict and bad:
         raise BenchmarkError(bad[0])
-    from par.runtime.preflight import choose_backend
-    if choose_backend(nproc, backend) == "nccl":   # on GPUs: a row needing more GPUs than the run has is skipped
+    if preflight.choose_backend(nproc, backend) == "nccl":   # on GPUs: a row needing more GPUs than there are is skipped
         for row in rows.values():
             if row["nproc"] > nproc and "error" not in row:
                 row["skipped"] = f"needs {row['nproc']} GPUs, this run has {nproc}"
@@ -223,9 +222,9 @@ def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
     for (n, checked), group in todo:
         t0 = time.perf_counter()
         try:
-            got = run("par.train.job", nproc=n, args=launch_args(rows, group).to_argv(), backend=backend,
+            got = launch.run("par.train.job", nproc=n, args=launch_args(rows, group).to_argv(), backend=backend,
                       timeout=timeout, quiet=True)
-        except LaunchError as e:
+        except launch.LaunchError as e:
             if strict:
                 raise BenchmarkError(f"{', '.join(group)} on {n} ranks: {e.root_cause}") from None
             for name in group:
@@ -290,7 +289,6 @@ def speedups(rows: list[dict]) -> dict:
 def calibrated(row: dict, hardware: str = "cpu") -> planner.Hardware:
     """The Hardware a row is predicted on: what was measured on this machine just before the row ran
     (`par.train.calibration.hardware` of the row's `calibration`), memory and links between nodes `hardware`'s."""
-    from par.train import calibration
     if not row.get("calibration"):
         raise ValueError(f"row {row['name']!r} carries no calibration: run it with par.train.suite.run_suite "
                          f"(its timed launches measure this machine first)")
@@ -357,7 +355,6 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    from par.runtime.checks import check_writable, positive_float, positive_int
     ap = argparse.ArgumentParser(prog="python -m par bench suite", description=__doc__.splitlines()[0])
     ap.add_argument("--nproc", type=positive_int, default=None, help="ranks of the timed rows (default: min(4, cores))")
     ap.add_argument("--preset", default="tiny", help="tiny is timed widened (see timing_model)")
@@ -374,7 +371,6 @@ def main(argv=None) -> int:
     if args.steps < 4:
         ap.error(f"--steps {args.steps}: use at least 4 (a warm-up and 3 timed steps for a median and a spread)")
     check_writable(args.out, parents=True)
-    import par.runtime.dist
     if args.nproc is None:
         args.nproc = par.runtime.dist.default_world_size()
     if args.configs is None:

@@ -18,14 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import par.runtime.dist
-from par.runtime.job_args import JobArgs, arg
-from par.measure import JobResult
 from par.comm import commlog
-from par.memory import accounting as memory
-from par.zero import activations as zero_r
 from par.data import CharDataset, global_batches
+from par.measure import JobResult
+from par.memory import accounting as memory
 from par.model import build, lm_loss, preset
+from par.runtime.job_args import arg, JobArgs
+from par.runtime.job_work import Training
 from par.tp.layers import TensorParallelGPT
+from par.zero import activations as zero_r
 
 
 def measure(model, x, y, mode: str) -> dict:
@@ -68,7 +69,6 @@ class Result(JobResult):
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one TP step whose activations
     are measured."""
-    from par.runtime.job_work import Training
     return [Training(model=preset(args.preset), global_batch=args.batch, tp=nproc, steps=1, label="ZeRO-R activations")]
 
 

@@ -24,6 +24,8 @@ import argparse
 import statistics
 import sys
 
+import par.runtime.dist
+import par.runtime.launch
 from par.runtime.checks import positive_float, positive_int, world_sizes
 
 TARGET_TIME, TARGET_MEMORY = 1.25, 1.0
@@ -81,8 +83,6 @@ def report(world: int, result: dict, cores: int) -> str:
 
 def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
-    import par.runtime.dist
-    import par.runtime.launch
     cores = par.runtime.dist.physical_cores()
     print(f"par ZeRO vs torch (targets: time <= {TARGET_TIME}x, memory <= {TARGET_MEMORY}x); "
           f"timings on a shared machine are noisy")

@@ -20,16 +20,16 @@ from dataclasses import dataclass, replace
 import torch
 
 import par.runtime.dist
-from par.runtime.job_args import JobArgs, arg
-from par.memory import accounting as memory
-from par.zero import torch_api as torch_zero
 from par.measure import slowest, timed_step
+from par.memory import accounting as memory
 from par.model import build, lm_loss, preset
+from par.runtime.job_args import arg, JobArgs
+from par.zero import torch_api as torch_zero
+from par.zero.engine import Zero
 
 
 class ParZero:
     def __init__(self, model, stage, impl, prefetch=False):
-        from par.zero.engine import Zero
         self.model = model
         self.zero = Zero(model, stage=stage, optimizer="adam", lr=1e-3, impl=impl, prefetch=prefetch)
 

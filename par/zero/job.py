@@ -39,14 +39,15 @@ from dataclasses import asdict, dataclass
 import torch
 
 import par.runtime.dist
-from par.runtime.job_args import JobArgs, arg
-from par.zero import checkpoint, offload, torch_api as torch_zero
 from par.comm import commlog
-from par.memory import accounting as memory
 from par.data import CharDataset, global_batches
-from par.measure import JobResult, RankResult, RunResult, merge_ranks, timed_step, watch_ranks
+from par.measure import JobResult, merge_ranks, RankResult, RunResult, timed_step, watch_ranks
+from par.memory import accounting as memory
 from par.model import build, lm_loss, preset
-from par.timeline import Recorder
+from par.runtime.job_args import arg, JobArgs
+from par.runtime.job_work import Training
+from par.timeline import Recorder, seconds
+from par.zero import checkpoint, offload, torch_api as torch_zero
 from par.zero.engine import Zero, zero_bytes_per_step
 
 
@@ -170,7 +171,6 @@ class Result(JobResult):
 def work(args: Args, nproc: int) -> list:
     """What a launch of these arguments computes (the course's dry run costs it): one run per `ZeroRun`, its stage,
     offload and precision."""
-    from par.runtime.job_work import Training
     cfg = preset(args.preset)
     return [Training(model=cfg, global_batch=args.batch, dp=nproc, zero_stage=r.stage, offload=r.offload,
                      precision=r.precision or args.precision, optimizer=args.optimizer, steps=args.steps,
@@ -211,7 +211,6 @@ def step_parts(spans: list[dict], rank: int, prefetch: bool) -> dict:
     was left of each gather when its unit needed it); of those, the ones prefetch can start ahead (`ahead_wait`:
     every gather but the first of the forward and the first of the backward, before which nothing computes); and
     the offload copies."""
-    from par.timeline import seconds
     mine = sorted((s for s in spans if s["rank"] == rank), key=lambda s: s["start"])
     gathers = [s for s in mine if s["name"].startswith("wait AG " if prefetch else "AG ")]
     forward_end = max((s["end"] for s in mine if s["name"].startswith("F ")), default=float("inf"))

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from par.memory.accounting import tensor_bytes
+
 
 def fsdp2(model: nn.Module, mesh=None) -> nn.Module:
     """FSDP2: `fully_shard` each `to_layers()` entry that holds parameters, then the root (in place)."""
@@ -57,7 +59,6 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def model_state_bytes(model: nn.Module, optimizer) -> dict:
     """Bytes of this rank's parameters, gradients and optimizer state (a DTensor counted by its local shard)."""
-    from par.memory.accounting import tensor_bytes
     opt = getattr(optimizer, "optim", optimizer)          # ZeroRedundancyOptimizer wraps the local one
     params = list(model.parameters())
     states = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0]

@@ -48,8 +48,9 @@ import threading
 from pathlib import Path
 
 from par.course.authoring.markers import BEGIN, CHECK, END, HIDDEN_BEGIN, HIDDEN_END, HIDDEN_NOTE, NOTE_ID, STUB
-
+from par.course.batch.kernel_poll import sliced
 from par.runtime.paths import ROOT
+
 SANITIZE = Path("tests") / "nbval_sanitize.cfg"
 
 
@@ -269,7 +270,6 @@ def execute_in_place(path: Path, timeout: float = 300) -> None:
     import nbformat
     from nbclient import NotebookClient
 
-    from par.course.batch.kernel_poll import sliced
     nb = read_notebook(path)
     with tempfile.TemporaryDirectory(prefix="par-record-") as tmp, sliced():
         NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,

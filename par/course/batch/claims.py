@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from par.course.batch.launches import CourseError, lecture
 from par.course.batch.record import record
 from par.measure import plain
 from par.site import numbers
@@ -89,7 +90,6 @@ def judge(key: numbers.Key, records: dict) -> Verdict:
 
 def keys_of(notebook: str) -> list[numbers.Key]:
     """The key numbers of the lecture of `notebook` (its lecture module's KEY_NUMBERS)."""
-    from par.course.batch.launches import lecture
     return list(lecture(notebook).KEY_NUMBERS)
 
 
@@ -99,7 +99,6 @@ def check(notebook: str, name: str, value, part: str | None = None) -> Verdict:
     the page is declared in the lecture module, where the batch and the site find it too."""
     keys = [k for k in keys_of(notebook) if k.record == name]
     if not keys:
-        from par.course.batch.launches import CourseError
         raise CourseError(f"lecture {notebook!r} declares no key number recorded as {name!r}: add a Key to its "
                           f"KEY_NUMBERS (par/course/lectures/)")
     record(name, value)
@@ -114,7 +113,6 @@ def check(notebook: str, name: str, value, part: str | None = None) -> Verdict:
 def verdicts(notebook: str, records: dict) -> list[dict]:
     """Every verdict of `notebook`'s targets that `records` holds a number for, as JSON (the batch's summary);
     [] for a notebook without a lecture module."""
-    from par.course.batch.launches import CourseError
     try:
         keys = keys_of(notebook)
     except CourseError:

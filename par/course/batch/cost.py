@@ -18,7 +18,9 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from par.runtime import preflight
 from par.runtime.job_work import Collectives, Training
+from par.train.planner import HARDWARE, Hardware, predict, Workload
 
 if TYPE_CHECKING:
     from par.train import planner
@@ -34,14 +36,12 @@ OVERHEAD_S = {"gpu": 1e-3, "cpu": 2e-3}   # seconds per layer and micro-batch th
 
 def gpu(memory: float = math.inf, gpus_per_node: int = 8) -> planner.Hardware:
     """The GPU the dry run imagines: the planner's A100 links and bf16 FLOP/s, `memory` bytes."""
-    from par.train.planner import Hardware
     return replace(Hardware(), name="GPU", memory=memory, gpus_per_node=gpus_per_node)
 
 
 def cpu() -> planner.Hardware:
     """The CPU the dry run imagines (the planner's: a few GFLOP/s, its memory bandwidth as the link). The planner
     (and torch) are imported only where a cost is computed: the batch's runner imports this module to start."""
-    from par.train.planner import HARDWARE
     return HARDWARE["cpu"]
 
 
@@ -49,8 +49,7 @@ def on_gpus(backend: str, world_size: int) -> bool:
     """Whether the launches run on GPUs: "nccl", or "auto" where this machine has a GPU per rank."""
     if backend != "auto":
         return backend == "nccl"
-    from par.runtime.preflight import choose_backend
-    return choose_backend(world_size, "auto") == "nccl"
+    return preflight.choose_backend(world_size, "auto") == "nccl"
 
 
 def kernel_device(backend: str, world_size: int) -> str:
@@ -60,13 +59,11 @@ def kernel_device(backend: str, world_size: int) -> str:
 
 def cores() -> int:
     """Physical CPU cores of this machine: CPU ranks are timed only where each has one."""
-    from par.runtime.preflight import physical_cores
-    return physical_cores()
+    return preflight.physical_cores()
 
 
 # ---------------------------------------------------------------- a training run
 def workload(t: Training, batch: int | None = None, precision: str | None = None) -> planner.Workload:
-    from par.train.planner import Workload
     p = precision or t.precision
     return Workload(t.model, batch or t.global_batch, "fp32" if p == "fp32" else "mixed", t.optimizer)
 
@@ -78,14 +75,12 @@ def hardware(t: Training, hw: planner.Hardware, precision: str | None = None) ->
 
 
 def plan(t: Training, hw: planner.Hardware) -> planner.Plan:
-    from par.train.planner import predict
     return predict(workload(t), t.dp, t.pp, t.tp, t.zero_stage, t.microbatches, hardware(t, hw), t.offload)
 
 
 def reference_plan(t: Training, hw: planner.Hardware) -> planner.Plan | None:
     if not t.reference_batch:
         return None
-    from par.train.planner import predict
     return predict(workload(t, t.reference_batch, "fp32"), 1, 1, 1, 0, 1, hardware(t, hw, "fp32"))
 
 

@@ -30,6 +30,7 @@ from par.course.batch.cost import STARTUP_S, cpu, gpu
 from par.course.batch.launches import (CourseError, KernelWork, Launch, kernel_work, launches, lectures,  # noqa: F401
                                        notebook_timeout)
 from par.memory.accounting import format_bytes
+from par.runtime import preflight
 
 
 def host_memory_here() -> float:
@@ -58,10 +59,9 @@ class Estimate:
 
 def resolve_backend(requested: str, nproc: int, gpus: int) -> str:
     """The backend a launch gets on the imagined server (auto: NCCL with a GPU per rank)."""
-    from par.runtime.preflight import BackendError, choose_backend
     try:
-        return choose_backend(nproc, requested, gpus=gpus)
-    except BackendError:
+        return preflight.choose_backend(nproc, requested, gpus=gpus)
+    except preflight.BackendError:
         return "nccl"       # reported by check() as a layout problem
 
 

@@ -33,7 +33,8 @@ from types import ModuleType
 
 from par.course.batch import cost
 from par.course.batch.cost import CELL_TIMEOUT_S, NOTEBOOK_S
-from par.memory.accounting import format_bytes
+from par.measure import parse
+from par.memory.accounting import format_bytes, param_count
 from par.runtime.job_args import JobArgs
 from par.runtime.job_work import Training
 
@@ -60,11 +61,9 @@ class Launch:
         `show`: first print the one-line command (what a student would type), so the notebook says what runs.
         Returns rank 0's result parsed once into the job's own typed `Result` (`par.measure.parse`, e.g.
         `par.dp.job.Result`: `result.runs[0].losses`)."""
-        from par.measure import parse
-        from par.runtime.launch import run
         if show:
             print(f"$ {self.command()}")
-        return parse(run(self.module, nproc=self.nproc, args=self.args.to_argv(), backend=self.backend,
+        return parse(launch.run(self.module, nproc=self.nproc, args=self.args.to_argv(), backend=self.backend,
                          timeout=self.timeout, **kwargs), self.module)
 
     def command(self) -> str:
@@ -209,7 +208,6 @@ class KernelWork:
 
     def memory(self) -> float:
         """Predicted bytes at the peak, on `device` (whether or not it is skipped)."""
-        from par.memory.accounting import param_count
         return cost.memory(self.training(), cost.cpu()) + self.states * param_count(self.model)
 
     def name(self) -> str:

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import json
 
+from par.course.batch import alt_text
+from par.measure import plain
+from par.runtime.launch import LaunchError
+
 RECORD_MIME = "application/vnd.par.record+json"
 
 
 def record(name: str, value) -> None:
     """Show `name = value` and keep it for the batch summary. A typed result (`par.measure.JobResult`, a run,
     a rank's or any measured quantities) is kept as its JSON (`to_json()`), lists and mappings of them too."""
-    from par.measure import plain
     value = plain(value)
     try:
         from IPython.display import display
@@ -56,10 +59,8 @@ def _install_in_ipython() -> None:
         return
     shell = get_ipython()
     if shell is not None and not shell.custom_exceptions:
-        from par.runtime.launch import LaunchError
         shell.set_custom_exc((LaunchError,), show_launch_error)
     if shell is not None:
-        from par.course.batch import alt_text
         alt_text.install()
 
 

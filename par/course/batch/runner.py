@@ -45,7 +45,16 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from par.course.batch.claims import verdicts
 from par.course.batch.cost import CELL_TIMEOUT_S   # a notebook's cell timeout when no lecture module knows it
+from par.course.batch.kernel_poll import sliced
+from par.course.batch.launches import CourseError
+from par.course.batch.record import records
+from par.model import PRESETS
+from par.runtime import preflight
+from par.runtime.checks import check_writable, positive_float, positive_int, write_atomic
+from par.runtime.lifeline import STOPPING
+from par.runtime.preflight import visible_gpus
 
 
 def first_line(error: BaseException) -> str:
@@ -83,7 +92,6 @@ class _AfterStop(logging.Filter):
     what the user reads, not a dead kernel's messages."""
 
     def filter(self, record) -> bool:
-        from par.runtime.lifeline import STOPPING
         return not STOPPING.is_set()
 
 
@@ -94,7 +102,6 @@ def quiet_after_stop():
     import signal
     import threading
 
-    from par.runtime.lifeline import STOPPING
     STOPPING.clear()                      # a new batch in a process an earlier one was stopped in
     gate = _AfterStop()
     for name in NOISY_LOGGERS:
@@ -126,9 +133,6 @@ def run_one(notebook: Path, output: Path, parameters: dict, timeout: float) -> d
     import nbformat
     import papermill
 
-    from par.course.batch.kernel_poll import sliced
-    from par.course.batch.record import records
-
     start = time.perf_counter()
     error, found = None, {}
     partial = output.with_name(f".{output.stem}.tmp{output.suffix}")
@@ -150,7 +154,6 @@ def run_one(notebook: Path, output: Path, parameters: dict, timeout: float) -> d
         error = error or f"the executed notebook could not be saved: {first_line(e)}"
         with contextlib.suppress(OSError):
             partial.unlink()
-    from par.course.batch.claims import verdicts
     return {"notebook": notebook.name, "status": "FAILED" if error else "ok", "error": error,
             "duration_s": round(time.perf_counter() - start, 1), "records": found,
             "verdicts": verdicts(notebook.stem, found), "output": str(output) if output.exists() else None}
@@ -195,7 +198,6 @@ def not_run(notebook: Path, output: Path, problems: list) -> dict:
 
 def gpu_memory_here() -> float | None:
     """Bytes of memory of GPU 0 of this machine (None without one)."""
-    from par.runtime.preflight import visible_gpus
     if not visible_gpus():
         return None
     import torch
@@ -222,8 +224,7 @@ def known_failures(notebook: Path, parameters: dict) -> tuple[list, float | None
     memory = gpu_memory_here() or float("inf")
     kernel = [problem for k in course.kernel_work(notebook.stem, p["world_size"], p["backend"], p["preset"], p["steps"])
               for problem in checker.check_kernel(k, memory, checker.host_memory_here())]
-    from par.runtime.preflight import choose_backend
-    gloo = choose_backend(p["world_size"], p["backend"]) == "gloo"   # then every launch runs gloo here
+    gloo = preflight.choose_backend(p["world_size"], p["backend"]) == "gloo"   # then every launch runs gloo here
     problems = [problem for l in found for problem in checker.check(replace(l, backend="gloo") if gloo else l,
                                                                    p["world_size"], memory, timeout)[1]
                 if problem.kind in ("layout", "memory")]
@@ -238,8 +239,6 @@ def provenance(parameters: dict) -> dict:
     import subprocess
     from importlib.metadata import version
 
-    from par.runtime.preflight import choose_backend, visible_gpus
-
     def attempt(fn, default=None):
         try:
             return fn()
@@ -247,10 +246,11 @@ def provenance(parameters: dict) -> dict:
             return default
     cpu = attempt(lambda: next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                                if line.startswith("model name")), platform.processor() or platform.machine())
-    gpus = attempt(lambda: [__import__("torch").cuda.get_device_name(i) for i in range(visible_gpus())], [])
+    gpus = attempt(lambda: [__import__("torch").cuda.get_device_name(i) for i in range(preflight.visible_gpus())], [])
     commit = attempt(lambda: subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                             timeout=10, cwd=Path(__file__).parent).stdout.strip() or None)
-    backend = attempt(lambda: choose_backend(parameters["world_size"], parameters["backend"]), parameters["backend"])
+    backend = attempt(lambda: preflight.choose_backend(parameters["world_size"], parameters["backend"]),
+                      parameters["backend"])
     machine = f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs ({cpu})" + (
         f", {len(gpus)} x {gpus[0]}" if gpus else ", no GPU")
     return {"date": datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine,
@@ -270,7 +270,6 @@ def matching(pattern: str) -> list[Path]:
     found = [p for p in found if p.suffix == ".ipynb" and p.is_file()]
     if found:
         return found
-    from par.course.batch.launches import CourseError
     known = sorted(Path("notebooks").glob("*.ipynb")) if Path("notebooks").is_dir() else []
     close = difflib.get_close_matches(Path(pattern).name, [p.name for p in known], n=1, cutoff=0.6)
     hint = f"; did you mean notebooks/{close[0]}?" if close else \
@@ -294,7 +293,6 @@ def run(notebooks, out_root: Path, parameters: dict, timeout: float | None = Non
     def save(rows: list[dict]) -> dict:
         """summary.json and summary.md of the rows so far, each replaced atomically after every notebook: a batch
         stopped by a full disk keeps the summary of every notebook done before."""
-        from par.runtime.checks import write_atomic
         summary = {"folder": str(folder), "parameters": parameters, "provenance": origin, "timeout_s": timeout,
                    "notebooks": rows, "failed": sum(r["status"] != "ok" for r in rows),
                    "duration_s": round(sum(r["duration_s"] for r in rows), 1), "records": merge_records(rows),
@@ -415,7 +413,6 @@ def targets_markdown(rows: list[dict]) -> list[str]:
 
 def parse_bytes(text: str) -> float:
     """'80e9', '80GB', '40 GiB', '8000000000' -> bytes (> 0: argparse.ArgumentTypeError otherwise)."""
-    from par.runtime.checks import positive_float
     t = text.strip().replace(" ", "").replace("_", "").lower()
     for unit, size in (("gib", 2 ** 30), ("gb", 1e9), ("mib", 2 ** 20), ("mb", 1e6), ("g", 1e9)):
         if t.endswith(unit):
@@ -426,8 +423,7 @@ def parse_bytes(text: str) -> float:
 def dry_run(args) -> int:
     """`--dry-run`: the course's launches checked for the imagined server; exit 0 if all fit, else 2."""
     from par.course.batch import dry_run as course
-    from par.runtime.preflight import choose_backend
-    choose_backend(args.world_size, args.backend, gpus=args.world_size)   # a backend name that exists
+    preflight.choose_backend(args.world_size, args.backend, gpus=args.world_size)   # a backend name that exists
     if args.gpu_memory is None and args.backend != "gloo":
         raise course.CourseError("--dry-run imagines a GPU server: give its memory per GPU, e.g. --gpu-memory 80e9")
     host = course.host_memory_here() if args.host_memory is None else args.host_memory
@@ -450,11 +446,9 @@ def dry_run(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m par batch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    from par.runtime.checks import check_writable, positive_float, positive_int
-    from par.runtime.preflight import choose_backend, default_world_size
-    parser.add_argument("--world-size", type=positive_int, default=default_world_size(),
+    parser.add_argument("--world-size", type=positive_int, default=preflight.default_world_size(),
                         help=f"ranks per launched job; GPUs on a GPU server (default min(4, cores) = "
-                             f"{default_world_size()})")
+                             f"{preflight.default_world_size()})")
     parser.add_argument("--backend", default="auto", help="auto | gloo | nccl (default auto)")
     parser.add_argument("--preset", default="tiny", help="GPT-lite preset: tiny | small | gpt3-small | tiny-long")
     parser.add_argument("--steps", type=positive_int, default=20, help="training steps where a notebook trains")
@@ -472,12 +466,11 @@ def main(argv=None) -> int:
     parser.add_argument("--gpu-flops", type=positive_float, default=None,
                         help="achieved FLOP/s of one GPU for --dry-run (default: an A100's, fp32 without TF32)")
     args = parser.parse_args(argv)
-    from par.model import PRESETS
     if args.preset not in PRESETS:
         parser.error(f"unknown --preset {args.preset!r}: use one of {', '.join(PRESETS)}")
     if args.dry_run:
         return dry_run(args)
-    choose_backend(args.world_size, args.backend)   # preflight: BackendError before any notebook starts
+    preflight.choose_backend(args.world_size, args.backend)   # preflight: BackendError before any notebook starts
     check_writable(args.out, directory=True)
     notebooks = matching(args.notebooks)
     parameters = {"world_size": args.world_size, "backend": args.backend, "preset": args.preset, "steps": args.steps}

@@ -61,6 +61,8 @@ from par.course.grading.kernel import MAX_OUTPUT, CellTimeout, Kernel, KernelDie
 from par.course.grading.report import Flag, told
 from par.course.grading.proxies import (Proxy, Session, StudentError, launching_import,
                                  sandboxed_launch)
+from par.course.authoring.generate import defined_names, is_answer
+from par.course.authoring.markers import HIDDEN_BEGIN
 
 
 # ---------------------------------------------------------------- what happened to the cells
@@ -115,13 +117,11 @@ def traceback_summary(text: str) -> tuple[str, str]:
 # ---------------------------------------------------------------- one notebook
 def student_names(reference) -> set[str]:
     """The names the answer cells of the reference define: in checks, they stand for the student's functions."""
-    from par.course.authoring.generate import defined_names, is_answer
     return {n for c in reference.cells if is_answer(c) for n in defined_names(c.source) if isinstance(n, str)}
 
 
 def hidden_from(source: str) -> int | None:
     """The line (1-based) where a check's hidden cases begin, None if it has none."""
-    from par.course.authoring.markers import HIDDEN_BEGIN
     lines = source.splitlines()
     return next((i + 1 for i, line in enumerate(lines) if line.strip() == HIDDEN_BEGIN), None)
 

@@ -71,6 +71,9 @@ from par.course.grading.report import (Flag, RowWriter, format_points, class_sum
                                        write_feedback, write_report)
 from par.course.authoring import generate as exercises
 from par.course.authoring.generate import ROOT, is_answer, is_check
+from par.course.grading import sandbox
+from par.course.grading.exercise import of_notebook
+from par.runtime.checks import check_writable
 
 TIMEOUT = 600          # seconds per notebook
 CELL_TIMEOUT = 300     # seconds per cell
@@ -475,7 +478,6 @@ def prepare(names: set[str], progress=print) -> None:
     """Each exercise's `prepare` (its record, `par.course.grading.exercise`) for the exercises in `names`, before any
     submission's kernel starts (07's part 4 ranks every student on layouts measured while nothing of a student's
     runs). One that fails is printed; the exercise's checks then ask again, and fail with its error."""
-    from par.course.grading.exercise import of_notebook
     for name in sorted(names):
         record = of_notebook(name)
         if record is None or record.prepare is None:
@@ -496,7 +498,6 @@ def grade_many(paths: list[Path], course: Course, timeout: float = TIMEOUT, cell
     submission finishes: the report writes its row there, so a killed batch keeps it."""
     import shutil
     import tempfile
-    from par.course.grading import sandbox
     env = {}
     if jobs > 1:  # share the cores between the notebooks running at once
         from par.runtime.dist import physical_cores
@@ -542,7 +543,6 @@ def grade_many(paths: list[Path], course: Course, timeout: float = TIMEOUT, cell
 
 def check_outputs(report: Path | None, feedback: Path | None) -> None:
     """Refuse to start (`par.runtime.checks.CheckError`) when the report or the feedback folder cannot be written."""
-    from par.runtime.checks import check_writable
     if report is not None:
         check_writable(report, parents=True)
     if feedback is not None:

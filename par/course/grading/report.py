@@ -20,6 +20,9 @@ import os
 import re
 from pathlib import Path
 
+from par.course.authoring.markers import HIDDEN_BEGIN, HIDDEN_END
+from par.runtime.checks import write_atomic
+
 COLUMNS = ["submission", "exercise", "points", "max_points", "percent", "status", "failed_checks", "reason",
            "seconds"]
 STATUSES = ("ok", "failed", "timeout", "error")
@@ -68,7 +71,6 @@ def write_report(grades: list, path: Path, earlier: list[dict] = ()) -> None:
         path.parent.mkdir(parents=True)
     import io
 
-    from par.runtime.checks import write_atomic   # tmp + fsync + rename; a full disk leaves no .tmp behind
     f = io.StringIO(newline="")
     writer = csv.DictWriter(f, fieldnames=COLUMNS)
     writer.writeheader()
@@ -117,7 +119,6 @@ def write_feedback(grades: list, course, folder: Path) -> None:
 
 def hidden_lines(course) -> list[str]:
     """The lines of the hidden checks (what feedback must never show), longest first."""
-    from par.course.authoring.markers import HIDDEN_BEGIN, HIDDEN_END
     lines = set()
     for nb in course.notebooks.values():
         for cell in nb.cells:

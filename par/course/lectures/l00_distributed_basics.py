@@ -7,10 +7,11 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import LogLocator
 
 from par.comm import job as comm_job
+from par.comm.collectives import ring_all_reduce_time
 from par.course import plots
 from par.course.batch import cost
 from par.course.batch.launches import launch
-from par.site.numbers import Key, Target, at_least, equal
+from par.site.numbers import at_least, equal, Key, Target
 
 NOTEBOOK = "00_distributed_basics"
 CELLS = ("collectives", "world-size sweep")
@@ -134,7 +135,6 @@ def alpha_beta_fit(timing: dict, alpha: float, beta: float, cores: int, small: i
     ring_s} from `ring_time_from_steps` (of steps timed on the load-proof clock), drawn as diamonds and
     labelled simulated. Returns the two axes.
     """
-    from par.comm.collectives import ring_all_reduce_time
     if axes is None:
         axes = plt.subplots(1, 2, figsize=(11, 3.8))[1]
     left, right = axes

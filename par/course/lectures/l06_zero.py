@@ -13,9 +13,9 @@ from par.course import plots
 from par.course.batch import cost
 from par.course.batch.launches import launch, sized
 from par.measure import Measured
-from par.memory.accounting import param_count
+from par.memory.accounting import model_state_bytes, param_count, STAGE_NAMES
 from par.model import preset as model_preset
-from par.site.numbers import Key, at_most, near
+from par.site.numbers import at_most, Key, near
 from par.tp.layers import tp_degree
 from par.zero import activations_job, job as zero_job
 
@@ -229,7 +229,6 @@ def zero_memory_vs_nd(numel: float, measured: dict, precision: str = "fp32", opt
     (stages side by side). Bytes shown in MB (`unit`), both axes logarithmic."""
     from matplotlib.ticker import FuncFormatter
 
-    from par.memory.accounting import STAGE_NAMES, model_state_bytes
     if axes is None:
         fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [2.2, 1]})
     left, right = axes

@@ -11,8 +11,12 @@ import matplotlib.pyplot as plt
 from par.course import plots
 from par.course.batch import cost
 from par.course.batch.launches import KernelWork, launch, sized
+from par.memory.accounting import format_bytes
 from par.model import preset as model_preset
-from par.site.numbers import Key, at_most, near
+from par.runtime.grid import layout_label
+from par.site.numbers import at_most, Key, near
+from par.train import suite
+from par.train.config import model_config, parse
 
 NOTEBOOK = "07_putting_it_together"
 CELLS = ("3D", "benchmark table")
@@ -27,7 +31,6 @@ def bench_steps(steps: int) -> int:
 def launches(W, backend, preset, steps):
     """The launches `par.train.suite.run_suite` makes, from its own functions (`plan_rows`, `launch_order`,
     `launch_args`): first the 3D row, then the others (bf16 only on GPUs; single's launch before and after)."""
-    from par.train import suite
     n_steps, gpus = bench_steps(steps), cost.on_gpus(backend, W)
     out = []
     for cell, names in (("3D", ["3D"]), ("benchmark table", [n for n in ROWS if n != "bf16" or gpus])):
@@ -42,8 +45,6 @@ def launches(W, backend, preset, steps):
 def kernel(W, backend, preset, steps):
     """The one-process reference of the 3D row, trained on the host on the row's own global batches (never
     shrunk: it must see what the row saw); skipped where the row does not run (it needs 8 GPUs)."""
-    from par.train import suite
-    from par.train.config import model_config, parse
     gpus = cost.on_gpus(backend, W)
     row = suite.plan_rows(["3D"], W, preset, 2, bench_steps(steps), W if gpus else cost.cores())["3D"]
     if "error" in row:
@@ -81,7 +82,6 @@ def process_grid(dp: int, pp: int, tp: int, gpus_per_node: int = 8, ax=None, tit
     tp boxes side by side in each cell (a dashed frame = one tp group); each box names its rank
     (t + tp·(d + dp·s)) and its tensor slot, and is coloured by node (ranks numbered node by node)."""
     from matplotlib.patches import Patch
-    from par.runtime.grid import layout_label
     ax = plots.axis(ax, (max(5, 1.1 * pp * tp + 3), max(2.4, 0.9 * dp + 1.2)))
     cmap = plt.get_cmap("tab20")
     colour = lambda node: cmap((2 * node) % 20 if node < 10 else (2 * node + 1) % 20)
@@ -125,9 +125,7 @@ def benchmark_table(rows: list[dict], axes=None):
     rank and step (measured, predicted); the largest model that fits the per-device memory. Memory and
     bytes are on log axes (the rows span kB to GB). Rows with more ranks than cores say "not timed"."""
     import numpy as np
-    from par.train.suite import measured, speedups
-    from par.memory.accounting import format_bytes
-    rows = measured(rows)
+    rows = suite.measured(rows)
     n = len(rows)
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     height = 1.9 + 0.42 * n
@@ -165,7 +163,7 @@ def benchmark_table(rows: list[dict], axes=None):
     rate.set_title(f"throughput\n(median of {steps} timed steps)", fontsize=9)
     rate.legend(**below)
     # speed-up over single, against the number of ranks
-    sp = speedups(rows)
+    sp = suite.speedups(rows)
     idx = [i for i, r in enumerate(rows) if r["name"] in sp]
     if idx:
         base = next(r for r in rows if r["name"] == "single")["median_step_s"]
@@ -225,8 +223,7 @@ def prediction_ratios(rows: list[dict], ax=None, band: float = 0.05):
     """Measured / predicted for every benchmark row (`par.train.suite`): memory per rank (model states +
     activations, busiest rank) and bytes sent per rank and step; 1 is a perfect prediction, the grey band
     ±`band`. Rows that send nothing have no bytes marker."""
-    from par.train.suite import measured
-    rows = measured(rows)
+    rows = suite.measured(rows)
     ax = plots.axis(ax, (7, 0.9 + 0.38 * len(rows)))
     for i, r in enumerate(rows):
         mem = (r["model_states_max"] + r["activations_peak_max"]) / (r["pred_model_states"] + r["pred_activations"])

@@ -10,11 +10,13 @@ from dataclasses import replace
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
+from par.comm.collectives import all_reduce_formula_bytes
 from par.course.batch import cost
 from par.course.batch.launches import launch, sized
 from par.model import preset as model_preset
-from par.resilience import diloco_job, elastic_job, job as resilience_job, straggler_job
-from par.site.numbers import Key, at_least, at_most, equal, near
+from par.resilience import diloco_job, elastic_job, interval, job as resilience_job, straggler_job
+from par.site.numbers import at_least, at_most, equal, Key, near
+from par.tp.layers import check_tp_degree
 
 NOTEBOOK = "11_when_things_break"
 CELLS = ("resume", "elastic", "stragglers", "diloco")
@@ -36,7 +38,6 @@ DILOCO_STEPS = 48
 
 def tp_fits(cfg, W: int) -> bool:
     """Whether tensor parallelism over all W ranks splits this model (heads and widths divisible by W)."""
-    from par.tp.layers import check_tp_degree
     try:
         check_tp_degree(cfg, W)
     except ValueError:
@@ -202,7 +203,6 @@ def interval_figure(sim, checkpoint_s: float, mtbf_s: float, restart_s: float, f
     fitted optimum as vertical lines, Daly's exact optimum as a star; the legend beside the axes."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    from par.resilience import interval
     fig, ax = plt.subplots(figsize=(10, 4.2))
     taus = [r.interval_s for r in sim]
     grid = [taus[0] * (taus[-1] / taus[0]) ** (i / 200) for i in range(201)]
@@ -274,7 +274,6 @@ def elastic_figure(whole, killed, times: dict):
 def diloco_figure(result, tokens_per_step: int):
     """Left: the held-out loss against the tokens seen, DP (line) and DiLoCo per H (markers at its outer steps).
     Right: bytes sent per step by rank 0 (commlog, log scale) per run, with DP's 2(N−1)/N·4Ψ divided by H."""
-    from par.comm.collectives import all_reduce_formula_bytes
     fig, (ax, ab) = plt.subplots(1, 2, figsize=(12, 4))
     for k, run in enumerate(result.runs):
         xs = [s * tokens_per_step for s in run.eval_steps]

@@ -28,7 +28,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from par.runtime.checks import CheckError, check_writable, positive_float
+from par.bench import BENCHMARKS
+from par.runtime.checks import check_writable, CheckError, positive_float
 from par.runtime.paths import ROOT
 
 SHARES = {"gpu tier": 0.30, "bench mfu": 0.15, "dry run": 0.05}   # of the budget; the batch gets the rest
@@ -49,7 +50,6 @@ def batch_steps(seconds: float) -> int:
 
 
 def has_benchmark(name: str) -> bool:
-    from par.bench import BENCHMARKS
     return name in BENCHMARKS
 
 

@@ -27,6 +27,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from par.runtime.paths import ROOT
+
 STAR = re.compile(r"^\s*from\s+(torch[\w.]*|\.+[\w.]*)\s+import\s+\*", re.M)
 
 
@@ -182,7 +184,6 @@ def main(argv=None) -> int:
         print(f"error: {args.wheel} is neither a torch wheel nor a folder holding torch/: fetch one with "
               f"`pip download --no-deps torch==2.11.0 -d DIR`", file=sys.stderr)
         return 2
-    from par.runtime.paths import ROOT
     try:
         reference, other = Source(installed_torch()), Source(args.wheel)
         if other.text("torch/__init__.py") is None:

@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from par.runtime.checks import CheckError
+from par.runtime.checks import check_writable, CheckError
 from par.runtime.paths import ROOT
 
 # The batch and the GPU tier: papermill and the kernel it drives, the figures, the widgets of lecture 01, pytest.
@@ -149,7 +149,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.python is not None and not re.fullmatch(r"3\.\d{1,2}", args.python):
         raise CheckError(f"--python {args.python!r}: give a CPython version such as 3.12")
-    from par.runtime.checks import check_writable
     check_writable(args.out, directory=True, parents=True)      # before pip downloads anything
     manifest = build(args.out, args.which, args.python, args.platform,
                      tuple(n.strip() for n in args.node_has.split(",") if n.strip()))
