@@ -42,7 +42,7 @@ def measure(world_size: int, sizes: str, reps: int, warmup: int, backend: str = 
             quiet: bool = True) -> list[dict]:
     """Rows {numel, ring_s, torch_s, ratio, ...} from one launch on `world_size` ranks."""
     out = launch.run("par.comm.job", nproc=world_size, backend=backend, timeout=timeout, quiet=quiet,
-              args=["--parts", "timing", "--sizes", sizes, "--reps", reps, "--warmup", warmup])
+                     args=["--parts", "timing", "--sizes", sizes, "--reps", reps, "--warmup", warmup])
     return [dict(row, world_size=world_size, backend=out["backend"]) for row in out["timing"]]
 
 

@@ -54,8 +54,8 @@ def main(argv=None) -> int:
     for n in args.world_sizes:
         load = os.getloadavg()[0]
         r = launch.run("par.dp.bench_job", nproc=n, backend=args.backend, timeout=args.timeout, quiet=True,
-                args=["--preset", args.preset, "--batch", args.batch, "--bucket-kb", args.bucket_kb,
-                      "--steps", args.steps, "--rounds", args.rounds, "--variants", args.variants])
+                       args=["--preset", args.preset, "--batch", args.batch, "--bucket-kb", args.bucket_kb,
+                             "--steps", args.steps, "--rounds", args.rounds, "--variants", args.variants])
         r["load_before"], r["load_after"] = load, os.getloadavg()[0]
         results.append(r)
     first = results[0]

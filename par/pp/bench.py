@@ -81,8 +81,9 @@ def main(argv=None) -> int:
     for n in sizes:
         load = os.getloadavg()[0]
         r = launch.run("par.pp.bench_job", nproc=n, backend=args.backend, timeout=args.timeout, quiet=True,
-                args=["--preset", args.preset, "--microbatches", args.microbatches,
-                      "--micro-batch-size", args.micro_batch_size, "--steps", args.steps, "--rounds", args.rounds])
+                       args=["--preset", args.preset, "--microbatches", args.microbatches,
+                             "--micro-batch-size", args.micro_batch_size, "--steps", args.steps,
+                             "--rounds", args.rounds])
         r["load_before"], r["load_after"] = load, os.getloadavg()[0]
         r.pop("spans", None)
         results.append(r)

@@ -67,6 +67,7 @@ from par.memory.accounting import saved_tensors_seen
 from par.pp import partition, sim as pipeline_sim
 from par.pp.p2p_plan import Group, message_in
 from par.pp.schedules import Action, Schedule, from_lists, parse_action
+from par.runtime import dist as pdist
 from par.timeline import Mark
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32]
@@ -474,7 +475,6 @@ def linear_weight_gradients(layer, x, dy) -> bool:
 
 def _default_device(layers) -> torch.device:
     try:
-        from par.runtime import dist as pdist
         return pdist.env().device
     except RuntimeError:
         for layer in layers:

@@ -61,7 +61,7 @@ def main(argv=None) -> int:
           f"{tc.micro_batch} × accum {tc.grad_accum} × dp {tc.dp}")
     extra = (["--steps", str(args.steps)] if args.steps is not None else []) + (["--check"] if args.check else [])
     row = launch.run("par.train.job", nproc=args.nproc, args=["--config", args.config, *extra], backend=args.backend,
-              timeout=args.timeout)
+                     timeout=args.timeout)
     print(f"{'strategy':<28} {'samples/s (range)':>21} {'mem avg':>11} {'mem peak':>11} {'bytes/step':>11}")
     print(format_row(row))
     return 0

@@ -25,6 +25,7 @@ from par.measure import JobResult, RankResult, RunResult
 from par.precision.mixed_precision import UnsupportedPrecision
 from par.runtime.job_args import arg, JobArgs
 from par.runtime.job_work import Training
+from par.train import calibration
 from par.train.config import load, model_config, parse, read
 from par.train.loop import summarize, train
 
@@ -115,12 +116,11 @@ def main(argv=None) -> int:
     """Parse, train, gather, save (on every rank, under torchrun)."""
     args = Args.parse(argv)
     env = par.runtime.dist.init()
-    from par.train.calibration import measure
     runs = []
     for source in args.config:
         cfg = read(source)
         tc = load({**cfg, "steps": args.steps} if args.steps is not None else cfg, env.world_size)
-        calibration = measure([tc], env) if args.calibrate else None
+        machine = calibration.measure([tc], env) if args.calibrate else None
         try:
             mine = train(tc, check=args.check)
         except UnsupportedPrecision as e:   # raised identically on every rank, before any collective
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
         ranks = par.runtime.dist.gather_object(mine)
         if env.rank == 0:
             run = summarize(tc, ranks, env.backend)
-            runs.append({**run, "calibration": calibration} if calibration else run)
+            runs.append({**run, "calibration": machine} if machine else run)
     if env.rank == 0:
         result = runs[0] if len(runs) == 1 else {"world_size": env.world_size, "backend": env.backend, "runs": runs}
         par.runtime.dist.save_result(result)

@@ -223,7 +223,7 @@ def run_suite(names=NAMES, nproc: int = 2, preset: str = "tiny", micro_batch: in
         t0 = time.perf_counter()
         try:
             got = launch.run("par.train.job", nproc=n, args=launch_args(rows, group).to_argv(), backend=backend,
-                      timeout=timeout, quiet=True)
+                             timeout=timeout, quiet=True)
         except launch.LaunchError as e:
             if strict:
                 raise BenchmarkError(f"{', '.join(group)} on {n} ranks: {e.root_cause}") from None

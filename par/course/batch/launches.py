@@ -64,7 +64,7 @@ class Launch:
         if show:
             print(f"$ {self.command()}")
         return parse(launch.run(self.module, nproc=self.nproc, args=self.args.to_argv(), backend=self.backend,
-                         timeout=self.timeout, **kwargs), self.module)
+                                timeout=self.timeout, **kwargs), self.module)
 
     def command(self) -> str:
         """The launch as a shell command: `torchrun --nproc-per-node=N -m module args...`."""

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from par.course.batch import dry_run as checker, launches as course
 from par.course.batch.claims import verdicts
 from par.course.batch.cost import CELL_TIMEOUT_S   # a notebook's cell timeout when no lecture module knows it
 from par.course.batch.kernel_poll import sliced
@@ -54,7 +55,6 @@ from par.model import PRESETS
 from par.runtime import preflight
 from par.runtime.checks import check_writable, positive_float, positive_int, write_atomic
 from par.runtime.lifeline import STOPPING
-from par.runtime.preflight import visible_gpus
 
 
 def first_line(error: BaseException) -> str:
@@ -198,7 +198,7 @@ def not_run(notebook: Path, output: Path, problems: list) -> dict:
 
 def gpu_memory_here() -> float | None:
     """Bytes of memory of GPU 0 of this machine (None without one)."""
-    if not visible_gpus():
+    if not preflight.visible_gpus():
         return None
     import torch
     return float(torch.cuda.get_device_properties(0).total_memory)
@@ -210,7 +210,6 @@ def known_failures(notebook: Path, parameters: dict) -> tuple[list, float | None
     needs more memory than GPU 0 or this machine's host memory has; the layouts that cannot split (checked as the
     dry run does, for the backend the batch runs); on a GPU server (backend NCCL) also the launches that need
     more GPUs or more memory than there are."""
-    from par.course.batch import dry_run as checker, launches as course
     if notebook.stem not in course.lectures():
         return [], None
     p = parameters
@@ -422,21 +421,20 @@ def parse_bytes(text: str) -> float:
 
 def dry_run(args) -> int:
     """`--dry-run`: the course's launches checked for the imagined server; exit 0 if all fit, else 2."""
-    from par.course.batch import dry_run as course
     preflight.choose_backend(args.world_size, args.backend, gpus=args.world_size)   # a backend name that exists
     if args.gpu_memory is None and args.backend != "gloo":
-        raise course.CourseError("--dry-run imagines a GPU server: give its memory per GPU, e.g. --gpu-memory 80e9")
-    host = course.host_memory_here() if args.host_memory is None else args.host_memory
-    estimates, problems = course.dry_run(args.world_size, args.backend, args.preset, args.steps,
-                                         args.gpu_memory or float("inf"), args.timeout, gpu_flops=args.gpu_flops,
-                                         host_memory=host)
+        raise checker.CourseError("--dry-run imagines a GPU server: give its memory per GPU, e.g. --gpu-memory 80e9")
+    host = checker.host_memory_here() if args.host_memory is None else args.host_memory
+    estimates, problems = checker.dry_run(args.world_size, args.backend, args.preset, args.steps,
+                                          args.gpu_memory or float("inf"), args.timeout, gpu_flops=args.gpu_flops,
+                                          host_memory=host)
     memory = f"{args.gpu_memory / 1e9:g} GB" if args.gpu_memory else "CPU"
     print(f"dry run: {args.world_size} x {memory}, backend {args.backend}, preset {args.preset}, "
           f"{args.steps} steps; host memory {host / 1e9:g} GB\n")
-    print(course.format_estimates(estimates) + "\n")
+    print(checker.format_estimates(estimates) + "\n")
     backend = "nccl" if args.backend == "auto" else args.backend
-    kernel = course.every_kernel_work(args.world_size, backend, args.preset, args.steps)
-    print(course.format_kernel(kernel) + "\n")
+    kernel = checker.every_kernel_work(args.world_size, backend, args.preset, args.steps)
+    print(checker.format_kernel(kernel) + "\n")
     for problem in problems:
         print(f"problem: {problem}")
     print(f"{len(estimates)} launches checked: " + (f"{len(problems)} problem(s)" if problems else "everything fits"))
