@@ -163,3 +163,31 @@ def test_the_readme_package_map_lists_exactly_the_folders_and_modules():
         assert len(names) == len(set(names)), f"{folder}: a module listed twice"
         assert sorted(tree[folder] - set(names)) == [], f"modules in {folder} that the README's map does not list"
         assert sorted(set(names) - tree[folder]) == [], f"the README's map names modules {folder} lacks"
+
+
+def function_level_imports(path: Path) -> list[int]:
+    """The lines of `path`'s imports of par modules that sit inside a function (where a reader of the module's head
+    does not see them)."""
+    tree = ast.parse(path.read_text())
+    lines = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Import) and any(a.name.split(".")[0] == "par" for a in n.names) or (
+                        isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").split(".")[0] == "par"):
+                    lines.append(n.lineno)
+    return sorted(set(lines))
+
+
+# where an import stays inside a function: the command dispatch imports only the command asked for, and the grader's
+# rank-side modules load the exercise's code only in the rank that runs it (a student's rank never holds the rest)
+LAZY = ("par/__main__.py", "par/course/grading/")
+
+
+def test_par_imports_sit_at_the_head_of_their_module():
+    """Every import of a par module is at module level, except in `LAZY`'s places; there are at most 40 of those."""
+    found = {str(p.relative_to(ROOT)): function_level_imports(p) for p in MODULES.values()}
+    hidden = sorted(f"{path}:{line}" for path, lines in found.items() if not path.startswith(LAZY) for line in lines)
+    assert hidden == [], "imports inside functions: move them to the module's head"
+    assert sum(map(len, found.values())) <= 40
+    assert function_level_imports(PAR / "__main__.py"), "the finder finds the dispatch's imports"
