@@ -29,6 +29,9 @@ import sys
 import threading
 from contextlib import contextmanager
 
+from par.runtime import preflight as pf
+from par.runtime.checks import unknown
+from par.runtime.hang import hang_seconds
 from par.runtime.lifeline import stops_raise
 
 COMMANDS = {
@@ -133,8 +136,6 @@ def preflight(name: str, argv: list[str], oversubscribe: bool = False) -> None:
     `batch --dry-run` checks an imagined GPU server, `train --nnodes` prints the commands of other machines."""
     if name not in STARTS_RANKS or {"-h", "--help", "--dry-run", "--nnodes"} & {a.split("=")[0] for a in argv}:
         return
-    from par.runtime import preflight as pf
-    from par.runtime.hang import hang_seconds
     default = pf.default_world_size() if STARTS_RANKS[name] == "default" else STARTS_RANKS[name]
     pf.check_command_line(argv, default, oversubscribe)
     hang_seconds()                   # PAR_HANG_S=45s: refused here, naming the variable, not in the launcher
@@ -174,7 +175,6 @@ def main(argv=None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        from par.runtime.checks import unknown
         print(f"error: {unknown('command', name, COMMANDS, 'python -m par --help')}", file=sys.stderr)
         return 2
     oversubscribe = name in STARTS_RANKS and "--oversubscribe" in rest
@@ -200,7 +200,7 @@ def main(argv=None) -> int:
         if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in MISSING_HINT:
             print(f"error: {MISSING_HINT[e.name.split('.')[0]]}", file=sys.stderr, flush=True)
             return 2
-        from par.runtime.launch import LaunchError
+        from par.runtime.launch import LaunchError   # defers the launcher's import (0.3 s) to a command that failed
         if isinstance(e, LaunchError):   # the ranks' output is above when it was streamed
             print(f"error: {e.root_cause if e.streamed else e}", file=sys.stderr, flush=True)
             return 1

@@ -37,8 +37,6 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from par.comm.collectives import chunk_bounds
-
 KINDS = ("F", "B", "I", "W")     # forward, whole backward, input-gradient half, weight-gradient half
 PLACEMENTS = ("loop", "v")
 
@@ -188,6 +186,7 @@ def microbatch_groups(p: int, m: int) -> list[range]:
     m = 7, p = 2 -> [0, 1, 2], [3, 4], [5, 6]. A group smaller than p would come back to rank 0
     for its next chunk before the last rank had finished with it.
     """
+    from par.comm.collectives import chunk_bounds   # one uneven split; defers torch: schedules are data
     return [range(a, b) for a, b in chunk_bounds(m, max(1, m // p))]
 
 

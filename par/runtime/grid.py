@@ -42,7 +42,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import par.runtime.dist
 from par.runtime.job_args import arg, JobArgs
 
 PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ranks: no optimizer step, no dispatch
@@ -290,6 +289,7 @@ def main(argv=None) -> None:
         groups = parse_groups(args.groups, int(os.environ.get("WORLD_SIZE", "1")))
     except GridError as e:
         raise SystemExit(f"error: {e}") from None
+    import par.runtime.dist   # defers torch to the job: the layout helpers are read by torch-free tools
     env = par.runtime.dist.init()
     per_rank = par.runtime.dist.gather_object(run_groups(groups, env.rank, env.world_size))
     par.runtime.dist.save_result({"world_size": env.world_size, "backend": env.backend, "per_rank": per_rank})

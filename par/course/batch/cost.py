@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from par.runtime import preflight
 from par.runtime.job_work import Collectives, Training
-from par.train.planner import HARDWARE, Hardware, predict, Workload
 
 if TYPE_CHECKING:
     from par.train import planner
@@ -36,12 +35,14 @@ OVERHEAD_S = {"gpu": 1e-3, "cpu": 2e-3}   # seconds per layer and micro-batch th
 
 def gpu(memory: float = math.inf, gpus_per_node: int = 8) -> planner.Hardware:
     """The GPU the dry run imagines: the planner's A100 links and bf16 FLOP/s, `memory` bytes."""
+    from par.train.planner import Hardware   # defers torch (the planner) to a prediction
     return replace(Hardware(), name="GPU", memory=memory, gpus_per_node=gpus_per_node)
 
 
 def cpu() -> planner.Hardware:
     """The CPU the dry run imagines (the planner's: a few GFLOP/s, its memory bandwidth as the link). The planner
     (and torch) are imported only where a cost is computed: the batch's runner imports this module to start."""
+    from par.train.planner import HARDWARE   # defers torch (the planner) to a prediction
     return HARDWARE["cpu"]
 
 
@@ -65,6 +66,7 @@ def cores() -> int:
 # ---------------------------------------------------------------- a training run
 def workload(t: Training, batch: int | None = None, precision: str | None = None) -> planner.Workload:
     p = precision or t.precision
+    from par.train.planner import Workload   # defers torch (the planner) to a prediction
     return Workload(t.model, batch or t.global_batch, "fp32" if p == "fp32" else "mixed", t.optimizer)
 
 
@@ -75,12 +77,14 @@ def hardware(t: Training, hw: planner.Hardware, precision: str | None = None) ->
 
 
 def plan(t: Training, hw: planner.Hardware) -> planner.Plan:
+    from par.train.planner import predict   # defers torch (the planner) to a prediction
     return predict(workload(t), t.dp, t.pp, t.tp, t.zero_stage, t.microbatches, hardware(t, hw), t.offload)
 
 
 def reference_plan(t: Training, hw: planner.Hardware) -> planner.Plan | None:
     if not t.reference_batch:
         return None
+    from par.train.planner import predict   # defers torch (the planner) to a prediction
     return predict(workload(t, t.reference_batch, "fp32"), 1, 1, 1, 0, 1, hardware(t, hw, "fp32"))
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import ModuleType
 
+import par.runtime.launch
 from par.course.batch import cost
 from par.course.batch.cost import CELL_TIMEOUT_S, NOTEBOOK_S
 from par.measure import parse
@@ -63,8 +64,9 @@ class Launch:
         `par.dp.job.Result`: `result.runs[0].losses`)."""
         if show:
             print(f"$ {self.command()}")
-        return parse(launch.run(self.module, nproc=self.nproc, args=self.args.to_argv(), backend=self.backend,
-                                timeout=self.timeout, **kwargs), self.module)
+        result = par.runtime.launch.run(self.module, nproc=self.nproc, args=self.args.to_argv(), backend=self.backend,
+                                        timeout=self.timeout, **kwargs)
+        return parse(result, self.module)
 
     def command(self) -> str:
         """The launch as a shell command: `torchrun --nproc-per-node=N -m module args...`."""

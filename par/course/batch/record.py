@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 
 from par.course.batch import alt_text
-from par.measure import plain
 from par.runtime.launch import LaunchError
 
 RECORD_MIME = "application/vnd.par.record+json"
@@ -25,6 +24,7 @@ RECORD_MIME = "application/vnd.par.record+json"
 def record(name: str, value) -> None:
     """Show `name = value` and keep it for the batch summary. A typed result (`par.measure.JobResult`, a run,
     a rank's or any measured quantities) is kept as its JSON (`to_json()`), lists and mappings of them too."""
+    from par.measure import plain   # defers torch (measure) to a record: a kernel that only reads stays torch-free
     value = plain(value)
     try:
         from IPython.display import display

@@ -45,13 +45,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from par.course.batch import dry_run as checker, launches as course
-from par.course.batch.claims import verdicts
 from par.course.batch.cost import CELL_TIMEOUT_S   # a notebook's cell timeout when no lecture module knows it
 from par.course.batch.kernel_poll import sliced
-from par.course.batch.launches import CourseError
 from par.course.batch.record import records
-from par.model import PRESETS
 from par.runtime import preflight
 from par.runtime.checks import check_writable, positive_float, positive_int, write_atomic
 from par.runtime.lifeline import STOPPING
@@ -154,6 +150,7 @@ def run_one(notebook: Path, output: Path, parameters: dict, timeout: float) -> d
         error = error or f"the executed notebook could not be saved: {first_line(e)}"
         with contextlib.suppress(OSError):
             partial.unlink()
+    from par.course.batch.claims import verdicts   # defers torch (the lectures' keys) to a notebook's end
     return {"notebook": notebook.name, "status": "FAILED" if error else "ok", "error": error,
             "duration_s": round(time.perf_counter() - start, 1), "records": found,
             "verdicts": verdicts(notebook.stem, found), "output": str(output) if output.exists() else None}
@@ -210,6 +207,7 @@ def known_failures(notebook: Path, parameters: dict) -> tuple[list, float | None
     needs more memory than GPU 0 or this machine's host memory has; the layouts that cannot split (checked as the
     dry run does, for the backend the batch runs); on a GPU server (backend NCCL) also the launches that need
     more GPUs or more memory than there are."""
+    from par.course.batch import dry_run as checker, launches as course   # defers torch (the launches' configs)
     if notebook.stem not in course.lectures():
         return [], None
     p = parameters
@@ -273,6 +271,7 @@ def matching(pattern: str) -> list[Path]:
     close = difflib.get_close_matches(Path(pattern).name, [p.name for p in known], n=1, cutoff=0.6)
     hint = f"; did you mean notebooks/{close[0]}?" if close else \
         ": run from the repository root, or pass --notebooks 'notebooks/NN_*.ipynb'"
+    from par.course.batch.launches import CourseError   # defers torch to a name that matches no notebook
     raise CourseError(f"no notebook matches {pattern!r} in {Path.cwd()}{hint}")
 
 
@@ -421,6 +420,7 @@ def parse_bytes(text: str) -> float:
 
 def dry_run(args) -> int:
     """`--dry-run`: the course's launches checked for the imagined server; exit 0 if all fit, else 2."""
+    from par.course.batch import dry_run as checker   # defers torch (the launches' configs) to a dry run
     preflight.choose_backend(args.world_size, args.backend, gpus=args.world_size)   # a backend name that exists
     if args.gpu_memory is None and args.backend != "gloo":
         raise checker.CourseError("--dry-run imagines a GPU server: give its memory per GPU, e.g. --gpu-memory 80e9")
@@ -464,6 +464,7 @@ def main(argv=None) -> int:
     parser.add_argument("--gpu-flops", type=positive_float, default=None,
                         help="achieved FLOP/s of one GPU for --dry-run (default: an A100's, fp32 without TF32)")
     args = parser.parse_args(argv)
+    from par.model import PRESETS   # defers torch (par.model) past the arguments: a bad one is refused at once
     if args.preset not in PRESETS:
         parser.error(f"unknown --preset {args.preset!r}: use one of {', '.join(PRESETS)}")
     if args.dry_run:

@@ -20,6 +20,8 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Callable
 
+import par.course.grading as grading
+
 RUNNERS = "exercise_"        # the grader's modules that hold a record: par/course/grading/exercise_*.py
 
 
@@ -42,7 +44,6 @@ class Exercise:
 @functools.lru_cache(maxsize=None)
 def records() -> tuple[Exercise, ...]:
     """Every record the grader's runner modules state, by notebook."""
-    import par.course.grading as grading
     found = []
     for info in pkgutil.iter_modules(grading.__path__):
         if info.name.startswith(RUNNERS):

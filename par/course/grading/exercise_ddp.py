@@ -52,6 +52,7 @@ import torch.nn.functional as F
 
 from par.course.grading import ledger, rank_io
 from par.course.grading.exercise import Exercise
+from par.dp.bucketed import assign_buckets
 from par.runtime.job_args import JobArgs, arg
 
 PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ranks: no optimizer step, no dispatch
@@ -97,7 +98,6 @@ def mean_gradients(params, batches):
 
 def make_inputs(args: Args, n: int, seed: int):
     """(each rank's parameters, buckets and batches; the expected gradients per step and the buckets)."""
-    from par.dp.bucketed import assign_buckets
     g = torch.Generator().manual_seed(seed)
     draw = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))      # noqa: E731
     widths = [draw(3, 9) for _ in range(draw(3, 4) + 1)]

@@ -44,6 +44,7 @@ import random
 import threading
 from dataclasses import dataclass, replace
 
+import par.runtime.launch
 from par.course.grading.exercise import Exercise
 from par.model import GPTConfig, preset
 from par.train import planner
@@ -132,7 +133,6 @@ def measure(scenario: Scenario, layouts: list[tuple], steps: int = STEPS) -> dic
     """{layout: {"samples_per_s": its fastest timed step, "memory": measured model states + activations, max over
     ranks}}: one launch of `par.train.job` on WORLD gloo ranks, every layout twice (in order, then in reverse:
     a slow spell of the machine then falls on different layouts in the two passes)."""
-    import par.runtime.launch
     order = list(layouts) + list(reversed(layouts))
     args = [a for lay in order for a in ("--config", json.dumps(config(scenario, lay, steps)))]
     result = par.runtime.launch.run("par.train.job", nproc=WORLD, args=args, backend="gloo", timeout=TIMEOUT,

@@ -49,7 +49,10 @@ import torch
 
 from par.course.grading import rank_io
 from par.course.grading.exercise import Exercise
+from par.model import GPTConfig, build, lm_loss
 from par.runtime.job_args import JobArgs, arg
+from par.zero import units
+from par.zero.engine import Zero
 
 EXERCISE = Exercise(
     "01_model_state_bytes", runner=__name__,
@@ -77,8 +80,6 @@ class Args(JobArgs):
 # ---------------------------------------------------------------- the model and the expected bytes
 def draw_config(g: torch.Generator, n: int) -> dict:
     """GPTConfig fields of a small GPT-lite whose units do not all fill a multiple of n (some padding)."""
-    from par.model import GPTConfig, build
-    from par.zero import units
     draw = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))      # noqa: E731
     while True:
         heads = draw(1, 2)
@@ -114,8 +115,6 @@ def expected(numels: list[int], n: int, stage: int, stepped: bool = True) -> lis
 
 def make_inputs(args: Args, n: int, seed: int):
     """(each rank's config and tokens; the expected bytes, formula and gap per stage)."""
-    from par.model import GPTConfig, build
-    from par.zero import units
     g = torch.Generator().manual_seed(seed)
     fields = draw_config(g, n)
     numels = unit_numels(build(GPTConfig(**fields)), units)
@@ -172,8 +171,6 @@ def _call(fn, *args) -> list[float] | str | None:
 
 
 def run_rank(module, inputs: dict, rank: int, device, wire: dict) -> dict:
-    from par.model import GPTConfig, build, lm_loss
-    from par.zero.engine import Zero
     cfg, tokens = GPTConfig(**inputs["config"]), inputs["tokens"].to(device)
     out = {"grader": [], "measured": [], "formula": [], "padding": []}
     for stage in STAGES:

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from par.course.grading import guards, rank_io
 from par.course.grading.exercise import Exercise
 from par.runtime.job_args import JobArgs, arg
+from par.zero.engine import Zero
 
 EXERCISE = Exercise(
     "11_when_things_break", runner=__name__,
@@ -167,7 +168,6 @@ def _train(engine, inputs, steps, rank, n, device) -> list:
 def run_rank(module, inputs: dict, rank: int, device, wire: dict) -> dict:
     import torch.distributed as dist
 
-    from par.zero.engine import Zero
     n = dist.get_world_size()
     box = [tempfile.mkdtemp(prefix="resume-") if rank == 0 else None]
     dist.broadcast_object_list(box)

@@ -500,7 +500,7 @@ def grade_many(paths: list[Path], course: Course, timeout: float = TIMEOUT, cell
     import tempfile
     env = {}
     if jobs > 1:  # share the cores between the notebooks running at once
-        from par.runtime.dist import physical_cores
+        from par.runtime.dist import physical_cores   # defers torch (dist) to a grade that shares its cores
         env["OMP_NUM_THREADS"] = str(max(1, physical_cores() // jobs))
     lock, done = threading.Lock(), [0]
     found = identified(paths, course)

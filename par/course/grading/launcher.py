@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import sys
 
+from par.runtime.launch import LaunchError, run
+
 MARK = "@@par-grader-launch@@"
 
 
 def main(spec_text: str) -> int:
     """Launch the job SPEC (JSON: `par.runtime.launch.run`'s keywords); print its answer after MARK."""
-    from par.runtime.launch import LaunchError, run
     spec = json.loads(spec_text)
     try:
         answer = {"result": run(**spec)}

@@ -25,7 +25,9 @@ import threading
 import time
 
 from par.course.grading import launcher, ledger, sandbox, stubs
+import par.runtime.launch
 from par.runtime import procs
+from par.runtime.launch import LaunchError
 from par.course.grading.codec import decode, encode
 from par.course.grading.kernel import CellTimeout, Kernel, NotebookTimeout
 from par.runtime.lifeline import dies_with_parent
@@ -149,7 +151,7 @@ class Session:
         """A plan the student's function named ({"__plan__": layout}), as the grader's own planner predicts it
         for the call's Workload and Hardware: the student chooses the layout, the grader computes its numbers."""
         if type(result) is dict and set(result) == {"__plan__"}:
-            from par.train import planner
+            from par.train import planner   # defers torch (the planner) to a check that asks for a plan
             given = [*args, *kwargs.values()]
             w = next((a for a in given if isinstance(a, planner.Workload)), None)
             hw = next((a for a in given if isinstance(a, planner.Hardware)), planner.Hardware())
@@ -208,8 +210,7 @@ def sandboxed_launch(box: sandbox.Sandbox, env: dict | None, session: "Session")
     of its own, mounted into the job's sandbox only."""
     def run(module: str, nproc: int = 2, args=(), timeout: float = 300.0, backend: str = "auto",
             env_: dict | None = None, quiet: bool = False, threads_per_rank: int = 1, **kw):
-        from par.course.grading import rank_io
-        from par.runtime.launch import LaunchError
+        from par.course.grading import rank_io   # defers torch (rank_io) to a launch from the student's kernel
         exercise, args = rank_io.exercise(module), [str(a) for a in args]
         job_box, io = box, None
         if exercise is not None:
@@ -249,7 +250,6 @@ def sandboxed_launch(box: sandbox.Sandbox, env: dict | None, session: "Session")
 
 def _launch(box: sandbox.Sandbox, env: dict | None, session: "Session", spec: dict) -> dict:
     """Run `python -m par.course.grading.launcher SPEC` in `box`; the launcher's answer ({"result"} or {"error"})."""
-    from par.runtime.launch import LaunchError
     cmd = box.wrap([sys.executable, "-m", "par.course.grading.launcher", json.dumps(spec)])
     # PYTHONSAFEPATH: `-m` would put the submission's folder first on sys.path, where a `par/` the student wrote
     # would stand in for the package (Python >= 3.11; the ranks inherit it)
@@ -327,10 +327,7 @@ class _BoundedOutput:
 def launching_import(run):
     """An `__import__` for the checks' namespace: `par.runtime.launch` is the one whose `run` is `run`."""
     import builtins
-    import par
-    import par.runtime
-    import par.runtime.launch as real
-    launch = _Shim(real, run=run)
+    launch = _Shim(par.runtime.launch, run=run)
     runtime = _Shim(par.runtime, launch=launch)
     top = _Shim(par, runtime=runtime)
 

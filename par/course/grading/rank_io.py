@@ -36,7 +36,9 @@ from pathlib import Path
 
 import torch
 
-from par.course.grading import ledger
+import par.runtime.dist
+from par.course.grading import guards, ledger
+from par.course.grading.exercise import of_runner
 
 MAX_OUTPUT_BYTES = 64 << 20    # a rank's output file, and what its records hold once read, at most
 MAX_PICKLE_BYTES = 1 << 20     # its pickle (the dicts and lists around the tensors), at most
@@ -169,7 +171,6 @@ def close(got: torch.Tensor | None, want: torch.Tensor, atol: float = 1e-5) -> b
 def exercise(module: str):
     """The real-rank runner module `module` (make_inputs, run_rank, verify, its EXERCISE record) whose outputs the
     grader judges, or None for any other module (`par.course.grading.exercise.of_runner`)."""
-    from par.course.grading.exercise import of_runner
     if of_runner(module) is None:
         return None
     import importlib
@@ -181,8 +182,6 @@ def main(exercise, argv=None) -> int:
     EXERCISE record), both ways it runs: under the grader (`--io`: inputs and outputs as files, the grader verifies) or
     on its own (the student's notebook: fixed inputs, rank 0 verifies and saves the result). The guards are
     entered before the student's module is imported (`guarded`); run_rank gets the wire's call counts."""
-    import par.runtime.dist
-    from par.course.grading import guards
     args = exercise.Args.parse(argv)
     env = par.runtime.dist.init()
     n, r = env.world_size, env.rank
@@ -214,7 +213,6 @@ def guarded(exercise):
     its record's `forbidden` (par's and torch's functions, by name) refused; with `p2p_only`, every collective
     refused on the process-group classes and in torch's dispatcher too (only sends and receives), else counted
     there. Yields the wire's call counts."""
-    from par.course.grading import guards
     rules = exercise.EXERCISE
     with ExitStack() as stack:
         stack.enter_context(guards.forbidden(rules.forbidden, rules.why))

@@ -38,8 +38,9 @@ import inspect
 import threading
 from pathlib import Path
 
-from par.course.grading import exercise, sandbox
-from par.course.authoring.generate import parse_python, source_of
+import par.course.grading as grading
+from par.course.grading import exercise, guards, launcher, ledger, sandbox
+from par.course.authoring.generate import is_check, parse_python, source_of
 
 from par.runtime.paths import ROOT
 
@@ -94,7 +95,6 @@ def answers_of(reference) -> list[tuple[str, str]]:
 
 
 def _answers_of(reference) -> list[tuple[str, str]]:
-    from par.course.authoring.generate import is_check
     checked, given, jobs = set(), set(), set()
     for cell in reference.cells:
         if cell.cell_type != "code":
@@ -196,11 +196,9 @@ def grader_names(job: str) -> tuple[tuple[str, str], ...]:
     launcher in its sandbox) and what the grader's modules call when imported."""
     import pkgutil
 
-    import par.course.grading as grading
-    from par.course.grading import guards, ledger, rank_io
+    from par.course.grading import rank_io   # defers torch (rank_io) to the first listing of a job's names
     job_module = importlib.import_module(job)
     modules = [importlib.import_module(f"{grading.__name__}.{m.name}") for m in pkgutil.iter_modules(grading.__path__)]
-    from par.course.grading import launcher, sandbox
     runner = [sandbox.limit, launcher.main,                # the job's launcher, in the job's sandbox
               rank_io.main, rank_io.take_inputs, rank_io.put_outputs, rank_io.guarded, rank_io.to_cpu,
               job_module.run_rank, job_module.Args, ledger.Writer, ledger.connect, ledger.local, ledger.record,
