@@ -65,6 +65,7 @@ def test_training_with_ep_inside_dp_equals_the_single_process(n, env):
     for case, got in out["train"].items():
         assert got["ep"] * got["dp"] == n
         assert got["loss"] <= TOL and got["weights"] <= TOL, (case, got["loss"], got["weights"])
+        assert got["key_bias"] <= 3 * 1e-2, (case, got["key_bias"])    # 3 Adam steps of lr 1e-2: ep_check.weight_gaps
 
 
 @pytest.mark.slow
