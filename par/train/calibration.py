@@ -16,7 +16,8 @@ half the rate it reaches alone: the rows' ranks run side by side, and so do the 
                  (`launches_per_block`): seconds per operation as the cost model counts them
     memory       the block's memory-bound operations (2 LayerNorms, the scaled, masked softmax of the scores,
                  GeLU, 2 residual adds), forward and backward at the rows' sizes, less the same at a negligible
-                 size: bytes/s over what `cost.layer_memory_bytes` counts for them (× 3: forward and backward)
+                 size, the two in alternating turns (MEMORY_ROUNDS): bytes/s over what `cost.layer_memory_bytes`
+                 counts for them (× 3: forward and backward)
     optimizer    the optimizer step over the model's parameters as flat fp32 units (as `par.zero` keeps them):
                  its bytes (`cost.optimizer_bytes_per_param`) per second; offload's host step is the same CPU
     host copy    offload's two copies of a rank's partition (gradients to the host, parameters back), bytes/s
@@ -69,6 +70,7 @@ STRAGGLE_BYTES = 512 << 10
 WINDOW_S = 0.02              # each compute number: calls back to back for at least this long
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "p2p")
 REPEATS = 12                 # timed rounds of the collectives: each (kind, size) once per round
+MEMORY_ROUNDS = 8            # alternating turns of the memory-bound operations at the rows' sizes and a negligible one
 
 
 def _mean_s(fn, window: float = WINDOW_S, least: int = 3, warmup: int = 1) -> float:
@@ -160,7 +162,7 @@ def _memory_ops(x, scores, hidden, ln_w, ln_b):
     return [p, h, r + y2]
 
 
-def memory_ops_seconds(dims, b: int, s: int, tp: int, null: bool = False) -> float:
+def _memory_ops_step(dims, b: int, s: int, tp: int, null: bool = False):
     """Forward and backward of `_memory_ops` at a block's sizes on one tp rank (T = b·s tokens, a/tp heads,
     f/tp hidden), or at a negligible size (`null`: 1 sequence of 2 tokens, width and hidden 1 per head)."""
     heads = max(1, dims.heads // tp)
@@ -177,7 +179,16 @@ def memory_ops_seconds(dims, b: int, s: int, tp: int, null: bool = False) -> flo
 
     def step():
         torch.autograd.backward(_memory_ops(x, scores, hidden, w, bias), grads)
-    return _mean_s(step)
+    return step
+
+
+def memory_ops_seconds(dims, b: int, s: int, tp: int, rounds: int = MEMORY_ROUNDS) -> tuple[float, float]:
+    """(seconds at the block's sizes, seconds at the negligible size) of `_memory_ops_step`, measured in
+    `rounds` alternating turns of WINDOW_S / rounds each, each the mean of its turns: a burst of load falls on
+    both alike, so their difference (what the bandwidth is fitted from) is not one burst's."""
+    real, null = _memory_ops_step(dims, b, s, tp), _memory_ops_step(dims, b, s, tp, null=True)
+    turns = [(_mean_s(real, WINDOW_S / rounds), _mean_s(null, WINDOW_S / rounds)) for _ in range(rounds)]
+    return statistics.mean(t for t, _ in turns), statistics.mean(t for _, t in turns)
 
 
 def memory_ops_bytes(dims, b: int, s: int, tp: int) -> float:
@@ -213,8 +224,7 @@ def measure_compute(tcs) -> dict:
     out = {"gemms": [[m, n, k, batch, gemm_seconds(m, n, k, batch)] for m, n, k, batch in sh["gemms"]]}
     dims = sh["blocks"][0][0]
     out["null_block_s"] = null_block_seconds(dims)
-    out["memory"] = [[memory_ops_bytes(d, b, s, tp), memory_ops_seconds(d, b, s, tp),
-                      memory_ops_seconds(d, b, s, tp, null=True)] for d, b, s, tp in sh["blocks"]]
+    out["memory"] = [[memory_ops_bytes(d, b, s, tp), *memory_ops_seconds(d, b, s, tp)] for d, b, s, tp in sh["blocks"]]
     units = dims.layers + 2
     out["optimizer"] = [sh["params"], cost.optimizer_bytes_per_param("fp32", sh["optimizer"]),
                         optimizer_seconds(sh["params"], units, sh["optimizer"])]
