@@ -30,6 +30,7 @@ from tiers import slow
 
 from classroom import fixture_files, full_marks, points_of
 from par.course.grading import exercise_zero3 as zero3
+from par.course.grading.units import Layer
 
 NAME = "06_zero"
 ZERO3_CHECKS = ("check-zero3-params", "check-zero3-memory", "check-zero3-gathers")
@@ -198,7 +199,7 @@ def test_the_bytes_at_rest_count_every_storage_the_rank_built_wherever_it_is_kep
     existing, grown = torch.zeros(7), torch.zeros(5)
     try:
         before = zero3.snapshot()            # (and everything alive now frozen, as the agent freezes)
-        units = [zero3.Layer(torch.zeros(3, 2), torch.zeros(3), last=True)]
+        units = [Layer(torch.zeros(3, 2), torch.zeros(3), last=True)]
         hidden = (lambda box={}: box)()      # a default argument: no attribute of anything the grader reads
         hidden["kept"] = torch.zeros(100)
         frozen = [torch.zeros(20)]

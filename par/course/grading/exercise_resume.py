@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from par.course.grading import guards, rank_io
 from par.course.grading.exercise import Exercise
+from par.course.grading.units import units
 from par.runtime.job_args import JobArgs, arg
 from par.zero.engine import Zero
 
@@ -68,21 +69,8 @@ class Args(JobArgs):
 
 
 # ---------------------------------------------------------------- the model and the grader's trajectory
-class Layer(nn.Module):
-    """One unit: y = tanh(x Wᵀ + b) (no tanh on the last unit)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, last: bool):
-        super().__init__()
-        self.weight, self.bias, self.last = nn.Parameter(weight), nn.Parameter(bias), last
-
-    def forward(self, x):
-        y = F.linear(x, self.weight, self.bias)
-        return y if self.last else torch.tanh(y)
-
-
 def mlp(params: list[torch.Tensor]) -> nn.Sequential:
-    return nn.Sequential(*[Layer(params[k].clone(), params[k + 1].clone(), k + 2 == len(params))
-                           for k in range(0, len(params), 2)])
+    return nn.Sequential(*units(params))
 
 
 def rank_rows(x, y, noise: torch.Tensor, rank: int, n: int):

@@ -3,8 +3,9 @@ it, its gradients reduce-scattered into the local shard, Adam on the shard), jud
 
     par.runtime.launch.run("par.course.grading.exercise_zero3", nproc=2, args=["--answer", "my_zero3.py"])
 
-A small MLP is given to every rank as a list of units (`Layer`: one Linear layer, tanh after all but the last;
-widths drawn at random, so that some units' flat size divides N and some do not), each rank its own batches.
+A small MLP is given to every rank as a list of units (`par.course.grading.units`: one Linear layer each, tanh
+after all but the last; widths drawn at random, so that some units' flat size divides N and some do not), each
+rank its own batches.
 On every rank the student's `Zero3(units, lr)` shards the units and registers its hooks; then, for each of
 STEPS steps, the rank runs forward and backward of the MSE loss through the units, reads the student's
 gradient shards (`zero.grads`), calls `zero.step()`, and measures what it holds. After the last step it reads
@@ -64,11 +65,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from par.course.grading import ledger, rank_io
 from par.course.grading.exercise import Exercise
+from par.course.grading.units import units as make_units
 from par.runtime.job_args import JobArgs, arg
 
 PRELOAD = ("torch",)    # what par.runtime.agent imports before it forks the ranks: no optimizer step, no dispatch
@@ -106,18 +107,6 @@ class Args(JobArgs):
 
 
 # ---------------------------------------------------------------- the model and its expected values
-class Layer(nn.Module):
-    """One unit: y = tanh(x Wᵀ + b) (no tanh on the last unit)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, last: bool):
-        super().__init__()
-        self.weight, self.bias, self.last = nn.Parameter(weight), nn.Parameter(bias), last
-
-    def forward(self, x):
-        y = F.linear(x, self.weight, self.bias)
-        return y if self.last else torch.tanh(y)
-
-
 def padded(numel: int, n: int) -> int:
     return -(-numel // n) * n
 
@@ -365,8 +354,7 @@ def _install(units) -> None:
 def run_rank(module, inputs: dict, rank: int, device, wire: dict) -> dict:
     before = snapshot()         # what is alive now (torch, par, the student's module, the inputs) is not counted
     params = inputs["params"]
-    units = [Layer(params[k].clone().to(device), params[k + 1].clone().to(device), k + 2 == len(params))
-             for k in range(0, len(params), 2)]
+    units = make_units(params, device)
     grads = []
     with recording():
         zero = module.Zero3(units, LR)
