@@ -23,7 +23,7 @@ class Layer(nn.Module):
         return y if self.last else torch.tanh(y)
 
 
-def units(params: list[torch.Tensor], device=None) -> list[Layer]:
-    """The units of `params` = [W₀, b₀, W₁, b₁, …], each a copy (on `device`), the last without tanh."""
-    copy = (lambda t: t.clone()) if device is None else (lambda t: t.clone().to(device))     # noqa: E731
-    return [Layer(copy(params[k]), copy(params[k + 1]), k + 2 == len(params)) for k in range(0, len(params), 2)]
+def units(params: list[torch.Tensor], device="cpu") -> list[Layer]:
+    """The units of `params` = [W₀, b₀, W₁, b₁, …], each a copy on `device`, the last without tanh."""
+    return [Layer(params[k].clone().to(device), params[k + 1].clone().to(device), k + 2 == len(params))
+            for k in range(0, len(params), 2)]
