@@ -35,6 +35,7 @@ GPU the course times with CUDA events instead (`par.timeline`).
 from __future__ import annotations
 
 import functools
+import os
 import time
 from dataclasses import dataclass
 
@@ -109,12 +110,51 @@ def since(start: Reading) -> Elapsed:
 _PEERS: list[int] = []      # the other processes of this job on this machine (`watch`)
 
 
+_FDS: dict[str, int] = {}   # schedstat files kept open: a read is then one pread, not open, read and close
+_TASKS: dict[int, tuple[float, list[str]]] = {}   # pid -> (when listed, its threads' schedstat paths)
+TASKS_TTL_S = 1.0           # a process's thread list is listed again after this long
+
+
+def _forget() -> None:
+    """A forked child reads its own threads: the parent's open files and lists are not its."""
+    for fd in _FDS.values():
+        os.close(fd)
+    _FDS.clear()
+    _TASKS.clear()
+
+
+os.register_at_fork(after_in_child=_forget)
+
+
 def _task_ready_ns(path: str) -> int:
+    """The run-queue nanoseconds in a thread's schedstat file (0 once the thread is gone)."""
     try:
-        with open(path, "rb") as f:
-            return int(f.read().split()[1])
+        fd = _FDS.get(path)
+        if fd is None:
+            fd = _FDS[path] = os.open(path, os.O_RDONLY)
+        return int(os.pread(fd, 128, 0).split()[1])
     except (OSError, IndexError, ValueError):
+        fd = _FDS.pop(path, None)
+        if fd is not None:
+            os.close(fd)
         return 0
+
+
+def _task_paths(pid: int) -> list[str]:
+    """The schedstat files of process `pid`'s threads, listed at most once per TASKS_TTL_S (threads come and go
+    rarely; reading /proc for the list each time would cost more than the reads themselves)."""
+    now = time.monotonic()
+    listed = _TASKS.get(pid)
+    if listed is None or now - listed[0] > TASKS_TTL_S:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            tasks = []
+        for path in (listed[1] if listed else []):
+            if path.split("/")[4] not in tasks and path in _FDS:
+                os.close(_FDS.pop(path))
+        listed = _TASKS[pid] = (now, [f"/proc/{pid}/task/{t}/schedstat" for t in tasks])
+    return listed[1]
 
 
 def ready_of(thread_name: str) -> float:
@@ -127,37 +167,46 @@ def ready_of(thread_name: str) -> float:
 
 def process_ready(pid: int) -> float:
     """Seconds every thread of process `pid` has waited in the run queue so far (0 where it cannot be read)."""
-    import os
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0.0
-    return sum(_task_ready_ns(f"/proc/{pid}/task/{t}/schedstat") for t in tasks) / 1e9
+    return sum(_task_ready_ns(path) for path in _task_paths(pid)) / 1e9
+
+
+def others_ready() -> float:
+    """Seconds every thread of this process but the calling one has waited in the run queue so far (the
+    communication thread, the backend's threads, ...)."""
+    import threading
+    mine = f"/task/{threading.get_native_id()}/"
+    return sum(_task_ready_ns(path) for path in _task_paths(os.getpid()) if mine not in path) / 1e9
 
 
 def watch(pids) -> None:
     """The processes this one waits for in a collective (the job's other ranks, where they share this machine):
     `Waiting` counts their run-queue wait. The calling process itself is left out."""
-    import os
     _PEERS[:] = [int(p) for p in pids if int(p) != os.getpid()]
 
 
 class Waiting:
     """A wait of the calling thread for others, from its creation to `done()`: for the threads of this process
-    named `thread_name` (a collective on the communication thread) and for the other ranks (`watch`). A thread that
+    named `thread_name` (a collective on the communication thread), or with `others` for every other thread of
+    this process (the backend's own threads too: a step that waits on any of them), and for the other ranks
+    (`watch`). A thread that
     blocks has no run-queue wait of its own meanwhile; what the load added to its wait is the run-queue wait of
     what it waited for, read at both ends: that thread's, plus the most delayed other rank's (every thread of it).
     For a wait that also computes this can count more than the load added (a peer's wait for a core while this
     thread ran); a span's steady seconds never go below its CPU seconds (`load_proof`)."""
 
-    def __init__(self, thread_name: str | None = None):
-        self.thread_name, self.ready = thread_name, 0.0
-        self._own = ready_of(thread_name) if thread_name else 0.0
+    def __init__(self, thread_name: str | None = None, others: bool = False):
+        self.thread_name, self.others, self.ready = thread_name, others, 0.0
+        self._own = self._own_ready()
         self._peers = [(p, process_ready(p)) for p in _PEERS]
+
+    def _own_ready(self) -> float:
+        if self.others:
+            return others_ready()
+        return ready_of(self.thread_name) if self.thread_name else 0.0
 
     def done(self) -> float:
         """The run-queue seconds of what was waited for, since the wait began (also kept in `ready`)."""
-        own = ready_of(self.thread_name) - self._own if self.thread_name else 0.0
+        own = self._own_ready() - self._own
         self.ready = own + max((process_ready(p) - before for p, before in self._peers), default=0.0)
         return self.ready
 

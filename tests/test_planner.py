@@ -239,7 +239,8 @@ def test_ranks_arriving_apart_cost_the_measured_share_of_a_multi_rank_rows_compu
 
 def test_predicted_step_times_predict_every_row_on_its_own_launchs_calibration():
     """Every timed row, single included, is predicted on the Hardware its launch measured: single's ratio is a
-    measurement (here 1 only where the row took the predicted time), a row twice as slow as predicted has 2, and
+    measurement on the load-proof clock (here 1 only where the row took the predicted time; its wall clock is
+    reported beside, not judged), a row twice as slow as predicted has 2, and
     the DDP row's prediction is the planner's on that Hardware; a row without a calibration is refused in one line."""
     from par.train import calibration, planner
     from par.train.config import parse
@@ -252,11 +253,12 @@ def test_predicted_step_times_predict_every_row_on_its_own_launchs_calibration()
                      "calibration": {**CALIBRATION, "ranks": n}})
     hw = calibration.hardware(CALIBRATION)
     want = {r["name"]: planner.from_config(parse(r["config"], r["nproc"]), hw).time["total"] for r in rows}
-    rows[0]["median_step_s"] = want["single"]
-    rows[1]["median_step_s"] = 2 * want["DDP"]
+    rows[0]["median_steady_s"], rows[0]["median_step_s"] = want["single"], 1.5 * want["single"]
+    rows[1]["median_steady_s"], rows[1]["median_step_s"] = 2 * want["DDP"], 3 * want["DDP"]
     got = predicted_step_times(rows)
     assert got["single"]["predicted_s"] == pytest.approx(want["single"]) and got["single"]["ratio"] == 1.0
     assert got["DDP"]["ratio"] == 2.0 and got["DDP"]["parts"]["dp"] > 0 and "pp" not in got["DDP"]["parts"]
+    assert got["DDP"]["measured_wall_s"] == pytest.approx(3 * want["DDP"])    # the wall clock beside, not judged
     del rows[1]["calibration"]
     with pytest.raises(ValueError, match="'DDP' carries no calibration"):
         predicted_step_times(rows)

@@ -189,3 +189,60 @@ def test_a_wait_for_another_thread_counts_that_threads_wait_for_a_core():
     assert span.cpu < 0.05 and span.ready >= waited        # the main thread itself only waited
     assert abs(span.steady - 0.3) <= 0.3 * 0.3 + 0.05, span
     assert peer.ready > 0.02, "the watched process's run-queue wait was not read"
+
+
+def test_a_wait_for_any_other_thread_of_the_process_counts_its_wait_for_a_core():
+    """`Waiting(others=True)` reads every other thread of this process (the backend's own threads have no name
+    par knows): a wait for an unnamed worker that computes 0.3 CPU-s beside burners counts the worker's
+    run-queue wait, and the caller's own is left out."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from par import clock
+    if not clock.available():
+        pytest.skip("this kernel does not tell a thread's run-queue wait (/proc/thread-self/schedstat)")
+    burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range((os.cpu_count() or 1) + 1)]
+    go, computed, leave = threading.Event(), threading.Event(), threading.Event()
+
+    def work():
+        go.wait()
+        stop = time.thread_time() + 0.3
+        while time.thread_time() < stop:
+            pass
+        computed.set()
+        leave.wait()
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        time.sleep(0.3 + clock.TASKS_TTL_S)        # the worker is in this process's thread list when it is read
+        start, waiting = clock.read(), clock.Waiting(others=True)
+        go.set()
+        computed.wait()
+        waited = waiting.done()
+        took = clock.since(start)
+    finally:
+        leave.set()
+        go.set()
+        for b in burners:
+            b.kill()
+    assert took.wall > 0.3 + 0.05 and waited > 0.05, f"the machine was not loaded: {took}, waited {waited}"
+    assert clock.load_proof(took.wall, took.cpu, took.ready + waited) == pytest.approx(0.3, abs=0.3 * 0.3 + 0.05)
+
+
+def test_a_forked_child_reads_its_own_threads_not_its_parents_open_files():
+    """The schedstat files `par.clock` keeps open are the process's own: a forked child starts without them."""
+    import os
+
+    from par import clock
+    if not clock.available():
+        pytest.skip("this kernel does not tell a thread's run-queue wait (/proc/thread-self/schedstat)")
+    clock.others_ready()
+    assert clock._FDS and os.getpid() in clock._TASKS
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if not clock._FDS and not clock._TASKS else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert clock.process_ready(2 ** 22 + 12345) == 0.0        # no such process: nothing read, nothing kept open

@@ -142,6 +142,7 @@ class Pending:
         return self
 
 
+NAME = "par-comm"     # the communication thread's name (`par.clock.Waiting` reads its run-queue wait)
 _QUEUE = None
 
 
@@ -158,7 +159,7 @@ def run_async(fn, clock=None, recorder=None, tensors=()) -> Pending:
     global _QUEUE
     if _QUEUE is None:
         _QUEUE = queue.Queue()
-        threading.Thread(target=_loop, args=(_QUEUE,), name="par-comm", daemon=True).start()
+        threading.Thread(target=_loop, args=(_QUEUE,), name=NAME, daemon=True).start()
     tensors = list(tensors)
     pending = Pending(clock=clock, recorder=recorder, stream=comm_stream(tensors), tensors=tensors)
     _QUEUE.put((pending, fn))

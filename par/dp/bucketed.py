@@ -28,7 +28,6 @@ from par.comm import collectives, thread as comm_thread
 from par.dp.naive import broadcast_parameters, trainable_parameters
 
 DEFAULT_BUCKET_BYTES = 25 * 2 ** 20  # DDP's bucket_cap_mb=25
-COMM_THREAD = "par-comm"             # the name of par.comm.thread's communication thread
 
 
 def assign_buckets(nbytes: list[int], cap: int) -> list[list[int]]:
@@ -234,7 +233,7 @@ class BucketedDP(nn.Module):
                 if slot not in b.ready:  # no gradient this backward: whatever accumulated, else zeros
                     b.put(slot, p.grad)
         self._launch_ready_buckets()
-        waiting = clock.Waiting(COMM_THREAD)      # for the comm thread, and through it the other ranks
+        waiting = clock.Waiting(comm_thread.NAME)      # for the comm thread, and through it the other ranks
         for b in self.buckets:
             b.pending.wait()
             b.write_back()

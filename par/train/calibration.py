@@ -37,7 +37,9 @@ half the rate it reaches alone: the rows' ranks run side by side, and so do the 
                  multi-rank row's compute (`planner.Hardware.straggle`)
 
 A compute number is the slowest rank's (a step ends with its slowest rank), each the mean of calls back to back
-for WINDOW_S (a step pays every call, the slow ones too).
+for WINDOW_S (a step pays every call, the slow ones too). Every time is on the load-proof clock (`par.clock`), as
+the steps it predicts (`par.train.loop`): wall less the thread's run-queue wait and, for a call that waits on the
+other ranks, theirs meanwhile (`par.clock.Waiting`); another program's turn on a core moves neither.
 The whole measurement takes a second or two per row (`seconds` in the result says how long it took).
 `hardware(calibration)` is the Hardware the planner predicts these rows on; nothing here is a constant of the
 machine, everything is measured in the launch that uses it.
@@ -53,7 +55,9 @@ import torch
 import torch.nn.functional as F
 
 import par.runtime.dist
+from par import clock
 from par.comm import collectives as C, commlog
+from par.measure import watch_ranks
 from par.memory.accounting import param_count
 from par.model import Block, GPTConfig, preset
 from par.reference import make_optimizer
@@ -76,14 +80,27 @@ MEMORY_ROUNDS = 8            # alternating turns of the memory-bound operations 
 def _mean_s(fn, window: float = WINDOW_S, least: int = 3, warmup: int = 1) -> float:
     """Seconds per call of `fn`: calls back to back for at least `window` seconds (and `least` calls), their
     total over their number. A mean, not a median: a step pays every call's time, the ones another rank's or
-    program's turn on the core stretched included (a median of short calls would hide a core shared in turns)."""
+    program's turn on the core stretched included (a median of short calls would hide a core shared in turns).
+    Timed on the load-proof clock (`par.clock`: wall less this thread's run-queue wait), as the steps it predicts."""
     for _ in range(warmup):
         fn()
-    calls, t0 = 0, time.perf_counter()
-    while calls < least or time.perf_counter() - t0 < window:
+    calls, start = 0, clock.read()
+    while calls < least or time.perf_counter() - start.wall < window:
         fn()
         calls += 1
-    return (time.perf_counter() - t0) / calls
+    return clock.since(start).steady / calls
+
+
+def _call_s(fn) -> float:
+    """Seconds of one call of `fn` that waits on the other ranks, on the load-proof clock, as `par.train.loop` times
+    a step: wall less this thread's run-queue wait, its process's other threads' and the other ranks' while it
+    waited (`par.clock.Waiting`), never below the thread's CPU seconds in the call (not the process's: the CPU time of
+    gloo's TCP thread grows with the load around it)."""
+    waiting = clock.Waiting(others=True)
+    start = clock.read()
+    fn()
+    took = clock.since(start)
+    return clock.load_proof(took.wall, took.cpu, took.ready + waiting.done())
 
 
 # ---------------------------------------------------------------- what the rows run
@@ -270,13 +287,11 @@ def measure_collectives(sizes=SIZES, group=None) -> dict:
     gaps = {short: [], long: []}
     for i in range(REPEATS + 1):        # every point once per round: a burst of load falls on all of them alike
         for size, kind, gap in points:
-            t0 = time.perf_counter()
-            gap()
-            t1 = time.perf_counter()
-            calls[STRAGGLE_BYTES if size == "straggle" else size][kind]()
+            work = _mean_s(gap, window=0.0, least=1, warmup=0)
+            call = _call_s(calls[STRAGGLE_BYTES if size == "straggle" else size][kind])
             if i:                       # the first round warms every buffer
-                times[size, kind, gap].append(time.perf_counter() - t1)
-                gaps[gap].append(t1 - t0)
+                times[size, kind, gap].append(call)
+                gaps[gap].append(work)
     out = {kind: [[n, size, times[size, kind, short]] for size in sizes] for kind in KINDS}
     out["straggle"] = [[kind, statistics.mean(gaps[short]), times["straggle", kind, short],
                         statistics.mean(gaps[long]), times["straggle", kind, long]] for kind in KINDS]
@@ -302,6 +317,7 @@ def measure(tcs, env=None) -> dict:
     threads = torch.get_num_threads()
     world = env.world_size if env is not None else 1
     if world > 1:
+        watch_ranks()     # a call that waits on the other ranks counts their run-queue wait meanwhile
         dist.barrier()
     with commlog.capture():       # the calibration's bytes are nobody's step
         mine = {"compute": measure_compute(tcs)}

@@ -45,6 +45,7 @@ class RankResult(RankResult):
     coords: list
     losses: list
     step_s: list
+    steady_s: list
     cpu_s: list
     bytes_per_step: float
     model_states: int
@@ -78,6 +79,8 @@ class RunResult(RunResult):
     grad_accum: int | None = None
     model: dict | None = None
     median_step_s: float | None = None
+    steady_s: list | None = None
+    median_steady_s: float | None = None
     cpu_s: list | None = None
     median_cpu_s: float | None = None
     samples_per_s: float | None = None

@@ -14,7 +14,8 @@ Read it top to bottom, as one rank does (every rank runs the same lines on its o
     for step, (x, y) in batches(config):             the same global batches on every rank
         lr   = lr_at(config, step)                   DeepSpeed's WarmupLR / WarmupDecayLR
         loss = engine.step(x, y)                     forward, backward, reduce gradients, update
-        measure seconds (par.measure.timed_step), bytes sent (par.comm.commlog), memory
+        measure seconds (par.measure.timed_step: wall, and steady on the load-proof clock), bytes sent
+        (par.comm.commlog), memory
         (activations: the meter's saved-tensor hooks in the warm-up step only)
     summarize(config, every rank's numbers)          one row: samples/s, memory, bytes, losses
 
@@ -34,11 +35,12 @@ import torch
 import torch.distributed as dist
 
 import par.runtime.dist
+from par.clock import Waiting
 from par.comm import commlog
 from par.train.config import TrainConfig, loss_scaler, lr_at, model_config
 from par.data import CharDataset, global_batches
 from par.runtime.grid import Grid
-from par.measure import slowest, timed_step
+from par.measure import slowest, timed_step, watch_ranks
 from par.memory.accounting import cuda_peak_bytes, reset_cuda_peak
 from par.model import build, lm_loss
 from par.train.parallel3d import ZeroDataParallel, Parallel3D
@@ -69,15 +71,21 @@ def train(tc: TrainConfig, check: bool = False) -> dict:
     grid = Grid(tc.dp, tc.pp, tc.tp)
     model = build(model_config(tc), seed=tc.seed).to(device)
     engine = stack(tc, model, grid)
-    seconds, cpu, losses, sent, allocated = [], [], [], [], []
+    seconds, steady, cpu, losses, sent, allocated = [], [], [], [], [], []
+    watch_ranks()
     reset_cuda_peak(device)
     for step, (x, y) in enumerate(batches(tc)):
         for group in engine.optimizer.param_groups:
             group["lr"] = lr_at(tc, step)
         engine.track_memory = step < WARMUP_STEPS        # the meter in the untimed warm-up step only
+        waiting = Waiting(others=True)
         with timed_step(device) as clock, commlog.capture() as log:
             loss = engine.step(x.to(device), y.to(device))
+        if device.type != "cuda":     # the run-queue wait of what the step waited for (its process's other
+                                      # threads, the other ranks)
+            clock.waited_s = waiting.done()
         seconds.append(clock.seconds)
+        steady.append(clock.steady_s)
         cpu.append(clock.cpu_s)
         sent.append(log.total_bytes())
         if loss is not None:          # pipelines: only the last stage knows the loss
@@ -86,7 +94,8 @@ def train(tc: TrainConfig, check: bool = False) -> dict:
             allocated.append(torch.cuda.memory_allocated(device))
     mem, act, cuda_peak = engine.memory(), engine.activation_peak(), cuda_peak_bytes(device)
     out = {"rank": grid.rank, "coords": [grid.dp_rank, grid.stage, grid.tp_rank], "losses": losses,
-           "step_s": seconds, "cpu_s": cpu, "bytes_per_step": statistics.mean(sent[WARMUP_STEPS:] or sent),
+           "step_s": seconds, "steady_s": steady, "cpu_s": cpu,
+           "bytes_per_step": statistics.mean(sent[WARMUP_STEPS:] or sent),
            "model_states": mem["model_states"], "params": mem["params"], "grads": mem["grads"],
            "optimizer": mem["optimizer"], "activations_peak": act,
            "mem_avg": statistics.mean(allocated) if allocated else mem["model_states"],
@@ -117,8 +126,12 @@ def reference(tc: TrainConfig, device) -> torch.nn.Module:
 def summarize(tc: TrainConfig, ranks: list[dict], backend: str) -> dict:
     """One row for all ranks, by the job contract (par/measure.py): the slowest rank sets each step's
     time; samples/s = batch / median step time, with the fastest and slowest timed step beside it.
-    cpu_s: CPU seconds of each timed step, summed over the ranks (the work, whatever else the machine does)."""
+    steady_s: the same steps on the load-proof clock (`par.clock`; the slowest rank's), what a prediction is
+    held to; cpu_s: CPU seconds of each timed step, summed over the ranks (the work, whatever else the machine
+    does)."""
     step_s = slowest(r["step_s"] for r in ranks)
+    steady = slowest(r["steady_s"] for r in ranks)
+    steady = steady[WARMUP_STEPS:] or steady
     cpu_s = [sum(r["cpu_s"][i] for r in ranks) for i in range(len(step_s))]
     timed = step_s[WARMUP_STEPS:] or step_s
     median = statistics.median(timed)
@@ -129,6 +142,7 @@ def summarize(tc: TrainConfig, ranks: list[dict], backend: str) -> dict:
            "strategy": tc.strategy, "layout": tc.layout, "precision": tc.precision, "zero_stage": tc.zero_stage,
            "offload": tc.offload, "train_batch_size": tc.train_batch_size, "micro_batch": tc.micro_batch,
            "grad_accum": tc.grad_accum, "model": tc.model, "median_step_s": median,
+           "steady_s": steady, "median_steady_s": statistics.median(steady),
            "cpu_s": cpu_s[WARMUP_STEPS:] or cpu_s, "median_cpu_s": statistics.median(cpu_s[WARMUP_STEPS:] or cpu_s),
            "samples_per_s": tc.train_batch_size / median,
            "samples_per_s_range": [tc.train_batch_size / max(timed), tc.train_batch_size / min(timed)],

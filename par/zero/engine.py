@@ -60,7 +60,6 @@ from par.memory.accounting import cuda_peak_bytes, tensor_bytes
 from par.zero.updaters import CPUOffload, DeviceUpdate
 
 STAGES = (0, 1, 2, 3)
-COMM_THREAD = "par-comm"     # the name of par.comm.thread's communication thread
 
 
 def unit_modules(model: nn.Module, stage: int = 0) -> list[nn.Module]:
@@ -258,7 +257,7 @@ class Zero:
     def _wait(self, pending):
         """Wait for a collective on the communication thread, as the span "wait <collective>" of the compute lane
         (what the computation waited for; on a GPU the stall of the compute stream)."""
-        with self._blocked(f"wait {pending.name}", "compute", COMM_THREAD):
+        with self._blocked(f"wait {pending.name}", "compute", comm_thread.NAME):
             pending.wait()
         return pending.result[0]
 

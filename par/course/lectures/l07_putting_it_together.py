@@ -253,7 +253,8 @@ PARTS = (("compute", "compute", "#BBBBBB"), ("bubble", "bubble", "#E5C494"), ("t
 
 def step_time_predictions(times: dict, ax=None, band: float = STEP_TIME_BAND):
     """The planner's step time beside the measured one for every timed row (`par.train.suite.predicted_step_times`:
-    {row: {predicted_s, measured_s, ratio, parts}}): per row the measured median step (blue) above the
+    {row: {predicted_s, measured_s, measured_wall_s, ratio, parts}}): per row the measured median step on the
+    load-proof clock (blue, `par.clock`; the wall clock's a black tick on it) above the
     prediction, stacked by its parts (compute, bubble, tp, pp, dp, buffers, optimizer, offload, straggle),
     measured / predicted written beside them, green inside 1 ± `band`, red outside. The prediction is on this
     machine's measured GEMMs, launch, bandwidths and collectives (`par.train.calibration`), each row on those
@@ -262,14 +263,17 @@ def step_time_predictions(times: dict, ax=None, band: float = STEP_TIME_BAND):
     names = list(times)
     ax = plots.axis(ax, (8, 1.2 + 0.55 * len(names)))
     y = np.arange(len(names))
-    ax.barh(y - 0.2, [times[n]["measured_s"] for n in names], 0.38, color="#4C72B0", label="measured (median step)")
+    ax.barh(y - 0.2, [times[n]["measured_s"] for n in names], 0.38, color="#4C72B0",
+            label="measured (median step, load-proof clock)")
+    walls = [times[n].get("measured_wall_s", times[n]["measured_s"]) for n in names]
+    ax.plot(walls, y - 0.2, "|", color="black", markersize=11, markeredgewidth=2, label="measured, wall clock")
     left = np.zeros(len(names))
     for key, label, colour in PARTS:
         vals = np.array([times[n].get("parts", {}).get(key, 0.0) for n in names])
         if vals.any():
             ax.barh(y + 0.2, vals, 0.38, left=left, color=colour, label=f"predicted: {label}")
             left += vals
-    right = max(max(t["measured_s"], t["predicted_s"]) for t in times.values())
+    right = max(max(t["measured_s"], t["predicted_s"], t.get("measured_wall_s", 0.0)) for t in times.values())
     for i, n in enumerate(names):
         ratio = times[n]["ratio"]
         ax.text(right * 1.03, i, f"×{ratio:.2f}", va="center", fontsize=9,
@@ -278,7 +282,8 @@ def step_time_predictions(times: dict, ax=None, band: float = STEP_TIME_BAND):
     ax.set_yticks(list(y))
     ax.set_yticklabels(names, fontsize=8)
     ax.set_ylim(len(names) - 0.5, -0.5)
-    ax.set_xlabel("seconds per step (upper bar measured, lower bar predicted)")
+    ax.set_xlabel("seconds per step (upper bar measured on the load-proof clock, tick: wall clock; lower bar "
+                  "predicted)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title(f"step time, measured / predicted (target 1 ± {band}): the planner on this machine's measured\n"
                  f"GEMMs, launch, bandwidths and collectives, every row on those measured just before it", fontsize=9)
