@@ -90,7 +90,7 @@ TFLOP/s per GPU as each paper counts them, predicted / published − 1), η cali
         80.3 GB predicted: its deallocations are not modelled) and Megatron-LM's 530B ZeRO-3 on 560 GPUs, which
         did not fit (predicted 77.1 GB of 80, 2.1 GB above the 640-GPU layout that ran)
 Measured against this CPU (lecture 07's timed rows on 2 gloo ranks of a 2-core VM, `suite.predicted_step_times`,
-step and calibration on the load-proof clock): measured / predicted 0.84 to 1.15 with the machine to itself, 0.98
+step and calibration on the load-proof clock): measured / predicted 0.83 to 1.15 with the machine to itself, 0.98
 to 1.30 with a second benchmark beside it on the same cores (TP, ZeRO-1 and ZeRO-3 the most above 1)
 
 A layout is invalid (`Plan.reason`, one line) when its degrees do not divide the model or the batch, and, with
