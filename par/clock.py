@@ -180,8 +180,13 @@ def others_ready() -> float:
 
 def watch(pids) -> None:
     """The processes this one waits for in a collective (the job's other ranks, where they share this machine):
-    `Waiting` counts their run-queue wait. The calling process itself is left out."""
+    `Waiting` counts their run-queue wait. The calling process itself is left out; the files of processes no
+    longer watched are closed."""
     _PEERS[:] = [int(p) for p in pids if int(p) != os.getpid()]
+    for pid in [p for p in _TASKS if p not in _PEERS and p != os.getpid()]:
+        for path in _TASKS.pop(pid)[1]:
+            if path in _FDS:
+                os.close(_FDS.pop(path))
 
 
 class Waiting:

@@ -232,7 +232,8 @@ def test_a_wait_for_any_other_thread_of_the_process_counts_its_wait_for_a_core()
 
 
 def test_a_forked_child_reads_its_own_threads_not_its_parents_open_files():
-    """The schedstat files `par.clock` keeps open are the process's own: a forked child starts without them."""
+    """The schedstat files `par.clock` keeps open are the process's own: a forked child starts without them; a
+    process no longer watched has its files closed."""
     import os
 
     from par import clock
@@ -246,3 +247,15 @@ def test_a_forked_child_reads_its_own_threads_not_its_parents_open_files():
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert clock.process_ready(2 ** 22 + 12345) == 0.0        # no such process: nothing read, nothing kept open
+    import subprocess
+    import sys
+    peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10)"])
+    try:
+        clock.watch([peer.pid])
+        clock.Waiting().done()
+        assert peer.pid in clock._TASKS
+        clock.watch([])                                        # no longer watched: its files are closed
+        assert peer.pid not in clock._TASKS and not any(f"/proc/{peer.pid}/" in p for p in clock._FDS)
+    finally:
+        clock.watch([])
+        peer.kill()
