@@ -111,6 +111,23 @@ def test_cpu_seconds_and_gpu_events_share_a_timeline_but_not_a_span():
 BURN = "import time\nend = time.time() + 3\nwhile time.time() < end:\n    pass\n"
 
 
+def _worker(name):
+    """A thread that, once `go` is set, computes 0.3 CPU-s, sets `computed` and stays alive until `leave` (as the
+    communication thread is alive before and after a wait); returns (go, computed, leave)."""
+    import threading
+    go, computed, leave = threading.Event(), threading.Event(), threading.Event()
+
+    def work():
+        go.wait()
+        stop = time.thread_time() + 0.3
+        while time.thread_time() < stop:
+            pass
+        computed.set()
+        leave.wait()
+    threading.Thread(target=work, name=name).start()
+    return go, computed, leave
+
+
 def test_a_span_under_load_keeps_its_steady_seconds():
     """Three processes burn this machine's cores while a span computes: its wall time grows by the run-queue wait,
     its steady time (wall − ready) stays the CPU time it spent (`par.clock`)."""
@@ -146,24 +163,13 @@ def test_a_wait_for_another_thread_counts_that_threads_wait_for_a_core():
     import os
     import subprocess
     import sys
-    import threading
 
     from par import clock
     if not clock.available():
         pytest.skip("this kernel does not tell a thread's run-queue wait (/proc/thread-self/schedstat)")
     burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range((os.cpu_count() or 1) + 1)]
 
-    go, computed, leave = threading.Event(), threading.Event(), threading.Event()
-
-    def work():                     # alive before and after the wait, as the communication thread is
-        go.wait()
-        stop = time.thread_time() + 0.3
-        while time.thread_time() < stop:
-            pass
-        computed.set()
-        leave.wait()
-    worker = threading.Thread(target=work, name="par-test-worker")
-    worker.start()
+    go, computed, leave = _worker(name="par-test-worker")
     try:
         time.sleep(0.3)
         clock.watch([burners[0].pid, os.getpid()])          # this process itself is left out
@@ -198,23 +204,12 @@ def test_a_wait_for_any_other_thread_of_the_process_counts_its_wait_for_a_core()
     import os
     import subprocess
     import sys
-    import threading
 
     from par import clock
     if not clock.available():
         pytest.skip("this kernel does not tell a thread's run-queue wait (/proc/thread-self/schedstat)")
     burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range((os.cpu_count() or 1) + 1)]
-    go, computed, leave = threading.Event(), threading.Event(), threading.Event()
-
-    def work():
-        go.wait()
-        stop = time.thread_time() + 0.3
-        while time.thread_time() < stop:
-            pass
-        computed.set()
-        leave.wait()
-    worker = threading.Thread(target=work)
-    worker.start()
+    go, computed, leave = _worker(name=None)
     try:
         time.sleep(0.3 + clock.TASKS_TTL_S)        # the worker is in this process's thread list when it is read
         start, waiting = clock.read(), clock.Waiting(others=True)
