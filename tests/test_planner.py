@@ -264,6 +264,45 @@ def test_predicted_step_times_predict_every_row_on_its_own_launchs_calibration()
         predicted_step_times(rows)
 
 
+def test_the_in_step_efficiency_is_fitted_on_single_and_every_row_is_predicted_at_it():
+    """Single measured 1.25x its prediction on its own calibration: η is the share of the measured rates at which
+    the planner predicts single's step (its ratio 1, marked as the row that calibrates); each other row is the
+    planner's on its own calibration at that η, slower than at η = 1, and its multi-rank straggle is the median of
+    the rows' measurements, not its own."""
+    from par.train import calibration, planner
+    from par.train.config import parse
+    from par.train.suite import config_for, in_step_efficiency, pooled_straggle, predicted_step_times
+    slopes = {"DDP": 0.3, "ZeRO-1": 0.0, "ZeRO-3": 0.1}
+    rows = []
+    for name in ("single", *slopes):
+        cfg, n = config_for(name, 2, {"preset": "tiny"}, 2, 3)
+        cal = {**CALIBRATION, "ranks": n}
+        if n > 1:                     # a slope of slopes[name] for every kind: a longer gap, a longer call
+            cal["straggle"] = [[kind, 1e-3, 1e-3, 5e-3, 1e-3 + slopes[name] * 4e-3] for kind in calibration.KINDS]
+        rows.append({"name": name, "nproc": n, "config": cfg, "timed": True, "precision": "fp32",
+                     "grad_accum": parse(cfg, n).grad_accum, "calibration": cal})
+    hw = calibration.hardware(CALIBRATION)
+    at_one = planner.from_config(parse(rows[0]["config"], 1), hw).time["total"]
+    for r in rows:
+        r["median_steady_s"] = r["median_step_s"] = 1.25 * at_one
+    eta = in_step_efficiency(rows)
+    assert 0.5 < eta < 0.95
+    assert planner.from_config(parse(rows[0]["config"], 1), replace(hw, efficiency=eta)).time["total"] == \
+        pytest.approx(1.25 * at_one, rel=1e-3)
+    assert pooled_straggle(rows) == pytest.approx(0.1)
+    got = predicted_step_times(rows)
+    assert got["single"]["ratio"] == 1.0 and got["single"]["calibrates"] and not got["DDP"]["calibrates"]
+    ddp = parse(rows[1]["config"], 2)
+    want = planner.from_config(ddp, replace(calibration.hardware(rows[1]["calibration"]), efficiency=eta,
+                                            straggle=0.1)).time["total"]
+    assert got["DDP"]["predicted_s"] == pytest.approx(want)
+    assert want > planner.from_config(ddp, replace(calibration.hardware(rows[1]["calibration"]), straggle=0.1)).time["total"]
+    assert got["DDP"]["efficiency"] == eta
+    rows[0]["median_steady_s"] = 1e-9               # no η makes a step this fast: refused, in one line
+    with pytest.raises(ValueError, match="outside what η"):
+        in_step_efficiency(rows)
+
+
 def test_single_is_launched_before_and_after_the_rows_and_keeps_its_faster_run(monkeypatch):
     """The reference's launch runs first and last; the faster of its two medians is kept (both recorded), so a
     burst of load during one of them cannot make every row look faster."""

@@ -76,7 +76,8 @@ class Compute:
     """One device's roofline: peak matmul FLOP/s `peak`, memory bandwidth `bandwidth` (bytes/s), the fraction
     `efficiency` (η) of both it reaches, `launch` seconds per operation, optionally a measured `table` of
     (intensity FLOP/byte, achieved FLOP/s) for GEMMs and the optimizer step's own bytes/s `optimizer_bandwidth`
-    (0: the memory bandwidth); `source` says where the numbers come from."""
+    (0: the memory bandwidth); `source` says where the numbers come from. With a measured table, η is the
+    share of the measured rates a step reaches (`par.train.suite.in_step_efficiency`), and may exceed 1."""
     peak: float
     bandwidth: float = math.inf
     efficiency: float = 1.0
@@ -86,10 +87,10 @@ class Compute:
     optimizer_bandwidth: float = 0.0
 
     def __post_init__(self):
-        if not (self.peak > 0 and self.bandwidth > 0 and 0 < self.efficiency <= 1 and self.launch >= 0
-                and self.optimizer_bandwidth >= 0):
-            raise ValueError(f"a Compute needs peak, bandwidth > 0, 0 < efficiency <= 1, launch >= 0, "
-                             f"optimizer_bandwidth >= 0: got {self}")
+        if not (self.peak > 0 and self.bandwidth > 0 and 0 < self.efficiency and (self.efficiency <= 1 or self.table)
+                and self.launch >= 0 and self.optimizer_bandwidth >= 0):
+            raise ValueError(f"a Compute needs peak, bandwidth > 0, 0 < efficiency (<= 1 on a datasheet roofline), "
+                             f"launch >= 0, optimizer_bandwidth >= 0: got {self}")
         if any(i <= 0 or r <= 0 for i, r in self.table) or list(self.table) != sorted(self.table):
             raise ValueError(f"a GEMM table is (intensity, FLOP/s) pairs > 0, by rising intensity: {self.table}")
 
@@ -103,17 +104,21 @@ class Compute:
         return math.isinf(self.bandwidth) and not self.table
 
     def rate(self, intensity: float) -> float:
-        """Achieved FLOP/s of a GEMM of this intensity: the table, interpolated in log-log, else η·min(P, I·B)."""
+        """Achieved FLOP/s of a GEMM of this intensity: η times the table, interpolated in log-log, else
+        η·min(P, I·B)."""
         if self.table:
-            xs, ys = zip(*self.table)
-            if intensity <= xs[0]:
-                return ys[0] * intensity / xs[0]          # below the table: memory-bound, rate ∝ intensity
-            if intensity >= xs[-1]:
-                return ys[-1]
-            j = next(j for j in range(1, len(xs)) if xs[j] >= intensity)
-            t = math.log(intensity / xs[j - 1]) / math.log(xs[j] / xs[j - 1])
-            return math.exp(math.log(ys[j - 1]) + t * math.log(ys[j] / ys[j - 1]))
+            return self.efficiency * self._measured_rate(intensity)
         return self.efficiency * min(self.peak, intensity * self.bandwidth)
+
+    def _measured_rate(self, intensity: float) -> float:
+        xs, ys = zip(*self.table)
+        if intensity <= xs[0]:
+            return ys[0] * intensity / xs[0]          # below the table: memory-bound, rate ∝ intensity
+        if intensity >= xs[-1]:
+            return ys[-1]
+        j = next(j for j in range(1, len(xs)) if xs[j] >= intensity)
+        t = math.log(intensity / xs[j - 1]) / math.log(xs[j] / xs[j - 1])
+        return math.exp(math.log(ys[j - 1]) + t * math.log(ys[j] / ys[j - 1]))
 
     def gemm_seconds(self, m: float, n: float, k: float, batch: float = 1, e: int = 2) -> float:
         """launch + 2mnk·batch / rate(I), I = 2mnk / (e(mk + kn + mn)): one GEMM (or `batch` of them at once)."""

@@ -12,9 +12,11 @@ GPT-lite (same depth and heads, wider) whose predicted memory fits `--memory` by
 
 A timed launch measures this machine just before each of its rows (`par.train.calibration`: the row's GEMMs,
 the per-operation launch cost, the memory-bound and optimizer bytes/s, the host copies and, on more than one rank,
-par's collectives), and each row keeps its own `calibration`: `predicted_step_times` predicts every timed row,
-single included, on the Hardware measured just before it ran (`calibrated`), so a ratio measured / predicted is a
-test of the planner on numbers it was not fitted to, taken within seconds of the steps it predicts.
+par's collectives), and each row keeps its own `calibration`: `predicted_step_times` predicts every timed row
+on the Hardware measured just before it ran (`calibrated`), at the one in-step efficiency η fitted on single's
+step (`in_step_efficiency`: the step reaches a share of the rates its operations reach one kind at a time), so a
+ratio measured / predicted of any other row is a test of the planner on numbers it was not fitted to, taken
+within seconds of the steps it predicts.
 
 What makes the timings honest:
 
@@ -41,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -295,28 +298,63 @@ def calibrated(row: dict, hardware: str = "cpu") -> planner.Hardware:
     return calibration.hardware(plain(row["calibration"]), hardware)
 
 
+def _plan(row: dict, hw: planner.Hardware) -> planner.Plan:
+    """The planner's prediction of a row on `hw`: data-parallel communication overlapped with backward only where
+    the engine overlaps (ZeRO-3 with prefetch) and a core is free for it (ranks < the machine's cores)."""
+    tc = parse(plain(row["config"]), row["nproc"])
+    cal = plain(row.get("calibration") or {})
+    overlap = tc.prefetch and tc.zero_stage == 3 and row["nproc"] < cal.get("cores", row["nproc"])
+    return planner.from_config(tc, hw, overlap=overlap)
+
+
+def in_step_efficiency(rows: list[dict], hardware: str = "cpu", lo: float = 0.2, hi: float = 5.0) -> float:
+    """η, the share of its calibration's rates (GEMMs, memory-bound and optimizer bytes/s, measured one kind at a
+    time) that single's step reaches: the η at which the planner predicts single's measured median step on the
+    load-proof clock, by bisection (predicted time falls as η rises). 1.0 without a timed single row. Fitted on
+    this one row, as a GPU's η on one published run, and used for every row of the run."""
+    single = next((r for r in measured(rows) if r["name"] == "single" and r.get("median_steady_s")), None)
+    if single is None:
+        return 1.0
+    hw, want = calibrated(single, hardware), single["median_steady_s"]
+    time_at = lambda eta: _plan(single, replace(hw, efficiency=eta)).time["total"]  # noqa: E731
+    if not time_at(hi) <= want <= time_at(lo):
+        raise ValueError(f"single's measured step {want * 1e3:.1f} ms is outside what η in [{lo}, {hi}] predicts")
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if time_at(mid) > want else (lo, mid)
+    return round((lo + hi) / 2, 4)
+
+
+def pooled_straggle(rows: list[dict]) -> float:
+    """Seconds a collective waits per second of compute before it, the median over the run's multi-rank rows of
+    each row's measurement (`calibration.straggle`): one row's is the difference of two short timings, and moved
+    from 0.00 to 0.24 between rows a minute apart on this machine; 0.0 without a multi-rank calibration."""
+    each = [calibration.straggle(plain(r["calibration"])) for r in measured(rows)
+            if r.get("calibration") and r["nproc"] > 1 and plain(r["calibration"]).get("straggle")]
+    return statistics.median(each) if each else 0.0
+
+
 def predicted_step_times(rows: list[dict], hardware: str = "cpu") -> dict:
     """{row: {"predicted_s", "measured_s", "measured_wall_s", "ratio": measured / predicted, "parts": the
-    prediction's seconds by part}} for every timed row of single's precision, single included. Measured: the
-    median step on the load-proof clock (`median_steady_s`), the clock the calibration measured on, with the wall
-    clock's beside it; predicted: the planner's step time
-    (`planner.from_config`) on the Hardware measured just before it ran (`calibrated`), data-parallel communication
-    overlapped with backward only where the engine overlaps (ZeRO-3 with prefetch) and a core is free for it
-    (ranks < the machine's cores)."""
+    prediction's seconds by part, "calibrates": True for single}} for every timed row of single's precision.
+    Measured: the median step on the load-proof clock (`median_steady_s`), the clock the calibration measured on,
+    with the wall clock's beside it; predicted: the planner's step time (`_plan`) on the Hardware measured just
+    before the row ran (`calibrated`), at the run's in-step efficiency (`in_step_efficiency`, fitted on single,
+    whose ratio is therefore 1) and the run's straggle (`pooled_straggle`)."""
     sp = speedups(rows)
     if not sp:
         return {}
+    eta, straggle = in_step_efficiency(rows, hardware), pooled_straggle(rows)
     out = {}
     for r in measured(rows):
         if r["name"] in sp:
-            tc = parse(plain(r["config"]), r["nproc"])
-            cal = plain(r.get("calibration") or {})
-            overlap = tc.prefetch and tc.zero_stage == 3 and r["nproc"] < cal.get("cores", r["nproc"])
-            plan = planner.from_config(tc, calibrated(r, hardware), overlap=overlap)
+            hw = replace(calibrated(r, hardware), efficiency=eta)
+            plan = _plan(r, replace(hw, straggle=straggle) if r["nproc"] > 1 else hw)
             t = plan.time["total"]
             out[r["name"]] = {"predicted_s": t, "measured_s": r["median_steady_s"],
                               "measured_wall_s": r["median_step_s"], "ratio": round(r["median_steady_s"] / t, 3),
-                              "parts": {k: v for k, v in plan.time.items() if k != "total" and v > 0}}
+                              "parts": {k: v for k, v in plan.time.items() if k != "total" and v > 0},
+                              "efficiency": eta, "calibrates": r["name"] == "single"}
     return out
 
 
