@@ -214,6 +214,20 @@ def test_a_launchs_calibration_is_the_hardware_its_rows_are_predicted_on():
         calibration.hardware({"ranks": 1})
 
 
+def test_a_stalled_turn_is_neither_the_launch_nor_the_memory_bound_number(monkeypatch):
+    """The launch and the memory-bound operations are small times whose difference the planner fits: each is the
+    median of its turns, so one turn stalled 14-fold (as a launch under another batch once was) moves neither."""
+    from par.model import preset
+    from par.train import calibration, cost
+    dims = cost.dims_of(preset("tiny"))
+    times = iter([2e-4, 2e-4, 28e-4, 2e-4, 2e-4])
+    monkeypatch.setattr(calibration, "_mean_s", lambda fn, window=0, **_: next(times))
+    assert calibration.null_block_seconds(dims) == 2e-4
+    turns = iter([x for _ in range(calibration.MEMORY_ROUNDS - 1) for x in (6e-4, 2e-4)] + [6e-4, 28e-4])
+    monkeypatch.setattr(calibration, "_mean_s", lambda fn, window=0, **_: next(turns))
+    assert calibration.memory_ops_seconds(dims, 1, 8, 1) == (6e-4, 2e-4)
+
+
 def test_ranks_arriving_apart_cost_the_measured_share_of_a_multi_rank_rows_compute():
     """The straggle a calibration measured (seconds a collective waits per second of GEMMs before it: the slope
     between a short and a long gap, the kinds' mean, never below 0) is added to a multi-rank row as that share

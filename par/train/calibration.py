@@ -13,7 +13,7 @@ half the rate it reaches alone: the rows' ranks run side by side, and so do the 
                  (`cost.gemm_table`, shapes of one intensity together)
     launch       one block's forward and backward at a negligible size (width = heads, 2 tokens): what its
                  operations cost whatever their size, over the operations `cost.layer_seconds` charges a block
-                 (`launches_per_block`): seconds per operation as the cost model counts them
+                 (`launches_per_block`): seconds per operation as the cost model counts them, the median of TURNS turns
     memory       the block's memory-bound operations (2 LayerNorms, the scaled, masked softmax of the scores,
                  GeLU, 2 residual adds), forward and backward at the rows' sizes, less the same at a negligible
                  size, the two in alternating turns (MEMORY_ROUNDS): bytes/s over what `cost.layer_memory_bytes`
@@ -37,7 +37,9 @@ half the rate it reaches alone: the rows' ranks run side by side, and so do the 
                  multi-rank row's compute (`planner.Hardware.straggle`)
 
 A compute number is the slowest rank's (a step ends with its slowest rank), each the mean of calls back to back
-for WINDOW_S (a step pays every call, the slow ones too). Every time is on the load-proof clock (`par.clock`), as
+for WINDOW_S (a step pays every call, the slow ones too); the launch and memory-bound ones, differences of small
+times, the median of turns of such means (a stall of the machine falls on one turn, as the steps' median leaves out a
+stalled step). Every time is on the load-proof clock (`par.clock`), as
 the steps it predicts (`par.train.loop`): wall less the thread's run-queue wait and, for a call that waits on the
 other ranks, theirs meanwhile (`par.clock.Waiting`); another program's turn on a core moves neither.
 The whole measurement takes a second or two per row (`seconds` in the result says how long it took).
@@ -75,6 +77,7 @@ WINDOW_S = 0.02              # each compute number: calls back to back for at le
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "p2p")
 REPEATS = 12                 # timed rounds of the collectives: each (kind, size) once per round
 MEMORY_ROUNDS = 8            # alternating turns of the memory-bound operations at the rows' sizes and a negligible one
+TURNS = 5                    # turns of the launch measurement, WINDOW_S / TURNS each: their median
 
 
 def _mean_s(fn, window: float = WINDOW_S, least: int = 3, warmup: int = 1) -> float:
@@ -163,7 +166,7 @@ def null_block_seconds(dims) -> float:
 
     def step():
         torch.autograd.backward(block(x), g)
-    return _mean_s(step)
+    return statistics.median(_mean_s(step, WINDOW_S / TURNS) for _ in range(TURNS))
 
 
 def _memory_ops(x, scores, hidden, ln_w, ln_b):
@@ -201,11 +204,12 @@ def _memory_ops_step(dims, b: int, s: int, tp: int, null: bool = False):
 
 def memory_ops_seconds(dims, b: int, s: int, tp: int, rounds: int = MEMORY_ROUNDS) -> tuple[float, float]:
     """(seconds at the block's sizes, seconds at the negligible size) of `_memory_ops_step`, measured in
-    `rounds` alternating turns of WINDOW_S / rounds each, each the mean of its turns: a burst of load falls on
-    both alike, so their difference (what the bandwidth is fitted from) is not one burst's."""
+    `rounds` alternating turns of WINDOW_S / rounds each, each size the median of its turns: load falls on both
+    alike, and a stall of the machine in one turn is neither's, so their difference (what the bandwidth is fitted
+    from) is not one burst's."""
     real, null = _memory_ops_step(dims, b, s, tp), _memory_ops_step(dims, b, s, tp, null=True)
     turns = [(_mean_s(real, WINDOW_S / rounds), _mean_s(null, WINDOW_S / rounds)) for _ in range(rounds)]
-    return statistics.mean(t for t, _ in turns), statistics.mean(t for _, t in turns)
+    return statistics.median(t for t, _ in turns), statistics.median(t for _, t in turns)
 
 
 def memory_ops_bytes(dims, b: int, s: int, tp: int) -> float:
