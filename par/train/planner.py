@@ -89,9 +89,10 @@ TFLOP/s per GPU as each paper counts them, predicted / published − 1), η cali
         OPT-175B layout that ran fits its 80 GB; not resolved: Llama 3 405B without checkpointing (115 GB and
         80.3 GB predicted: its deallocations are not modelled) and Megatron-LM's 530B ZeRO-3 on 560 GPUs, which
         did not fit (predicted 77.1 GB of 80, 2.1 GB above the 640-GPU layout that ran)
-Measured against this CPU (lecture 07's timed rows on 2 gloo ranks of a 2-core VM, `suite.predicted_step_times`,
-step and calibration on the load-proof clock): measured / predicted 0.83 to 1.15 with the machine to itself, 0.98
-to 1.30 with a second benchmark beside it on the same cores (TP, ZeRO-1 and ZeRO-3 the most above 1)
+Measured against this CPU (lecture 07's timed rows on 2 gloo ranks of a 2-core VM, `suite.predicted_step_times`:
+each row on its own launch's calibration at the one in-step efficiency η fitted on single, step and calibration
+on the load-proof clock): measured / predicted 0.86 to 1.19 over three batches with the machine to itself, 0.89 to
+1.19 with a second batch beside it on the same cores (the pipeline lowest, ZeRO-3 with offload and TP highest)
 
 A layout is invalid (`Plan.reason`, one line) when its degrees do not divide the model or the batch, and, with
 Workload(engine="par") (the default), when par.train.job could not run it: ZeRO-2/3 with pp or tp > 1;
